@@ -1,0 +1,1 @@
+"""The reference implementation: pools on torch tensors, radix caches, scheduler, PD queues."""

@@ -1,0 +1,78 @@
+"""``KVBufferPool``: the per-layer K and V tensors, indexed by KV token slot.
+
+Not an ownership pool: its rows are the token slots that ``TokenToKVPoolAllocator`` or
+``PagedTokenToKVPoolAllocator`` hand out (slot 0, and page 0's slots, are padding rows kernels may
+write). Layout ``[L, num_slots, H, D]`` (slot on dim 1), written only through ``kernels.store_kv``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kvledger import kernels
+from kvledger.contracts.errors import InvalidArgument
+from kvledger.contracts.switch import ensure
+from kvledger.reference.pools.validate import (
+    as_index_tensor,
+    check_count,
+    check_in_range,
+    check_unique,
+    resolve_device,
+)
+
+
+class KVBufferPool:
+    """K and V for ``num_slots`` token slots (padding slots included) of ``num_layers`` attention layers."""
+
+    def __init__(
+        self,
+        num_slots: int,
+        *,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        for what, v in (("num_slots", num_slots), ("num_layers", num_layers), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
+            if check_count(v, what) < 1:
+                raise InvalidArgument(f"KVBufferPool: {what} must be >= 1")
+        self.num_slots = num_slots
+        self.num_layers = num_layers
+        self.device = resolve_device(device)
+        shape = (num_layers, num_slots, num_kv_heads, head_dim)
+        self.k_buffer = torch.zeros(shape, dtype=dtype, device=self.device)
+        self.v_buffer = torch.zeros(shape, dtype=dtype, device=self.device)
+
+    @classmethod
+    def for_allocator(cls, allocator: Any, **kwargs: Any) -> KVBufferPool:
+        """A buffer with a row for every slot ``allocator`` can hand out, padding included."""
+        page_size = getattr(allocator, "page_size", 1)
+        num_slots = (allocator.size // page_size + 1) * page_size
+        return cls(num_slots, **kwargs)
+
+    @ensure(lambda self, layer, loc, k: bool((self.k_buffer[layer, as_index_tensor(loc, self.device, "kv")] == k).all()))
+    def set_kv_buffer(self, layer: int, loc: Any, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store ``k``/``v`` (``[T, H, D]``) of layer ``layer`` at the token slots ``loc``."""
+        check_count(layer, "layer")
+        if layer >= self.num_layers:
+            raise InvalidArgument(f"layer {layer} outside [0, {self.num_layers})")
+        idx = as_index_tensor(loc, self.device, "set_kv_buffer")
+        check_in_range(idx, 0, self.num_slots - 1, "kv_buffer", "slot")
+        check_unique(idx, "kv_buffer", "slot")
+        expected = (idx.numel(), *self.k_buffer.shape[2:])
+        if tuple(k.shape) != expected or tuple(v.shape) != expected:
+            raise InvalidArgument(f"set_kv_buffer: k/v must have shape {expected}, got {tuple(k.shape)}, {tuple(v.shape)}")
+        if k.dtype != self.k_buffer.dtype or v.dtype != self.v_buffer.dtype:
+            raise InvalidArgument(f"set_kv_buffer: dtype {k.dtype}/{v.dtype}, buffer is {self.k_buffer.dtype}")
+        if k.device != self.device or v.device != self.device:
+            raise InvalidArgument(f"set_kv_buffer: k/v on {k.device}, buffer on {self.device}")
+        kernels.store_kv(self.k_buffer, self.v_buffer, layer, idx, k, v)
+
+    def get_key_buffer(self, layer: int) -> torch.Tensor:
+        return self.k_buffer[layer]
+
+    def get_value_buffer(self, layer: int) -> torch.Tensor:
+        return self.v_buffer[layer]

@@ -1,0 +1,95 @@
+"""``TokenToKVPoolAllocator``: token-granular KV slots (page size 1), SGLang's semantics with owners.
+
+Slot 0 is reserved padding; slots ``1..size`` are handed out. ``alloc(n)`` is all-or-nothing and
+returns None when short; ``free`` refuses a double free, an out-of-range or reserved id, a repeated id
+and (with the ledger on) a slot held by another owner, each with a typed error and no change.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kvledger.contracts.owners import FREE, Owner
+from kvledger.contracts.switch import ensure, invariant, snapshot
+from kvledger.reference.pools.id_free_list import FreeListSnapshot, IdFreeList
+from kvledger.reference.pools.validate import as_index_tensor, check_count, resolve_device
+
+
+def _ledger_agrees(ids: IdFreeList) -> bool:
+    """I-COUNT for a pool: the ledger's FREE account equals the pool's own free list length."""
+    return not ids.ledger.enabled or ids.ledger.count(FREE) == ids.available()
+
+
+@invariant(lambda self: _ledger_agrees(self._ids), "I-COUNT: ledger free account == available_size()")
+@invariant(lambda self: 0 <= self._ids.available() + self._ids.pending_count() <= self.size, "I-CAP")
+class TokenToKVPoolAllocator:
+    """KV token slots ``1..size`` on ``device``; slot 0 is the padding slot kernels may write to."""
+
+    page_size = 1
+
+    def __init__(self, size: int, *, device: str | torch.device = "cpu", name: str = "kv") -> None:
+        check_count(size, "size")
+        self.size = size
+        self.name = name
+        self.device = resolve_device(device)
+        self._ids = IdFreeList(name, 1, size, self.device, reuse="fifo")
+
+    @property
+    def ledger(self) -> Any:
+        return self._ids.ledger
+
+    def available_size(self) -> int:
+        """Free token slots (a free group's buffered slots are not available until it ends)."""
+        return self._ids.available()
+
+    @snapshot(lambda self: self._ids.available(), name="available")
+    @ensure(lambda self, n, result: result is None or result.numel() == n)
+    @ensure(lambda self, n, OLD, result: (result is None) == (n > OLD.available))
+    @ensure(lambda self, n, OLD, result: result is None or self.available_size() == OLD.available - n)
+    @ensure(lambda self, result: result is None or bool(((result >= 1) & (result <= self.size)).all()))
+    @ensure(lambda self, OLD, result: result is not None or self.available_size() == OLD.available)
+    def alloc(self, n: int, owner: Owner) -> torch.Tensor | None:
+        """``n`` slots for ``owner`` (int64, on the pool's device), or None if fewer than ``n`` are free."""
+        check_count(n)
+        return self._ids.alloc(n, owner)
+
+    @snapshot(lambda self: self._ids.available() + self._ids.pending_count(), name="reclaimable")
+    @ensure(
+        lambda self, ids, OLD: self._ids.available() + self._ids.pending_count()
+        == OLD.reclaimable + as_index_tensor(ids, self.device, "free").numel(),
+        "every freed slot is free or pending exactly once",
+    )
+    def free(self, ids: Any, owner: Owner) -> None:
+        """Return ``owner``'s slots. Inside a free group they are buffered until ``free_group_end``."""
+        t = as_index_tensor(ids, self.device, f"{self.name}.free")
+        self._ids.validate_release(t, owner, "free", "slot")
+        self._ids.release(t, owner, "free")
+
+    def _free_unchecked(self, ids: torch.Tensor, owner: Owner, op: str = "free") -> None:
+        """Release without input validation: the path internal callers use once they have validated.
+
+        Only the ledger stands between a bookkeeping bug here and a corrupted free list, which is the
+        point: with contracts on, a wrong owner or a double free raises ContractViolation.
+        """
+        self._ids.release(ids, owner, op)
+
+    def free_group_begin(self) -> None:
+        self._ids.free_group_begin()
+
+    def free_group_end(self) -> None:
+        self._ids.free_group_end()
+
+    def backup_state(self) -> FreeListSnapshot:
+        return self._ids.backup()
+
+    def restore_state(self, state: FreeListSnapshot) -> None:
+        self._ids.restore(state)
+
+    def audit(self) -> None:
+        """Full recount of the free list, state mask and ledger (quiescence / tests)."""
+        self._ids.audit()
+
+    def __repr__(self) -> str:
+        return f"TokenToKVPoolAllocator({self.name}, size={self.size}, available={self.available_size()})"

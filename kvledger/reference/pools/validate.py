@@ -1,0 +1,76 @@
+"""Input validation shared by the pools: bad input becomes a typed error before anything changes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from kvledger.contracts.errors import DuplicateIds, InvalidArgument, SlotOutOfRange
+
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """A concrete device (``cuda`` becomes ``cuda:0``); asking for CUDA without one is an error."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise InvalidArgument(f"device {device!r} requested but CUDA is not available")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+    elif dev.type != "cpu":
+        raise InvalidArgument(f"unsupported device {device!r}: use 'cpu' or 'cuda'")
+    return dev
+
+
+def check_count(n: Any, what: str = "n") -> int:
+    """A non-negative Python int (bools and floats are rejected, not coerced)."""
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise InvalidArgument(f"{what} must be an int, got {type(n).__name__} {n!r}")
+    if n < 0:
+        raise InvalidArgument(f"{what} must be >= 0, got {n}")
+    return n
+
+
+def as_index_tensor(ids: Any, device: torch.device, what: str) -> torch.Tensor:
+    """Ids as a 1-D int64 tensor on ``device``.
+
+    Tensors must already be integer-typed and on the pool's device: a silent copy or cast would hide
+    a caller that mixes up pools or devices. Python ints and sequences of ints are accepted for
+    convenience and created on the pool's device.
+    """
+    if isinstance(ids, torch.Tensor):
+        if ids.dtype not in INDEX_DTYPES:
+            raise InvalidArgument(f"{what}: ids must be int32 or int64, got {ids.dtype}")
+        if ids.device != device:
+            raise InvalidArgument(f"{what}: ids are on {ids.device}, the pool is on {device}")
+        if ids.dim() > 1:
+            raise InvalidArgument(f"{what}: ids must be 1-D, got shape {tuple(ids.shape)}")
+        return ids.reshape(-1).to(torch.int64)
+    if isinstance(ids, bool):
+        raise InvalidArgument(f"{what}: ids must be ints, got a bool")
+    if isinstance(ids, int):
+        return torch.tensor([ids], dtype=torch.int64, device=device)
+    if isinstance(ids, Sequence) and all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        return torch.tensor(list(ids), dtype=torch.int64, device=device)
+    raise InvalidArgument(f"{what}: expected a tensor, an int or a sequence of ints, got {type(ids).__name__}")
+
+
+def check_in_range(ids: torch.Tensor, low: int, high: int, pool: str, unit: str = "id") -> None:
+    """Every id in ``[low, high]``; anything else (the reserved id 0 included) is SlotOutOfRange."""
+    if ids.numel() == 0:
+        return
+    bad = (ids < low) | (ids > high)
+    if bool(bad.any()):
+        offenders = ids[bad][:8].tolist()
+        raise SlotOutOfRange(f"[{pool}] {unit}(s) {offenders} outside the usable range [{low}, {high}]")
+
+
+def check_unique(ids: torch.Tensor, pool: str, unit: str = "id") -> None:
+    if ids.numel() < 2:
+        return
+    uniq, counts = torch.unique(ids, return_counts=True)
+    if uniq.numel() != ids.numel():
+        raise DuplicateIds(f"[{pool}] {unit}(s) repeated in one call: {uniq[counts > 1][:8].tolist()}")

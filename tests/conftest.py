@@ -1,0 +1,44 @@
+"""Test-suite settings: Hypothesis profiles, registered in one place.
+
+Profiles (select with ``--hypothesis-profile=NAME`` or ``HYPOTHESIS_PROFILE=NAME``):
+
+* ``ci``: derandomised, no example database, bounded budgets so the default run stays well under
+  15 minutes on 2 cores. Hypothesis auto-loads a built-in profile named ``ci`` when ``CI`` is set;
+  registering ours under the same name replaces it, so CI gets these budgets.
+* ``dev`` (default locally): fewer examples, the local database on so a failure replays at once.
+* ``deep``: long fuzzing (nightly), randomised; use with ``-m deep`` tests too.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci",
+    max_examples=100,
+    stateful_step_count=40,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile(
+    "dev",
+    max_examples=40,
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile(
+    "deep",
+    max_examples=2000,
+    stateful_step_count=120,
+    deadline=None,
+    database=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
