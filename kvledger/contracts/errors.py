@@ -42,5 +42,21 @@ class FreeGroupError(KVLedgerError):
     """``free_group_begin``/``free_group_end`` called out of order."""
 
 
+class InvalidKey(KVLedgerError, ValueError):
+    """A radix key is malformed: not page-aligned, or its length differs from its value's."""
+
+
+class PrefixMismatch(KVLedgerError):
+    """The ids a caller claims as its locked, tree-owned prefix are not the tree's ids on that path."""
+
+
+class LockNotHeld(KVLedgerError):
+    """A lock release that matches no live lock: released twice, forged, or a count would go below zero."""
+
+
+class ForeignNode(KVLedgerError):
+    """A node or lock handle from another tree, or a node that is no longer in its tree."""
+
+
 class ContractViolation(AssertionError):
     """An invariant or postcondition of the model failed: a bug, with the evidence in the message."""

@@ -159,7 +159,7 @@ class Ledger:
             return
         owner = self._owner
         try:
-            wrong = [i for i in id_list if owner[i] is not src]
+            wrong = [i for i in id_list if i < 0 or owner[i] is not src]  # owner[-1] aliases the last id
         except IndexError:
             wrong = [i for i in id_list if self.owner_of(i) is not src]
         if wrong:

@@ -12,6 +12,7 @@ implementation and prefers a loud error to a silent corruption.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -50,7 +51,9 @@ def state_view(state: torch.Tensor, name: str = "state") -> torch.Tensor:
     try:
         view = state.view(layers, slots, features)
     except RuntimeError as exc:
-        raise ValueError(f"{name}'s feature tail {tuple(state.shape[2:])} is not flattenable in place") from exc
+        raise ValueError(
+            f"{name}'s feature tail {tuple(state.shape[2:])} is not flattenable in place"
+        ) from exc
     if features > 1 and view.stride(2) != 1:
         raise ValueError(f"{name}'s feature tail must be unit-stride, got strides {state.stride()}")
     return view
@@ -128,7 +131,9 @@ def check_store_kv(
     kb = state_view(k_buffer, "k_buffer")
     vb = state_view(v_buffer, "v_buffer")
     if k_buffer.shape[:2] != v_buffer.shape[:2]:
-        raise ValueError(f"k_buffer {tuple(k_buffer.shape)} and v_buffer {tuple(v_buffer.shape)} differ in [L, S]")
+        raise ValueError(
+            f"k_buffer {tuple(k_buffer.shape)} and v_buffer {tuple(v_buffer.shape)} differ in [L, S]"
+        )
     if v_buffer.device != k_buffer.device:
         raise ValueError("k_buffer and v_buffer are on different devices")
     if isinstance(layer, bool) or not isinstance(layer, int):
@@ -157,6 +162,7 @@ def poison_value(dtype: torch.dtype) -> float | int:
     holds, so poison would be indistinguishable from legitimate data.
     """
     if dtype.is_floating_point:
+        nan_rule(dtype)  # rejects NaN encodings the kernels' bit test cannot recognise
         return math.nan
     if dtype == torch.bool or dtype.is_complex:
         raise TypeError(f"no poison value for {dtype}")
@@ -170,3 +176,29 @@ def poison_bits(dtype: torch.dtype) -> int:
     """The poison value's raw bits, as a signed integer of the dtype's bits twin."""
     value = torch.tensor(poison_value(dtype), dtype=dtype)
     return int(value.view(bits_dtype(dtype)).item())
+
+
+@functools.cache
+def nan_rule(dtype: torch.dtype) -> tuple[int, int]:
+    """``(abs_mask, nan_above)`` such that a value is NaN iff ``(bits & abs_mask) > nan_above``.
+
+    The Triton kernels test NaN on raw bits (an fp8 -> fp32 conversion is not reliable in the
+    interpreter). The rule holds for IEEE formats (``nan_above`` = the bits of +inf) and for
+    ``float8_e4m3fn`` (no inf; ``nan_above`` = the largest finite value). For formats of at most 16
+    bits it is verified against ``torch.isnan`` on every bit pattern; formats where it fails (the
+    ``fnuz`` fp8 types, whose only NaN is the negative-zero pattern) are rejected with ``TypeError``.
+    """
+    if not dtype.is_floating_point:
+        raise TypeError(f"{dtype} is not a floating dtype")
+    twin = bits_dtype(dtype)
+    width = 8 * torch.empty((), dtype=dtype).element_size()
+    abs_mask = (1 << (width - 1)) - 1
+    if width >= 32:
+        return abs_mask, int(torch.tensor(math.inf, dtype=dtype).view(twin).item())
+    patterns = torch.arange(1 << width, dtype=torch.int64)
+    is_nan = torch.isnan(patterns.to(twin).view(dtype).float())
+    magnitude = patterns & abs_mask
+    nan_above = int(magnitude[~is_nan].max().item())
+    if not torch.equal(is_nan, magnitude > nan_above):
+        raise TypeError(f"the NaN encoding of {dtype} is not 'magnitude above a threshold'; unsupported")
+    return abs_mask, nan_above

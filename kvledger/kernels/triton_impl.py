@@ -17,6 +17,8 @@ so it says which kind of kernel the decorators below produced.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
@@ -66,7 +68,8 @@ def _fill_slots_kernel(ptr, slot_ptr, value, stride_l, stride_s, F, BLOCK: tl.co
 @triton.jit
 def _match_slots_kernel(
     ptr, slot_ptr, all_ptr, any_ptr, value, stride_l, stride_s, F, L, NFB,
-    IS_NAN: tl.constexpr, BLOCK: tl.constexpr,
+    IS_NAN: tl.constexpr, WIDTH_MASK: tl.constexpr, ABS_MASK: tl.constexpr, NAN_ABOVE: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):  # fmt: skip
     i = tl.program_id(0).to(tl.int64)
     layer = tl.program_id(1).to(tl.int64)
@@ -74,12 +77,12 @@ def _match_slots_kernel(
     offs = fb * BLOCK + tl.arange(0, BLOCK)
     mask = offs < F
     slot = tl.load(slot_ptr + i).to(tl.int64)
-    x = tl.load(ptr + layer * stride_l + slot * stride_s + offs, mask=mask, other=0)
-    if IS_NAN:
-        xf = x.to(tl.float32)  # NaN survives the up-cast; fp8/bf16 compare reliably in fp32
-        hit = xf != xf
+    x = tl.load(ptr + layer * stride_l + slot * stride_s + offs, mask=mask)  # lanes ~mask: see tl.where
+    bits = x.to(tl.int64) & WIDTH_MASK  # unsigned raw bits, as in the fingerprint
+    if IS_NAN:  # noqa: SIM108  (a constexpr branch: only one side is compiled)
+        hit = (bits & ABS_MASK) > NAN_ABOVE  # any NaN payload, either sign (_checks.nan_rule)
     else:
-        hit = x == value
+        hit = bits == value
     hit = hit.to(tl.int32)
     out = (i * L + layer) * NFB + fb
     tl.store(all_ptr + out, tl.min(tl.where(mask, hit, 1), axis=0))
@@ -108,7 +111,7 @@ def _fingerprint_kernel(
     offs = fb * BLOCK + tl.arange(0, BLOCK)
     mask = offs < F
     slot = tl.load(slot_ptr + i).to(tl.int64)
-    x = tl.load(ptr + layer * stride_l + slot * stride_s + offs, mask=mask, other=0)
+    x = tl.load(ptr + layer * stride_l + slot * stride_s + offs, mask=mask)  # lanes ~mask: see tl.where
     bits = x.to(tl.int64) & WIDTH_MASK
     h = _element_hash(bits, layer * F + offs)
     tl.store(out_ptr + (i * L + layer) * NFB + fb, tl.sum(tl.where(mask, h, 0), axis=0))
@@ -150,6 +153,11 @@ def _grid(items: int, layers: int, features: int, block: int) -> tuple[int, int,
     return items, layers, nfb
 
 
+def _on(device: torch.device) -> contextlib.AbstractContextManager[object]:
+    """Launch on the tensor's own GPU: Triton launches on the *current* device, which may differ."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
 def _bits(view: torch.Tensor) -> torch.Tensor:
     return view.view(_checks.bits_dtype(view.dtype))
 
@@ -162,9 +170,10 @@ def copy_slots(view: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, *, bloc
     if 0 in grid:
         return
     bits = _bits(view)
-    _copy_slots_kernel[grid](
-        bits, src.contiguous(), dst.contiguous(), bits.stride(0), bits.stride(1), features, BLOCK=blk
-    )
+    with _on(bits.device):
+        _copy_slots_kernel[grid](
+            bits, src.contiguous(), dst.contiguous(), bits.stride(0), bits.stride(1), features, BLOCK=blk
+        )
 
 
 def fill_slots(view: torch.Tensor, slots: torch.Tensor, value_bits: int, *, block: int | None = None) -> None:
@@ -175,7 +184,10 @@ def fill_slots(view: torch.Tensor, slots: torch.Tensor, value_bits: int, *, bloc
     if 0 in grid:
         return
     bits = _bits(view)
-    _fill_slots_kernel[grid](bits, slots.contiguous(), value_bits, bits.stride(0), bits.stride(1), features, BLOCK=blk)
+    with _on(bits.device):
+        _fill_slots_kernel[grid](
+            bits, slots.contiguous(), value_bits, bits.stride(0), bits.stride(1), features, BLOCK=blk
+        )
 
 
 def match_slots(
@@ -194,11 +206,16 @@ def match_slots(
     any_part = torch.zeros(grid, dtype=torch.int32, device=view.device)
     if 0 not in grid:
         is_nan = view.dtype.is_floating_point
-        value = 0 if is_nan else _checks.poison_value(view.dtype)
-        _match_slots_kernel[grid](
-            view, slots.contiguous(), all_part, any_part, value, view.stride(0), view.stride(1),
-            features, layers, grid[2], IS_NAN=is_nan, BLOCK=blk,
-        )  # fmt: skip
+        abs_mask, nan_above = _checks.nan_rule(view.dtype) if is_nan else (0, 0)
+        wmask = _hashing.width_mask(view.element_size())
+        value = 0 if is_nan else _checks.poison_bits(view.dtype) & wmask
+        bits = _bits(view)
+        with _on(bits.device):
+            _match_slots_kernel[grid](
+                bits, slots.contiguous(), all_part, any_part, value, bits.stride(0), bits.stride(1),
+                features, layers, grid[2], IS_NAN=is_nan, WIDTH_MASK=wmask, ABS_MASK=abs_mask,
+                NAN_ABOVE=nan_above, BLOCK=blk,
+            )  # fmt: skip
     return all_part.flatten(1).bool().all(dim=1), any_part.flatten(1).bool().any(dim=1)
 
 
@@ -211,10 +228,11 @@ def fingerprint_slots(view: torch.Tensor, slots: torch.Tensor, *, block: int | N
     part = torch.zeros(grid, dtype=torch.int64, device=view.device)
     if 0 not in grid:
         bits = _bits(view)
-        _fingerprint_kernel[grid](
-            bits, slots.contiguous(), part, bits.stride(0), bits.stride(1), features, layers, grid[2],
-            WIDTH_MASK=_hashing.width_mask(view.element_size()), BLOCK=blk,
-        )  # fmt: skip
+        with _on(bits.device):
+            _fingerprint_kernel[grid](
+                bits, slots.contiguous(), part, bits.stride(0), bits.stride(1), features, layers, grid[2],
+                WIDTH_MASK=_hashing.width_mask(view.element_size()), BLOCK=blk,
+            )  # fmt: skip
     return part.flatten(1).sum(dim=1, dtype=torch.int64)
 
 
@@ -228,7 +246,7 @@ def store_kv(
     *,
     block: int | None = None,
 ) -> None:
-    """Scatter ``k``/``v`` (``[T, *F]``) into slots ``loc`` of ``[L, S, F]`` views at ``layer`` (unchecked)."""
+    """Scatter ``k``/``v`` (``[T, *F]``) into slots ``loc`` of ``[L, S, F]`` views at ``layer``, unchecked."""
     num = loc.numel()
     fk, fv = kb.shape[2], vb.shape[2]
     blk = pick_block(max(fk, fv), block)
@@ -239,10 +257,11 @@ def store_kv(
         raise ValueError(f"{nfb} feature blocks exceed the grid limit {MAX_GRID_YZ}")
     kl, vl = _bits(kb[layer]), _bits(vb[layer])
     k2, v2 = _rows(k, fk), _rows(v, fv)
-    _store_kv_kernel[(num, nfb)](
-        kl, vl, loc.contiguous(), k2, v2, kl.stride(0), vl.stride(0), k2.stride(0), v2.stride(0), fk, fv,
-        BLOCK=blk,
-    )  # fmt: skip
+    with _on(kl.device):
+        _store_kv_kernel[(num, nfb)](
+            kl, vl, loc.contiguous(), k2, v2, kl.stride(0), vl.stride(0), k2.stride(0), v2.stride(0), fk, fv,
+            BLOCK=blk,
+        )  # fmt: skip
 
 
 def _rows(x: torch.Tensor, features: int) -> torch.Tensor:

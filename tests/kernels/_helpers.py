@@ -31,4 +31,5 @@ def random_values(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torc
     gen = torch.Generator().manual_seed(seed)
     if dtype.is_floating_point:
         return torch.randn(shape, generator=gen).to(dtype)
-    return torch.randint(-1000, 1000, shape, generator=gen).to(dtype)
+    info = torch.iinfo(dtype)  # stay clear of iinfo.min: that is the integer poison value
+    return torch.randint(max(-1000, info.min + 1), min(1000, info.max), shape, generator=gen).to(dtype)

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import kvledger.kernels as K
 from kvledger.kernels import reference as R
+from kvledger.kernels._checks import nan_rule
 
 from ._helpers import as_bits, bits_equal, random_bits, random_values
 
@@ -56,7 +57,7 @@ def _oracle_fingerprint(state: torch.Tensor, slot: int) -> int:
     return total - (1 << 64) if total >= 1 << 63 else total
 
 
-@settings(max_examples=40, deadline=None)
+@settings(deadline=None)
 @given(shape=shapes, dtype=st.sampled_from(ALL_DTYPES), seed=st.integers(0, 2**31))
 def test_fingerprint_matches_pure_python_definition(shape, dtype, seed):
     layers, slots, tail = shape
@@ -70,7 +71,7 @@ def _fp(state: torch.Tensor, slot: int) -> int:
     return int(R.fingerprint_slots(state, torch.tensor([slot]))[0])
 
 
-@settings(max_examples=60, deadline=None)
+@settings(deadline=None)
 @given(
     shape=shapes,
     dtype=st.sampled_from(ALL_DTYPES),
@@ -91,7 +92,7 @@ def test_fingerprint_changes_on_any_single_bit_flip(shape, dtype, seed, data):
     assert _fp(state, slot) != before
 
 
-@settings(max_examples=60, deadline=None)
+@settings(deadline=None)
 @given(shape=shapes, dtype=st.sampled_from(ALL_DTYPES), seed=st.integers(0, 2**31), data=st.data())
 def test_fingerprint_changes_when_two_different_elements_swap(shape, dtype, seed, data):
     layers, slots, tail = shape
@@ -131,7 +132,7 @@ def test_fingerprint_is_position_sensitive_across_layers():
     assert _fp(state, 0) != _fp(moved, 0)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(deadline=None)
 @given(shape=shapes, dtype=st.sampled_from(ALL_DTYPES), seed=st.integers(0, 2**31))
 def test_copy_preserves_fingerprint_and_untouched_slots(shape, dtype, seed):
     layers, slots, tail = shape
@@ -158,7 +159,7 @@ def copy_cases(draw, dtypes=ALL_DTYPES):
     return (layers, slots, tail), draw(st.sampled_from(dtypes)), src, dst, draw(st.sampled_from(IDX))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(deadline=None)
 @given(case=copy_cases(), seed=st.integers(0, 2**31))
 def test_copy_slots_matches_loop_oracle(case, seed):
     (layers, slots, tail), dtype, src, dst, idx_dtype = case
@@ -207,7 +208,7 @@ def test_index_tensors_must_be_1d_int32_or_int64(bad_index):
 # ------------------------------------------------------------------------------- zero and poison
 
 
-@settings(max_examples=40, deadline=None)
+@settings(deadline=None)
 @given(case=copy_cases(dtypes=[*FLOATS, torch.int32, torch.int64, torch.int8]), seed=st.integers(0, 2**31))
 def test_zero_and_poison_touch_exactly_the_given_slots(case, seed):
     (layers, slots, tail), dtype, _, chosen, idx_dtype = case
@@ -252,6 +253,20 @@ def test_any_nan_payload_counts_as_poison(dtype):
     assert R.poisoned_mask(state, torch.tensor([0, 1])).tolist() == [False, True]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_nan_bit_rule_agrees_with_isnan(dtype):
+    """The kernels' bit test for NaN, checked on random patterns (<= 16-bit formats self-verify)."""
+    abs_mask, nan_above = nan_rule(dtype)
+    values = random_bits((200_000,), dtype, 3)
+    assert torch.isnan(values).any() and not torch.isnan(values).all()
+    assert torch.equal(torch.isnan(values), (as_bits(values).to(torch.int64) & abs_mask) > nan_above)
+
+
+def test_nan_rule_rejects_fnuz_fp8():
+    with pytest.raises(TypeError):
+        K.poison_value(torch.float8_e4m3fnuz)
+
+
 def test_poison_value_per_dtype():
     assert math.isnan(K.poison_value(torch.bfloat16))
     assert K.poison_value(torch.int32) == -(2**31)
@@ -272,7 +287,7 @@ def test_fill_requires_distinct_slots():
 # ---------------------------------------------------------------------------------------- store_kv
 
 
-@settings(max_examples=50, deadline=None)
+@settings(deadline=None)
 @given(
     layers=st.integers(1, 3),
     slots=st.integers(1, 10),
@@ -368,7 +383,7 @@ def test_backend_choice_follows_device_and_interpret_flag():
         assert K.backend_for(cpu.cuda()) == ("triton" if K.HAVE_TRITON else "torch")
 
 
-@settings(max_examples=15, deadline=None)
+@settings(deadline=None)
 @given(case=copy_cases(dtypes=[torch.float32, torch.bfloat16, torch.int32]), seed=st.integers(0, 2**31))
 def test_public_api_agrees_with_reference_on_cpu(case, seed):
     """On CPU without the interpreter this is the torch path; with it, a cheap extra cross-check."""

@@ -8,6 +8,8 @@ CUDA device. Interpreter cost is about 1-3 ms per program instance, so cases sta
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -15,6 +17,7 @@ from hypothesis import strategies as st
 
 import kvledger.kernels as K
 from kvledger.kernels import reference as R
+from kvledger.kernels._checks import poison_bits
 
 from ._helpers import bits_equal, random_bits, random_values
 
@@ -93,28 +96,53 @@ def test_zero_and_poison_slots(device, case, seed, poison):
 
 
 @FAST
-@given(case=slot_cases([*FLOATS, torch.int32]), seed=st.integers(0, 2**31), data=st.data())
-def test_poison_detection(device, case, seed, data):
+@given(
+    case=slot_cases([*FLOATS, torch.float64, torch.float8_e4m3fn, torch.int32, torch.int8]),
+    seed=st.integers(0, 2**31),
+    raw=st.booleans(),
+    data=st.data(),
+)
+def test_poison_detection(device, case, seed, raw, data):
     shape, dtype, idx_dtype, perm, n = case
-    state = random_values(shape, dtype, seed)
-    # Some slots fully poisoned, some with a single poisoned element, the rest clean.
-    full = perm[: data.draw(st.integers(0, len(perm)))]
+    # raw: random bit patterns, so NaNs of every payload and sign (the kernel tests NaN on bits)
+    state = random_bits(shape, dtype, seed) if raw else random_values(shape, dtype, seed)
+    query = list(perm[:n])
+    if n >= 2 and data.draw(st.booleans()):
+        query[-1] = query[0]  # reads may repeat a slot
+    # Some queried slots fully poisoned, some with single poisoned elements or infinities (not NaN).
+    full = sorted({s for s in query if data.draw(st.booleans())})
     R.poison_slots(state, torch.tensor(full, dtype=torch.int64))
     for slot in data.draw(st.lists(st.sampled_from(perm), max_size=3)):
         layer = data.draw(st.integers(0, shape[0] - 1))
         state[layer, slot].view(-1)[0] = K.poison_value(dtype)
+    if dtype.is_floating_point:
+        for slot in data.draw(st.lists(st.sampled_from(perm), max_size=2)):
+            state[0, slot].view(-1)[-1] = data.draw(st.sampled_from([math.inf, -math.inf]))
     for slot in data.draw(st.lists(st.sampled_from(perm), max_size=2)):
         state[shape[0] - 1, slot].view(-1)[-1] = 1  # un-poison one element of a poisoned slot
-    query = data.draw(st.lists(st.sampled_from(perm), min_size=n, max_size=n))  # repeats allowed
     state = state.to(device)
     idx = _idx(query, idx_dtype, device)
     assert torch.equal(K.poisoned_mask(state, idx).cpu(), R.poisoned_mask(state, idx).cpu())
     assert torch.equal(K.any_poisoned(state, idx).cpu(), R.any_poisoned(state, idx).cpu())
 
 
+@pytest.mark.parametrize(
+    "dtype", [torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.float32]
+)
+def test_poison_detection_every_width(device, dtype):
+    """Deterministic: each element width's sign/zero extension path, one full and one partial slot."""
+    state = random_values((2, 4, 3), dtype, 5)
+    R.poison_slots(state, torch.tensor([1, 2]))
+    state[1, 2, 1] = 3
+    state = state.to(device)
+    idx = _idx([0, 1, 2, 3], torch.int32, device)
+    assert K.poisoned_mask(state, idx).tolist() == [False, True, False, False]
+    assert K.any_poisoned(state, idx).tolist() == [False, True, True, False]
+
+
 @FAST
 @given(
-    case=slot_cases([*FLOATS, torch.int32]),
+    case=slot_cases([*FLOATS, torch.float8_e4m3fn, torch.int32, torch.int64]),
     seed=st.integers(0, 2**31),
     data=st.data(),
 )
@@ -146,8 +174,9 @@ def test_store_kv(device, layers, slots, heads, dims, dtype, idx_dtype, strided_
     layer = data.draw(st.integers(0, layers - 1))
     kb = random_bits((layers, slots, heads, dk), dtype, seed).to(device)
     vb = random_bits((layers, slots, heads, dv), dtype, seed + 1).to(device)
-    if strided_k:  # k sliced out of a fused projection output: row stride larger than H * D
-        k = random_bits((len(loc), heads, dk + 3), dtype, seed + 2).to(device)[..., :dk]
+    if strided_k:  # k sliced out of a fused qkv projection output: row stride larger than H * D
+        fused = random_bits((len(loc), heads * dk + 5), dtype, seed + 2).to(device)
+        k = fused[:, 2 : 2 + heads * dk].view(len(loc), heads, dk)
     else:
         k = random_bits((len(loc), heads, dk), dtype, seed + 2).to(device)
     v = random_bits((len(loc), heads, dv), dtype, seed + 3).to(device)
@@ -168,15 +197,14 @@ def test_store_kv(device, layers, slots, heads, dims, dtype, idx_dtype, strided_
 )
 def test_multi_block_masking(device, layers, slots, features, dtype, seed):
     """Block 8 splits F into 2-4 blocks (the last one partial): exercises the masks and the folds."""
-    state = random_bits((layers, slots, features), dtype, seed).to(device)
+    state = random_values((layers, slots, features), dtype, seed).to(device)  # no NaN: poison is exact
     ref = state.clone()
     src, dst = _idx([0], torch.int64, device), _idx([2], torch.int32, device)
     T.copy_slots(state, src, dst, block=8)
     R.copy_slots(ref, src, dst)
     assert bits_equal(state, ref)
     one = _idx([1], torch.int64, device)
-    T.fill_slots(state, one, int(torch.tensor(K.poison_value(dtype), dtype=dtype).view(torch.int16 if
-                 dtype == torch.bfloat16 else torch.int32).item()), block=8)
+    T.fill_slots(state, one, poison_bits(dtype), block=8)
     R.poison_slots(ref, one)
     assert bits_equal(state, ref)
     state[layers - 1, 1, features - 1] = 0.0  # the one clean element sits in the last partial block
@@ -185,7 +213,9 @@ def test_multi_block_masking(device, layers, slots, features, dtype, seed):
     all_p, any_p = T.match_slots(state, both, block=8)
     assert all_p.tolist() == R.poisoned_mask(ref, both).tolist() == [False, False]
     assert any_p.tolist() == R.any_poisoned(ref, both).tolist() == [True, False]
-    assert torch.equal(T.fingerprint_slots(state, both, block=8).cpu(), R.fingerprint_slots(ref.cpu(), both.cpu()))
+    assert torch.equal(
+        T.fingerprint_slots(state, both, block=8).cpu(), R.fingerprint_slots(ref.cpu(), both.cpu())
+    )
 
 
 def test_empty_and_single_index(device):

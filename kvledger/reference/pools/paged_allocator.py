@@ -189,6 +189,14 @@ class PagedTokenToKVPoolAllocator:
         """Release the pages of ``ids`` without validation (see TokenToKVPoolAllocator._free_unchecked)."""
         self._pages.release(self.pages_of(ids), owner, op)
 
+    def _free_pages_unchecked(self, pages: torch.Tensor, owner: Owner, op: str = "free") -> None:
+        """Release page ids (not token ids) without validation: for callers that already know the pages.
+
+        A radix tree owns whole pages in order, so its page ids are ``tokens[::page_size] // page_size``;
+        this skips ``pages_of``'s unique/sort. The ledger still checks the owner.
+        """
+        self._pages.release(pages, owner, op)
+
     def free_group_begin(self) -> None:
         self._pages.free_group_begin()
 

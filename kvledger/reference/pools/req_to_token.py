@@ -72,6 +72,7 @@ class ReqToTokenPool:
     )
     def write(self, row: int, start: int, values: torch.Tensor) -> None:
         """``req_to_token[row, start:start+len(values)] = values``; the row must be held by someone."""
+        values = as_index_tensor(values, self.device, f"{self.name}.write")  # int32/int64, pool device
         check_count(row, "row")
         check_count(start, "start")
         if row >= self.size:

@@ -1,0 +1,366 @@
+"""The machinery both radix caches share: walk, split, touch, insert planning, full locks, deletion.
+
+Public methods (and their contracts) live in ``RadixCache`` and ``MambaRadixCache``; this base only has
+private helpers, so icontract's class invariants (checked around public methods only) may be broken
+temporarily inside them. Control plane only: tensors are sliced, concatenated and compared, never
+written; KV ids return to the allocator through its free path with the owning node's ``Owner``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kvledger.contracts import tree_checks
+from kvledger.contracts.errors import (
+    ContractViolation,
+    ForeignNode,
+    InvalidArgument,
+    InvalidKey,
+    LockNotHeld,
+    PrefixMismatch,
+)
+from kvledger.contracts.owners import CACHE_EVICTABLE, CACHE_PROTECTED, Owner
+from kvledger.contracts.switch import require
+from kvledger.reference.pools.validate import as_index_tensor, check_count
+from kvledger.reference.radix.keys import as_key, common_prefix_len
+from kvledger.reference.radix.kv_side import KVSide
+from kvledger.reference.radix.lru import LRUList
+from kvledger.reference.radix.results import LockRef
+from kvledger.reference.radix.tree_node import TreeNode
+
+_tree_ids = itertools.count(1)
+
+
+@dataclass
+class InsertPlan:
+    """A validated insert, computed before anything changes (so bad input leaves everything as it was)."""
+
+    key: tuple[int, ...]
+    value: torch.Tensor
+    owner: Owner
+    protected_len: int
+    path: list[tuple[TreeNode, int]]  # (node, tokens of it the key matches), root excluded
+    prefix_len: int
+
+    @property
+    def creates_leaf(self) -> bool:
+        return self.prefix_len < len(self.key)
+
+
+class RadixTreeBase:
+    """State and private helpers common to the plain and the Mamba radix cache."""
+
+    def __init__(self, token_to_kv_pool_allocator: Any, page_size: int | None, name: str) -> None:
+        kv = KVSide(token_to_kv_pool_allocator)
+        ps = kv.alloc_page if page_size is None else check_count(page_size, "page_size")
+        if ps < 1 or ps % kv.alloc_page:
+            raise InvalidArgument(
+                f"{name}: page_size {ps} must be a positive multiple of the allocator's {kv.alloc_page}"
+            )
+        self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
+        self.page_size: int = ps
+        self.name = name
+        self.device = kv.device
+        self._kv = kv
+        self._tree_id = next(_tree_ids)
+        self._empty = torch.empty((0,), dtype=torch.int64, device=self.device)
+        self.root = TreeNode(self._tree_id, (), self._empty, None)
+        self.root.lock_ref = 1  # the root is permanently locked and never counted (SGLang)
+        self._evictable = 0  # tokens of non-root nodes with lock_ref == 0
+        self._protected = 0  # tokens of non-root nodes with lock_ref > 0
+        self._locks: set[LockRef] = set()  # live lock handles: I-LOCK-TREE recounts own(n) from them
+        self._clock = 0
+        self._full_lru = LRUList(0, f"{name}.full")
+
+    # ------------------------------------------------------------------ sizes
+    def _total(self) -> int:
+        return self._evictable + self._protected
+
+    # ------------------------------------------------------------------ nodes and recency
+    def _make_node(self, key: tuple[int, ...], value: torch.Tensor, parent: TreeNode | None) -> TreeNode:
+        return TreeNode(self._tree_id, key, value, parent)
+
+    def _touch(self, node: TreeNode) -> None:
+        """Mark ``node`` most recently used (list position and time move together: I-LRU-ORDER)."""
+        self._clock += 1
+        node.last_access_time = self._clock
+        self._full_lru.move_to_mru(node)
+
+    def _touch_path(self, nodes: Sequence[TreeNode]) -> None:
+        """Refresh a root-to-leaf path so each node is more recent than its parent."""
+        for node in nodes:
+            self._touch(node)
+
+    # ------------------------------------------------------------------ walking
+    def _walk(self, key: tuple[int, ...]) -> tuple[list[tuple[TreeNode, int]], int]:
+        """Read-only walk: the matched nodes with the tokens matched in each, and the matched length."""
+        ps = self.page_size
+        node = self.root
+        pos = 0
+        n = len(key)
+        path: list[tuple[TreeNode, int]] = []
+        while pos < n:
+            child = node.children.get(key[pos : pos + ps])
+            if child is None:
+                break
+            m = common_prefix_len(key, pos, child.key, ps)
+            path.append((child, m))
+            pos += m
+            if m < len(child.key):
+                break
+            node = child
+        return path, pos
+
+    def _materialise(self, path: list[tuple[TreeNode, int]]) -> list[TreeNode]:
+        """The walked path as nodes, splitting the last one where the match ends inside it."""
+        nodes = [child for child, _ in path]
+        if path:
+            last, m = path[-1]
+            if m < len(last.key):
+                nodes[-1] = self._split(last, m)
+        return nodes
+
+    def _split(self, child: TreeNode, m: int) -> TreeNode:
+        """Cut ``child`` after ``m`` tokens: a new upper node takes the first ``m``, ``child`` keeps the rest.
+
+        The upper node inherits the full lock count (every holder below ``child`` is below it too). Its KV
+        ids move to it by a ledger transfer (op ``split``); the parent re-keys it under the same first
+        page, and it keys ``child`` by the first page of the child's *new* key (#36696). Recency as in
+        SGLang at the time of its unit test: the upper node, then the child, become the most recent
+        (the later #38482 keeps the child's place instead; SGLang's unit-test eviction order needs this).
+        """
+        ps = self.page_size
+        parent = child.parent
+        assert parent is not None
+        # Views, not copies: tree values are never written in place, and both halves stay tree-owned.
+        upper = self._make_node(child.key[:m], child.value[:m], parent)
+        upper.lock_ref = child.lock_ref
+        if child.lock_ref > 0:
+            upper.kv_owner.set_account(CACHE_PROTECTED, "split")
+        self._kv.adopt(upper.value, child.kv_owner, upper.kv_owner, "split")
+        child.key = child.key[m:]
+        child.value = child.value[m:]
+        parent.children[upper.key[:ps]] = upper
+        upper.children[child.key[:ps]] = child
+        child.parent = upper
+        self._clock += 1
+        upper.last_access_time = self._clock
+        self._full_lru.push_mru(upper)
+        self._touch(child)
+        return upper
+
+    @require(lambda key: len(key) > 0, "I-NODE-NONEMPTY: never create an empty node (B16 ghost node, #35821)")
+    def _new_leaf(
+        self, parent: TreeNode, key: tuple[int, ...], value: torch.Tensor, owner: Owner
+    ) -> TreeNode:
+        """A new unlocked leaf that adopts ``value`` from ``owner`` (ledger transfer, op ``insert``)."""
+        leaf = self._make_node(key, value, parent)
+        self._kv.adopt(value, owner, leaf.kv_owner, "insert")
+        parent.children[key[: self.page_size]] = leaf
+        self._clock += 1
+        leaf.last_access_time = self._clock
+        self._full_lru.push_mru(leaf)
+        self._evictable += len(key)
+        return leaf
+
+    # ------------------------------------------------------------------ match
+    def _match_key(self, key: Any) -> tuple[tuple[int, ...], list[TreeNode]]:
+        """The page-truncated key and the matched path (split where the match ends inside a node)."""
+        k = as_key(key)
+        extra = len(k) % self.page_size
+        if extra:
+            k = k[: len(k) - extra]
+        path, _ = self._walk(k)
+        return k, self._materialise(path)
+
+    def _concat(self, nodes: Sequence[TreeNode]) -> torch.Tensor:
+        if not nodes:
+            return self._empty
+        return torch.cat([n.value for n in nodes])
+
+    # ------------------------------------------------------------------ insert
+    def _plan_insert(self, key: Any, value: Any, owner: Any, protected_len: Any) -> InsertPlan:
+        """Validate an insert completely (typed errors) and compute its path, changing nothing."""
+        k = as_key(key)
+        if not isinstance(owner, Owner):
+            raise InvalidArgument(f"{self.name}.insert: owner must be an Owner, got {type(owner).__name__}")
+        v = value
+        if not (
+            isinstance(v, torch.Tensor)
+            and v.dtype == torch.int64
+            and v.dim() == 1
+            and v.device == self.device
+        ):
+            v = as_index_tensor(value, self.device, f"{self.name}.insert")
+        if len(k) != v.numel():
+            raise InvalidKey(f"{self.name}.insert: len(key) {len(k)} != len(value) {v.numel()}")
+        if len(k) % self.page_size:
+            raise InvalidKey(
+                f"{self.name}.insert: key length {len(k)} is not a multiple of page {self.page_size}"
+            )
+        check_count(protected_len, "protected_len")
+        if protected_len > len(k) or protected_len % self.page_size:
+            raise InvalidArgument(
+                f"{self.name}.insert: protected_len {protected_len} must be page-aligned"
+                f" and <= len(key) {len(k)}"
+            )
+        path, prefix_len = self._walk(k)
+        if protected_len > prefix_len:
+            raise PrefixMismatch(
+                f"{self.name}.insert: protected_len {protected_len}"
+                f" but only {prefix_len} tokens of the key are cached"
+            )
+        pos = 0
+        for node, m in path:
+            if pos >= protected_len:
+                break
+            take = min(m, protected_len - pos)
+            if not torch.equal(v[pos : pos + take], node.value[:take]):
+                raise PrefixMismatch(
+                    f"{self.name}.insert: value[{pos}:{pos + take}] is not the tree's ids at {node!r}"
+                    " (the protected prefix must be the ids match_prefix returned)"
+                )
+            pos += take
+        if self._kv.checked and protected_len < len(k):
+            self._kv.check_caller_ids(v[protected_len:], owner, f"{self.name}.insert")
+        return InsertPlan(k, v, owner, protected_len, path, prefix_len)
+
+    def _apply_insert(self, plan: InsertPlan) -> tuple[TreeNode, bool]:
+        """Carry out a validated plan; returns the node ending at ``len(key)`` and whether it is new."""
+        nodes: list[TreeNode] = []
+        for child, m in plan.path:
+            self._touch(child)  # root to leaf: each node more recent than its parent (SGLang touches first)
+            if m < len(child.key):
+                child = self._split(child, m)
+            nodes.append(child)
+        if plan.prefix_len > plan.protected_len:
+            # The caller's duplicates of tokens already cached: freed here, exactly once.
+            self._kv.free(plan.value[plan.protected_len : plan.prefix_len], plan.owner, "insert.dup")
+        end = nodes[-1] if nodes else self.root
+        if not plan.creates_leaf:
+            return end, False
+        rest = plan.value[plan.prefix_len :].clone()
+        return self._new_leaf(end, plan.key[plan.prefix_len :], rest, plan.owner), True
+
+    # ------------------------------------------------------------------ locks
+    def _check_node(self, node: Any, op: str) -> TreeNode:
+        if not isinstance(node, TreeNode):
+            raise InvalidArgument(f"{self.name}.{op}: expected a TreeNode, got {type(node).__name__}")
+        if node.tree_id != self._tree_id:
+            raise ForeignNode(f"{self.name}.{op}: {node!r} belongs to another tree")
+        if not node.live:
+            raise ForeignNode(f"{self.name}.{op}: {node!r} is no longer in the tree")
+        return node
+
+    def _check_lock(self, lock: Any, op: str) -> LockRef:
+        """A release must name a live lock of this tree whose counts can all go down by one."""
+        if not isinstance(lock, LockRef):
+            raise InvalidArgument(
+                f"{self.name}.{op}: expected the LockRef inc_lock_ref returned, got {type(lock).__name__}"
+            )
+        if lock.tree_id != self._tree_id:
+            raise ForeignNode(f"{self.name}.{op}: {lock!r} was issued by another tree")
+        if lock.released or lock not in self._locks:
+            raise LockNotHeld(f"{self.name}.{op}: {lock!r} is not a live lock (double release or forged)")
+        node: TreeNode | None = lock.node
+        if not lock.node.live:
+            raise ContractViolation(f"I-EVICT-LOCKED: the node of live {lock!r} was deleted")
+        while node is not None and node is not self.root:
+            if node.lock_ref < 1:
+                raise LockNotHeld(
+                    f"{self.name}.{op}: {node!r} would go below zero (lock_ref {node.lock_ref})"
+                )
+            node = node.parent
+        if lock.took_mamba and lock.node.mamba_lock_ref < 1:
+            raise LockNotHeld(f"{self.name}.{op}: {lock.node!r} mamba_lock_ref would go below zero")
+        return lock
+
+    def _lock_path(self, node: TreeNode) -> None:
+        """Full lock from ``node`` to the root (root excluded); 0 -> 1 moves the KV to protected."""
+        root = self.root
+        while node is not root:
+            if node.lock_ref == 0:
+                n = len(node.key)  # == len(value); a tuple's len is cheaper than a tensor's
+                self._evictable -= n
+                self._protected += n
+                node.kv_owner.set_account(CACHE_PROTECTED, "lock")
+            node.lock_ref += 1
+            node = node.parent  # type: ignore[assignment]
+
+    def _unlock_path(self, node: TreeNode) -> None:
+        root = self.root
+        while node is not root:
+            if node.lock_ref == 1:
+                n = len(node.key)  # == len(value); a tuple's len is cheaper than a tensor's
+                self._evictable += n
+                self._protected -= n
+                node.kv_owner.set_account(CACHE_EVICTABLE, "unlock")
+            node.lock_ref -= 1
+            node = node.parent  # type: ignore[assignment]
+
+    # ------------------------------------------------------------------ deletion
+    def _unlink_leaf(self, node: TreeNode) -> int:
+        """Remove an unlocked leaf from its parent and the full list; free its KV. Returns its tokens."""
+        parent = node.parent
+        assert parent is not None
+        popped = parent.children.pop(node.key[: self.page_size], None)
+        if popped is not node:
+            raise ContractViolation(
+                f"I-KEYS: {parent!r} does not hold {node!r} under its first page (#36696)"
+            )
+        self._full_lru.remove(node)
+        n = len(node.key)
+        self._evictable -= n
+        self._kv.free(node.value, node.kv_owner, "evict")
+        node.live = False
+        node.parent = None  # break the reference to the tree (B13-style host-memory hygiene)
+        return n
+
+    def _oldest_unlocked_leaf(self) -> TreeNode | None:
+        return self._unlocked_leaf_from(self._full_lru.oldest())
+
+    def _unlocked_leaf_from(self, node: TreeNode | None) -> TreeNode | None:
+        """The first unlocked leaf at ``node`` or more recent."""
+        lru = self._full_lru
+        while node is not None and (node.lock_ref > 0 or node.children):
+            node = lru.newer(node)
+        return node
+
+    # ------------------------------------------------------------------ audit
+    def _own_locks(self) -> tuple[Counter[int], Counter[int]]:
+        own: Counter[int] = Counter()
+        own_mamba: Counter[int] = Counter()
+        for lock in self._locks:
+            if lock.released or not lock.node.live or lock.node.tree_id != self._tree_id:
+                raise ContractViolation(f"I-LOCK-TREE: the live-lock registry holds a stale {lock!r}")
+            own[id(lock.node)] += 1
+            if lock.took_mamba:
+                own_mamba[id(lock.node)] += 1
+        return own, own_mamba
+
+    def _audit_full(self) -> tuple[list[TreeNode], Counter[int]]:
+        """The full-KV recounts (§5.2); returns the nodes and the per-node Mamba lock holders."""
+        nodes = tree_checks.collect_nodes(self.root)
+        for node in nodes:
+            if not node.live or node.tree_id != self._tree_id:
+                raise ContractViolation(f"I-KEYS: {node!r} is reachable but marked deleted or foreign")
+        tree_checks.check_node_keys(self.root, nodes, self.page_size)
+        own, own_mamba = self._own_locks()
+        tree_checks.check_lock_tree(self.root, nodes, own)
+        tree_checks.check_size_counters(nodes, self._evictable, self._protected)
+        kv = self._kv
+        for node in nodes:
+            if not kv.page_structured(node.value):
+                raise ContractViolation(f"I-NODE-NONEMPTY: {node!r} does not own whole allocator pages")
+        if kv.checked:
+            tree_checks.check_no_alias(nodes, lambda n: kv.ledger_ids(n.value).tolist(), kv.ledger.holdings)
+        else:
+            tree_checks.check_no_alias(nodes, lambda n: n.value.tolist())
+        tree_checks.check_lru("full", self._full_lru.oldest_first(), nodes)
+        return nodes, own_mamba

@@ -1,0 +1,486 @@
+"""``MambaRadixCache``: the hybrid tree where a node may also own a Mamba state slot (§1.8, V1 semantics).
+
+A node's state is the recurrent state after its last token; a node without one is a *tombstone* (its
+KV stays usable as part of a longer match, but no request can start from its end). Two locks, two
+LRU lists, four counters, two ledgers (KV: ``node.kv_owner``; state: ``node.mamba_owner``).
+
+Differences from SGLang that are deliberate:
+
+* ``inc_lock_ref`` returns a :class:`LockRef` recording whether it took the state; ``dec_lock_ref``
+  undoes exactly that (I-LOCK-SYMMETRY, the B14 fix, PR #27147), never re-reading ``mamba_value``;
+* copy-on-write is synchronous and the pool-empty retry never asserts: it returns ``cow_slot=None``;
+* releasing the last lock on a tombstone *leaf* deletes it (and its tombstone parents that become unlocked
+  leaves): it can never be matched, and I-TOMBSTONE forbids an unlocked tombstone leaf. SGLang only
+  reaches that state through the lock-a-tombstone path it never takes in V1;
+* ``evict_mamba`` tombstones a leaf whose KV is still full-locked instead of asserting;
+* a split keeps the suffix's recency in both lists (#38482); page sizes > 1 work as in the plain tree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from kvledger.contracts import tree_checks
+from kvledger.contracts.errors import InvalidArgument
+from kvledger.contracts.owners import CACHE_EVICTABLE, CACHE_PROTECTED, Owner
+from kvledger.contracts.switch import ensure, invariant, require, snapshot
+from kvledger.reference.pools.validate import as_index_tensor, check_count, check_in_range
+from kvledger.reference.radix.base import InsertPlan, RadixTreeBase
+from kvledger.reference.radix.lru import LRUList
+from kvledger.reference.radix.radix_cache import kv_counters_agree
+from kvledger.reference.radix.results import InsertResult, LockRef, MatchResult
+from kvledger.reference.radix.tree_node import TreeNode
+
+
+def mamba_counters_agree(cache: Any) -> bool:
+    """The cheap form of I-MAMBA-DEF: state counters == the Mamba ledger's CACHE_* accounts."""
+    led = cache._m_ledger
+    if not led.enabled:
+        return True
+    return bool(
+        led.count(CACHE_EVICTABLE) == cache._m_evictable and led.count(CACHE_PROTECTED) == cache._m_protected
+    )
+
+
+def _attr_of_node(lock_or_node: Any, attr: str) -> int | None:
+    node = getattr(lock_or_node, "node", lock_or_node)
+    return getattr(node, attr) if isinstance(node, TreeNode) else None
+
+
+def _cow_slot_is_callers(cache: Any, cow_owner: Any, result: MatchResult) -> bool:
+    if result.cow_slot is None:
+        return True
+    if cow_owner is None or result.cow_slot.numel() != 1:
+        return False
+    return not cache._m_checked or cache._m_ledger.owner_of(int(result.cow_slot)) is cow_owner
+
+
+@invariant(
+    lambda self: kv_counters_agree(self),
+    "I-PROTECTED-DEF (cheap form): full token counters equal the KV ledger's CACHE_* accounts",
+)
+@invariant(
+    lambda self: mamba_counters_agree(self),
+    "I-MAMBA-DEF (cheap form): state counters equal the Mamba ledger's CACHE_* accounts",
+)
+@invariant(
+    lambda self: min(self._evictable, self._protected, self._m_evictable, self._m_protected) >= 0,
+    "I-CAP: counters are non-negative",
+)
+@invariant(
+    lambda self: self.root.lock_ref == 1 and self.root.mamba_value is None, "the root: locked, no state"
+)
+class MambaRadixCache(RadixTreeBase):
+    """Prefix cache of KV ids plus Mamba state slots at node ends."""
+
+    def __init__(
+        self,
+        token_to_kv_pool_allocator: Any,
+        mamba_pool: Any,
+        *,
+        page_size: int | None = None,
+        name: str = "mamba_radix",
+    ) -> None:
+        super().__init__(token_to_kv_pool_allocator, page_size, name)
+        self.mamba_pool = mamba_pool
+        self._m_ledger = mamba_pool.ledger
+        self._m_checked = bool(self._m_ledger.enabled)
+        self._mamba_lru = LRUList(2, f"{name}.mamba")
+        self._m_evictable = 0  # state slots of non-tombstone nodes with mamba_lock_ref == 0
+        self._m_protected = 0  # ... with mamba_lock_ref > 0
+        self.root.mamba_owner = Owner("node.mamba", self.root.id, CACHE_EVICTABLE)
+
+    # ------------------------------------------------------------------ node hooks
+    def _make_node(self, key: tuple[int, ...], value: torch.Tensor, parent: TreeNode | None) -> TreeNode:
+        node = TreeNode(self._tree_id, key, value, parent)
+        node.mamba_owner = Owner("node.mamba", node.id, CACHE_EVICTABLE)
+        return node
+
+    def _touch(self, node: TreeNode) -> None:
+        self._clock += 1
+        node.last_access_time = self._clock
+        self._full_lru.move_to_mru(node)
+        if node.mamba_value is not None:
+            self._mamba_lru.move_to_mru(node)
+
+    # ------------------------------------------------------------------ match
+    @ensure(
+        lambda self, result: result.last_node is self.root or result.last_node.mamba_value is not None,
+        "I-MATCH-STATE: match_prefix returns a node with a state, or the root",
+    )
+    @ensure(
+        lambda result: result.device_indices.numel() == result.last_node.depth(),
+        "I-MATCH-STATE: the returned KV prefix ends exactly at the returned node",
+    )
+    @ensure(
+        lambda self, cow_owner, result: _cow_slot_is_callers(self, cow_owner, result),
+        "I-MAMBA-VALUE: a COW slot is one slot held by the caller, never the tree's",
+    )
+    @ensure(
+        lambda self, result: tree_checks.check_path_recency(self.root, result.last_node),
+        "I-LRU-ORDER: after a match every node on the path is more recent than its parent",
+    )
+    def match_prefix(
+        self, key: Sequence[int], *, cow_owner: Owner | None = None, cow_slot: torch.Tensor | None = None
+    ) -> MatchResult:
+        """The longest cached prefix of ``key`` that ends at a node with a state (or the root).
+
+        With ``cow_owner``: copy that state into ``cow_slot`` (a slot ``cow_owner`` holds) or into a new
+        slot allocated for ``cow_owner``; if the pool is empty, evict one state with the source pinned
+        and retry, else give up (``cow_slot=None``: the caller cannot admit now). With no state on the
+        path ``cow_slot`` is None and the caller's slot, if any, is left untouched (its contents are
+        stale for this match).
+        """
+        dst = self._check_cow_args(cow_owner, cow_slot)
+        _, nodes = self._match_key(key)
+        path = nodes[: self._best_prefix(nodes)]
+        self._touch_path(path)  # SGLang refreshes root..best node; a tombstone tail below it is not used
+        last = path[-1] if path else self.root
+        slot = None
+        if cow_owner is not None and last.mamba_value is not None:
+            slot = self._copy_on_write(last, cow_owner, dst)
+        return MatchResult(self._concat(path), last, slot)
+
+    def _best_prefix(self, nodes: Sequence[TreeNode]) -> int:
+        """How many nodes of the matched path to keep: up to the deepest one with a state."""
+        n = len(nodes)
+        while n and nodes[n - 1].mamba_value is None:
+            n -= 1
+        return n
+
+    def _check_cow_args(self, cow_owner: Any, cow_slot: Any) -> torch.Tensor | None:
+        if cow_owner is None:
+            if cow_slot is not None:
+                raise InvalidArgument(f"{self.name}.match_prefix: cow_slot given without cow_owner")
+            return None
+        if not isinstance(cow_owner, Owner):
+            raise InvalidArgument(f"{self.name}.match_prefix: cow_owner must be an Owner")
+        if cow_slot is None:
+            return None
+        return self._check_slot(cow_slot, cow_owner, "match_prefix(cow_slot)")
+
+    def _check_slot(self, slot: Any, owner: Owner, op: str) -> torch.Tensor:
+        pool = self.mamba_pool
+        t = as_index_tensor(slot, pool.device, f"{self.name}.{op}")
+        if t.numel() != 1:
+            raise InvalidArgument(f"{self.name}.{op}: one state slot expected, got {t.numel()}")
+        check_in_range(t, 1, pool.size, pool.name, "slot")
+        if self._m_checked:
+            self._m_ledger.require_held_by(t, owner, f"{self.name}.{op}")
+        return t
+
+    def _copy_on_write(self, src: TreeNode, owner: Owner, dst: torch.Tensor | None) -> torch.Tensor | None:
+        if dst is not None:
+            self._copy_state(src, dst)
+            return dst
+        slot = self.mamba_pool.alloc(1, owner)
+        if slot is not None:
+            self._copy_state(src, slot)
+            return slot
+        # Pool empty: evict one state, with the source pinned so it cannot be the victim (I-COW-SOURCE).
+        lock = self._pin_for_cow(src)
+        try:
+            self.evict_mamba(1)
+            slot = self.mamba_pool.alloc(1, owner)
+            if slot is not None:
+                self._copy_state(src, slot)
+        finally:
+            self._unpin(lock)
+        return slot
+
+    def _pin_for_cow(self, node: TreeNode) -> LockRef:
+        return self.inc_lock_ref(node)
+
+    def _unpin(self, lock: LockRef) -> None:
+        self.dec_lock_ref(lock)
+
+    @require(
+        lambda self, src: src is not self.root and src.live and len(src.key) > 0,
+        "I-COW-SOURCE: the copy source is a non-empty node still in the tree (B16 ghost node)",
+    )
+    @require(
+        lambda src: src.mamba_value is not None,
+        "I-COW-SOURCE: the copy source still holds its state (it must stay pinned until the copy)",
+    )
+    def _copy_state(self, src: TreeNode, dst: torch.Tensor) -> None:
+        self.mamba_pool.copy_from(src.mamba_value, dst)
+
+    # ------------------------------------------------------------------ insert
+    @snapshot(lambda self: self._evictable, name="evictable")
+    @snapshot(lambda self: self._protected, name="protected")
+    @snapshot(lambda self: self._m_evictable, name="m_evictable")
+    @snapshot(lambda self: self._m_protected, name="m_protected")
+    @ensure(
+        lambda self, key, result: (
+            0 <= result.prefix_len <= len(key) and result.prefix_len % self.page_size == 0
+        )
+    )
+    @ensure(
+        lambda self, key, OLD, result: self._evictable == OLD.evictable + len(key) - result.prefix_len,
+        "the tree grows by exactly the tokens that were not cached yet",
+    )
+    @ensure(
+        lambda self, OLD, result: self._m_evictable == OLD.m_evictable + int(result.mamba_adopted),
+        "the tree gains a state only by adopting the caller's slot",
+    )
+    @ensure(
+        lambda self, OLD: self._protected == OLD.protected and self._m_protected == OLD.m_protected,
+        "insert never changes what is locked",
+    )
+    def insert(
+        self,
+        key: Sequence[int],
+        value: torch.Tensor,
+        owner: Owner,
+        *,
+        mamba_slot: torch.Tensor | None,
+        protected_len: int = 0,
+    ) -> InsertResult:
+        """KV as :meth:`RadixCache.insert`; the node ending at ``len(key)`` adopts ``mamba_slot`` if it is new
+        or a tombstone (revival). If it already has a state, ``mamba_adopted`` is False and the caller
+        frees its slot. ``mamba_slot=None`` is allowed only when no new leaf is needed (a new leaf without
+        a state would be a tombstone leaf, I-TOMBSTONE).
+        """
+        plan = self._plan_insert(key, value, owner, protected_len)
+        slot = self._check_insert_slot(mamba_slot, owner, plan)
+        if not plan.key:
+            return InsertResult(0, False)
+        end, _ = self._apply_insert(plan)
+        if slot is None or end.mamba_value is not None:
+            return InsertResult(plan.prefix_len, False)
+        self._adopt_state(end, slot, owner)
+        return InsertResult(plan.prefix_len, True)
+
+    def _check_insert_slot(self, mamba_slot: Any, owner: Owner, plan: InsertPlan) -> torch.Tensor | None:
+        if mamba_slot is None:
+            if plan.creates_leaf:
+                raise InvalidArgument(
+                    f"{self.name}.insert: {len(plan.key) - plan.prefix_len} new tokens need a state"
+                    " (a new leaf without one would be a tombstone leaf, I-TOMBSTONE)"
+                )
+            return None
+        return self._check_slot(mamba_slot, owner, "insert(mamba_slot)")
+
+    def _adopt_state(self, node: TreeNode, slot: torch.Tensor, owner: Owner) -> None:
+        """``node`` (new, or a tombstone being revived) takes ``slot`` from ``owner``, as the most recent."""
+        assert node.mamba_owner is not None
+        if self._m_checked:
+            self._m_ledger.transfer(slot, owner, node.mamba_owner, "insert")
+        node.mamba_value = slot.clone()
+        if node.mamba_lock_ref == 0:  # always true: tombstones carry no state lock (I-MAMBA-LOCK)
+            self._m_evictable += 1
+        self._mamba_lru.push_mru(node)
+
+    # ------------------------------------------------------------------ locks
+    @snapshot(lambda self, node: _attr_of_node(node, "lock_ref"), name="lock_ref")
+    @snapshot(lambda self, node: _attr_of_node(node, "mamba_lock_ref"), name="mamba_lock_ref")
+    @ensure(lambda self, node, result: result.node is node and not result.released and result in self._locks)
+    @ensure(lambda self, node, OLD: node is self.root or node.lock_ref == OLD.lock_ref + 1)
+    @ensure(
+        lambda node, OLD, result: (
+            node.mamba_lock_ref == OLD.mamba_lock_ref + int(result.took_mamba)
+            and result.took_mamba == (node.mamba_value is not None)
+        ),
+        "I-MAMBA-LOCK: the state is locked iff the node has one now, and the handle records it",
+    )
+    def inc_lock_ref(self, node: TreeNode) -> LockRef:
+        """Full lock from ``node`` to the root; state lock on ``node`` only, if it has a state now."""
+        self._check_node(node, "inc_lock_ref")
+        took = node.mamba_value is not None
+        if took:
+            if node.mamba_lock_ref == 0:
+                self._m_evictable -= 1
+                self._m_protected += 1
+                node.mamba_owner.set_account(CACHE_PROTECTED, "lock")  # type: ignore[union-attr]
+            node.mamba_lock_ref += 1
+        self._lock_path(node)
+        lock = LockRef(node, took, self._tree_id)
+        self._locks.add(lock)
+        return lock
+
+    @snapshot(lambda self, lock: _attr_of_node(lock, "lock_ref"), name="lock_ref")
+    @snapshot(lambda self, lock: _attr_of_node(lock, "mamba_lock_ref"), name="mamba_lock_ref")
+    @ensure(lambda self, lock: lock.released and lock not in self._locks)
+    @ensure(lambda self, lock, OLD: lock.node is self.root or lock.node.lock_ref == OLD.lock_ref - 1)
+    @ensure(
+        lambda lock, OLD: lock.node.mamba_lock_ref == OLD.mamba_lock_ref - int(lock.took_mamba),
+        "I-LOCK-SYMMETRY: dec undoes exactly the state lock inc took (B14), whatever mamba_value is now",
+    )
+    def dec_lock_ref(self, lock: LockRef) -> None:
+        """Release ``lock``: exactly the components it recorded. A tombstone leaf left unlocked is deleted."""
+        self._check_lock(lock, "dec_lock_ref")
+        node = lock.node
+        if self._mamba_component_to_release(lock):
+            if node.mamba_lock_ref == 1:
+                self._m_evictable += 1
+                self._m_protected -= 1
+                node.mamba_owner.set_account(CACHE_EVICTABLE, "unlock")  # type: ignore[union-attr]
+            node.mamba_lock_ref -= 1
+        self._unlock_path(node)
+        lock.released = True
+        self._locks.discard(lock)
+        if node is not self.root and node.lock_ref == 0 and node.mamba_value is None and not node.children:
+            self._prune_tombstones(node)
+
+    def _mamba_component_to_release(self, lock: LockRef) -> bool:
+        """The B14 decision point: the record taken at inc time, never the node's current state."""
+        return lock.took_mamba
+
+    # ------------------------------------------------------------------ eviction
+    @snapshot(lambda self: self._evictable, name="evictable")
+    @snapshot(lambda self: (self._protected, self._m_protected), name="protected")
+    @ensure(
+        lambda self, num_tokens, OLD, result: result >= min(num_tokens, OLD.evictable),
+        "evict frees what was asked whenever enough is unlocked",
+    )
+    @ensure(lambda self, OLD, result: self._evictable == OLD.evictable - result)
+    @ensure(
+        lambda self, OLD: (self._protected, self._m_protected) == OLD.protected,
+        "I-EVICT-LOCKED: eviction never frees locked KV or a locked state",
+    )
+    def evict_full(self, num_tokens: int) -> int:
+        """Free at least ``num_tokens`` KV tokens: unlocked leaves (with their states) in full-LRU order,
+        cascading to tombstone parents that become unlocked leaves. Returns tokens freed."""
+        check_count(num_tokens, "num_tokens")
+        freed = 0
+        root = self.root
+        x = self._oldest_unlocked_leaf()
+        while freed < num_tokens and x is not None:
+            nxt = self._unlocked_leaf_from(self._full_lru.newer(x))
+            parent = x.parent
+            assert parent is not None
+            freed += self._evict_leaf(x)
+            top, cascaded = self._prune_tombstones(parent)
+            freed += cascaded
+            if top is not root and not top.children and top.lock_ref == 0:
+                nxt = self._oldest_unlocked_leaf()  # a new candidate leaf, possibly older than nxt
+            x = nxt
+        return freed
+
+    def evict(self, num_tokens: int) -> int:
+        """Same as :meth:`evict_full` (the scheduler's KV eviction)."""
+        return self.evict_full(num_tokens)
+
+    @snapshot(lambda self: self._m_evictable, name="m_evictable")
+    @snapshot(lambda self: (self._protected, self._m_protected), name="protected")
+    @ensure(
+        lambda self, num_slots, OLD, result: result >= min(num_slots, OLD.m_evictable),
+        "evict_mamba frees what was asked whenever enough states are unlocked",
+    )
+    @ensure(lambda self, OLD, result: self._m_evictable == OLD.m_evictable - result)
+    @ensure(
+        lambda self, OLD: (self._protected, self._m_protected) == OLD.protected,
+        "I-EVICT-LOCKED: eviction never frees locked KV or a locked state",
+    )
+    def evict_mamba(self, num_slots: int) -> int:
+        """Free ``num_slots`` states in state-LRU order. An internal node (or a leaf whose KV is still locked)
+        becomes a tombstone, keeping its KV; an unlocked leaf is evicted whole (+ cascade).
+        Returns slots freed."""
+        check_count(num_slots, "num_slots")
+        freed = 0
+        x = self._state_unlocked_from(self._mamba_lru.oldest())
+        while freed < num_slots and x is not None:
+            nxt = self._state_unlocked_from(self._mamba_lru.newer(x))
+            if x.children or x.lock_ref > 0:
+                self._tombstone(x)
+            else:
+                parent = x.parent
+                assert parent is not None
+                self._evict_leaf(x)
+                self._prune_tombstones(parent)
+            freed += 1
+            x = nxt
+        return freed
+
+    def _state_unlocked_from(self, node: TreeNode | None) -> TreeNode | None:
+        lru = self._mamba_lru
+        while node is not None and node.mamba_lock_ref > 0:
+            node = lru.newer(node)
+        return node
+
+    @require(lambda node: node.mamba_lock_ref == 0, "I-EVICT-LOCKED: a locked state is never tombstoned")
+    def _tombstone(self, node: TreeNode) -> None:
+        self._free_state(node, "evict_mamba")
+
+    def _free_state(self, node: TreeNode, op: str) -> None:
+        slot = node.mamba_value
+        assert slot is not None and node.mamba_owner is not None
+        self.mamba_pool._free_unchecked(slot, node.mamba_owner, op)
+        self._mamba_lru.remove(node)
+        node.mamba_value = None
+        self._m_evictable -= 1
+
+    @require(
+        lambda node: node.lock_ref == 0 and node.mamba_lock_ref == 0,
+        "I-EVICT-LOCKED: eviction never touches a locked node",
+    )
+    @require(lambda node: not node.children, "only leaves are evicted")
+    def _evict_leaf(self, node: TreeNode) -> int:
+        """Delete an unlocked leaf: its state (if any) and its KV go back to their pools. Returns tokens."""
+        if node.mamba_value is not None:
+            self._free_state(node, "evict")
+        return self._unlink_leaf(node)
+
+    def _prune_tombstones(self, node: TreeNode) -> tuple[TreeNode, int]:
+        """Delete ``node`` and its ancestors while each is an unlocked tombstone leaf (I-TOMBSTONE).
+
+        Returns the first node kept and the tokens freed.
+        """
+        freed = 0
+        root = self.root
+        while node is not root and node.mamba_value is None and not node.children and node.lock_ref == 0:
+            parent = node.parent
+            assert parent is not None
+            freed += self._evict_leaf(node)
+            node = parent
+        return node, freed
+
+    # ------------------------------------------------------------------ sizes and audit
+    def full_evictable_size(self) -> int:
+        return self._evictable
+
+    def full_protected_size(self) -> int:
+        return self._protected
+
+    def mamba_evictable_size(self) -> int:
+        return self._m_evictable
+
+    def mamba_protected_size(self) -> int:
+        return self._m_protected
+
+    def evictable_size(self) -> int:
+        """KV tokens of unlocked nodes (= :meth:`full_evictable_size`)."""
+        return self._evictable
+
+    def protected_size(self) -> int:
+        """KV tokens of locked nodes (= :meth:`full_protected_size`)."""
+        return self._protected
+
+    def total_size(self) -> int:
+        """KV tokens in the tree."""
+        return self._evictable + self._protected
+
+    def mamba_total_size(self) -> int:
+        """State slots in the tree."""
+        return self._m_evictable + self._m_protected
+
+    def audit(self) -> None:
+        """§5.2 recounts + I-MAMBA-DEF, I-MAMBA-LOCK, I-TOMBSTONE, I-MAMBA-VALUE, state-list I-LRU-ORDER."""
+        nodes, own_mamba = self._audit_full()
+        tree_checks.check_mamba_counters(nodes, self._m_evictable, self._m_protected)
+        tree_checks.check_mamba_lock(nodes, own_mamba)
+        tree_checks.check_tombstones(self.root, nodes)
+        tree_checks.check_mamba_values(nodes, self._m_ledger.holdings if self._m_checked else None)
+        tree_checks.check_lru(
+            "mamba", self._mamba_lru.oldest_first(), [n for n in nodes if n.mamba_value is not None]
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"MambaRadixCache({self.name}, page={self.page_size},"
+            f" full E/P={self._evictable}/{self._protected},"
+            f" mamba E/P={self._m_evictable}/{self._m_protected}, locks={len(self._locks)})"
+        )

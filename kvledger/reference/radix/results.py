@@ -1,0 +1,54 @@
+"""What the caches hand back: match results, lock handles, insert results."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kvledger.reference.radix.tree_node import TreeNode
+
+
+@dataclass
+class MatchResult:
+    """``device_indices``: tree-owned KV ids of the matched prefix (int64); ``last_node``: where it ends.
+
+    Mamba tree: ``last_node`` is the deepest node on the matched path with a state (or the root), and
+    ``cow_slot`` the slot the caller now holds with a copy of that state (None when none was made).
+    """
+
+    device_indices: torch.Tensor
+    last_node: TreeNode
+    cow_slot: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return int(self.device_indices.numel())
+
+
+@dataclass(eq=False)
+class LockRef:
+    """A live lock on ``node`` (and its path to the root), returned by ``inc_lock_ref``.
+
+    ``took_mamba`` records whether the lock also pinned the node's state, so ``dec_lock_ref`` undoes
+    exactly that (I-LOCK-SYMMETRY, B14) instead of re-reading ``node.mamba_value``. ``tree_id`` names the
+    cache that issued it; ``released`` turns a second release into a typed error.
+    """
+
+    node: TreeNode
+    took_mamba: bool
+    tree_id: int
+    released: bool = False
+
+    def __repr__(self) -> str:
+        return (
+            f"LockRef({self.node!r}, took_mamba={self.took_mamba},"
+            f" tree={self.tree_id}, released={self.released})"
+        )
+
+
+@dataclass(frozen=True)
+class InsertResult:
+    """Mamba insert: ``prefix_len`` tokens were already cached; ``mamba_adopted``: the tree took the slot."""
+
+    prefix_len: int
+    mamba_adopted: bool

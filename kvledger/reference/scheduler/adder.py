@@ -1,0 +1,197 @@
+"""``PrefillAdder``: SGLang's admission budgets, plus the row and Mamba demand SGLang left out.
+
+Budgets are computed live, not frozen (``sglang-memory-model.md`` §2.2):
+
+* ``rem_total_tokens = available + evictable - offset``, the offset reserving each running request's
+  clipped remaining decode tokens times ``new_token_ratio`` and each admitted request's extend plus
+  clipped ``max_new_tokens``;
+* ``rem_input_tokens`` (``max_prefill_tokens``) and ``rem_chunk_tokens`` (``chunked_prefill_size``).
+
+Results are CONTINUE, NO_TOKEN and OTHER, and a request may be *appended and still* get NO_TOKEN or
+OTHER from ``budget_state`` (cases (d)/(e) of the table): ``last_appended`` tells which, so the COW
+cleanup of the request that stopped the round frees a slot only when the request was not appended
+(PR #21404; freeing it anyway was #16067's reverted bug).
+
+Atomic admission (I-ATOMIC-ADMISSION, bug B17): before a request is appended its whole demand — a row
+(unless it has one), a Mamba working slot (unless its COW slot becomes one) and its KV — is checked
+against what this round has left, so the allocations in ``prepare_for_extend`` cannot fail
+(prediction == commitment).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from kvledger.contracts.arith import ceil_to_page, floor_to_page, remaining_new_tokens_clipped
+from kvledger.contracts.owners import REQ_CHUNKED, REQ_RUNNING
+from kvledger.reference.scheduler.config import SchedulerConfig
+from kvledger.reference.scheduler.request import Req
+
+
+class AddReqResult(enum.Enum):
+    CONTINUE = "continue"  # appended, and the budgets have room for more
+    NO_TOKEN = "no_token"  # out of KV (or Mamba / row) memory
+    OTHER = "other"  # an input, chunk or count limit
+
+
+class PrefillAdder:
+    """Builds one prefill batch. ``tree`` may be None (radix cache disabled)."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        *,
+        tree: Any,
+        kv_allocator: Any,
+        req_to_token_pool: Any,
+        mamba_pool: Any,
+        running: Sequence[Req],
+        new_token_ratio: float,
+    ) -> None:
+        self.config = config
+        self.page_size = config.page_size
+        self.tree = tree
+        self.kv_allocator = kv_allocator
+        self.req_to_token_pool = req_to_token_pool
+        self.mamba_pool = mamba_pool
+        self.rem_input_tokens = config.max_prefill_tokens
+        self.rem_chunk_tokens = config.chunked_prefill_size
+        self.rem_total_token_offset = 0.0
+        self.cur_rem_token_offset = 0
+        for r in running:
+            remaining = remaining_new_tokens_clipped(r.max_new_tokens, len(r.output_ids), config.clip_max_new_tokens)
+            self.rem_total_token_offset += remaining * new_token_ratio
+        self.rows_reserved = 0
+        self.mamba_reserved = 0
+        self.can_run_list: list[Req] = []
+        self.new_chunked_req: Req | None = None
+        self.last_appended = False
+        self.log_hit_tokens = 0
+        self.log_input_tokens = 0
+
+    # ------------------------------------------------------------------ budgets
+    def _evictable_tokens(self) -> int:
+        return 0 if self.tree is None else self.tree.evictable_size()
+
+    @property
+    def rem_total_tokens(self) -> float:
+        return self.kv_allocator.available_size() + self._evictable_tokens() - self.rem_total_token_offset
+
+    @property
+    def cur_rem_tokens(self) -> int:
+        return self.kv_allocator.available_size() + self._evictable_tokens() - self.cur_rem_token_offset
+
+    def budget_state(self) -> AddReqResult:
+        if self.rem_total_tokens <= 0 or self.cur_rem_tokens <= 0:
+            return AddReqResult.NO_TOKEN
+        if self.rem_input_tokens <= 0 or (self.rem_chunk_tokens is not None and self.rem_chunk_tokens <= 0):
+            return AddReqResult.OTHER
+        return AddReqResult.CONTINUE
+
+    def _update_prefill_budget(self, prefix_len: int, extend_input_len: int, max_new_tokens: int) -> None:
+        extend_input_len = ceil_to_page(extend_input_len, self.page_size)
+        self.rem_total_token_offset += extend_input_len + max_new_tokens
+        self.cur_rem_token_offset += extend_input_len
+        self.rem_input_tokens -= extend_input_len
+        if self.rem_chunk_tokens is not None:
+            self.rem_chunk_tokens -= extend_input_len
+        self.log_hit_tokens += prefix_len
+        self.log_input_tokens += extend_input_len
+
+    def _mamba_headroom(self) -> int:
+        if self.mamba_pool is None:
+            return 0
+        evictable = 0 if self.tree is None else getattr(self.tree, "mamba_evictable_size", lambda: 0)()
+        return self.mamba_pool.available_size() + evictable - self.mamba_reserved
+
+    def _side_demand_fits(self, req: Req) -> bool:
+        """Row and Mamba demand of ``req`` against what this round has not yet promised."""
+        if req.req_pool_idx is None and self.req_to_token_pool.available_size() - self.rows_reserved < 1:
+            return False
+        return not (self.mamba_pool is not None and req.mamba_pool_idx is None and self._mamba_headroom() < 1)
+
+    def _reserve_side_demand(self, req: Req) -> None:
+        if req.req_pool_idx is None:
+            self.rows_reserved += 1
+        if self.mamba_pool is not None and req.mamba_pool_idx is None:
+            self.mamba_reserved += 1
+
+    @contextmanager
+    def _lock_node(self, node: Any) -> Iterator[None]:
+        """A temporary lock while re-checking: locking can shrink what is evictable."""
+        if self.tree is None or node is None:
+            yield
+            return
+        lock = self.tree.inc_lock_ref(node)
+        try:
+            yield
+        finally:
+            self.tree.dec_lock_ref(lock)
+
+    # ------------------------------------------------------------------ admission
+    def add_chunked_req(self, req: Req) -> Req | None:
+        """The chunked request goes first; returns it again if it is still truncated after this chunk."""
+        self.last_appended = False
+        rem = min(self.rem_chunk_tokens if self.rem_chunk_tokens is not None else req.extend_input_len,
+                  int(self.rem_total_tokens))
+        truncated = req.extend_input_len > rem
+        if truncated:
+            rem = floor_to_page(max(rem, 0), self.page_size)
+            if rem <= 0:
+                return req  # no room for even one page this round; it stays chunked and holds what it has
+            req.extend_input_len = rem
+            req.fill_ids = req.fill_ids[: req.kv_committed_len + rem]
+        self.can_run_list.append(req)
+        self.last_appended = True
+        max_new = 0 if truncated else self._clipped_max_new(req)
+        self._update_prefill_budget(0, req.extend_input_len, max_new)
+        return req if truncated else None
+
+    def add_one_req(self, req: Req) -> AddReqResult:
+        """Try to append ``req`` (already matched: ``prefix_indices``, ``last_node`` set)."""
+        self.last_appended = False
+        prefix_len = req.kv_committed_len  # the matched prefix; nothing else is computed yet
+        total_tokens = req.extend_input_len + self._clipped_max_new(req)
+        real_input_tokens = ceil_to_page(req.extend_input_len, self.page_size)
+        if total_tokens >= self.rem_total_tokens:
+            return AddReqResult.NO_TOKEN
+        if real_input_tokens >= self.rem_input_tokens and self.can_run_list:
+            return AddReqResult.OTHER
+        if len(self.can_run_list) >= self.config.max_running_requests:
+            return AddReqResult.OTHER
+        with self._lock_node(req.last_node):
+            if total_tokens >= self.rem_total_tokens:
+                return AddReqResult.NO_TOKEN
+            if not self._side_demand_fits(req):
+                return AddReqResult.NO_TOKEN
+            chunk = self.rem_chunk_tokens
+            if chunk is None or req.extend_input_len <= chunk:
+                self._append(req)
+                self._update_prefill_budget(prefix_len, real_input_tokens, self._clipped_max_new(req))
+            else:
+                trunc_len = floor_to_page(chunk, self.page_size)
+                if trunc_len <= 0:
+                    return AddReqResult.OTHER
+                req.extend_input_len = trunc_len
+                req.fill_ids = req.fill_ids[: prefix_len + trunc_len]
+                self._append(req)
+                self.new_chunked_req = req
+                req.owner.set_account(REQ_CHUNKED, op="admit(chunked)")
+                self._update_prefill_budget(prefix_len, trunc_len, 0)
+        return self.budget_state()
+
+    def _append(self, req: Req) -> None:
+        """Admission: the request locks its prefix and leaves the waiting account at once, so a cleanup
+        that treats it as still waiting (the #16067 reverted bug) is caught."""
+        if self.tree is not None and req.last_node is not None:
+            req.lock = self.tree.inc_lock_ref(req.last_node)
+        req.owner.set_account(REQ_RUNNING, op="admit")
+        self._reserve_side_demand(req)
+        self.can_run_list.append(req)
+        self.last_appended = True
+
+    def _clipped_max_new(self, req: Req) -> int:
+        return remaining_new_tokens_clipped(req.max_new_tokens, len(req.output_ids), self.config.clip_max_new_tokens)

@@ -1,0 +1,330 @@
+"""Request-side memory operations: match, allocate for extend/decode, cache, and the release paths.
+
+The scheduler decides *when*; this module decides *what moves where*, one function per transition
+(I-OWNER-RELEASE):
+
+* :meth:`ReqMemory.init_next_round_input`: match the prefix (copy-on-write the Mamba state into a slot
+  the waiting request holds);
+* :meth:`ReqMemory.prepare_extend` / :meth:`ReqMemory.prepare_decode`: all-or-nothing allocation of
+  rows, Mamba working slots and KV (I-ATOMIC-ADMISSION);
+* :meth:`ReqMemory.cache_unfinished`: after a chunk or a finished prefill, the tree adopts the computed
+  prefix and the request's lock moves to the new node (the lock hand-over);
+* :meth:`ReqMemory.cache_finished`: the tree adopts the committed sequence (and, for the Mamba cache,
+  the working slot); the request frees the rest;
+* :meth:`ReqMemory.release_without_insert`: retraction and abort; :meth:`ReqMemory.release_cow_slot`:
+  a waiting request's copy-on-write slot.
+
+Each release is guarded by ``req.released`` so a second release is a ContractViolation, not a double
+free that a later check has to infer (bugs B1, B2, B9).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from kvledger.contracts.arith import ceil_to_page, extend_page_plan, floor_to_page, pages_needed
+from kvledger.contracts.errors import ContractViolation
+from kvledger.contracts.owners import REQ_CHUNKED, REQ_RUNNING, REQ_WAITING
+from kvledger.reference.scheduler.request import Req
+
+_EMPTY = torch.empty(0, dtype=torch.int64)
+
+
+class AllocationFailed(Exception):
+    """Raised inside ``prepare_*`` to trigger the rollback; never escapes this module."""
+
+
+class ReqMemory:
+    """The pools and the tree, seen from requests."""
+
+    def __init__(
+        self,
+        *,
+        kv_allocator: Any,
+        req_to_token_pool: Any,
+        mamba_pool: Any = None,
+        tree: Any = None,
+        page_size: int = 1,
+        fault_injector: Any = None,
+    ) -> None:
+        self.kv_allocator = kv_allocator
+        self.req_to_token_pool = req_to_token_pool
+        self.mamba_pool = mamba_pool
+        self.tree = tree
+        self.page_size = page_size
+        self.is_mamba_tree = tree is not None and hasattr(tree, "evict_mamba")
+        self.fault_injector = fault_injector
+        self.device = kv_allocator.device
+
+    # ------------------------------------------------------------------ match
+    def init_next_round_input(self, req: Req, *, cow: bool) -> None:
+        """Re-match the request's prefix for this round (SGLang ``init_next_round_input``).
+
+        At least one token is always computed (the last one gives the logits), so the key is
+        ``fill_ids[:-1]``. With the Mamba cache the match stops at the deepest node with a state and,
+        when ``cow``, that state is copied into a slot the waiting request holds.
+        """
+        req.fill_ids = req.all_ids()
+        key = req.fill_ids[:-1]
+        if self.tree is None:
+            prefix, last_node = _EMPTY.to(self.device), None
+        elif self.is_mamba_tree:
+            res = self.tree.match_prefix(
+                key, cow_owner=req.owner if cow else None, cow_slot=req.mamba_pool_idx if cow else None
+            )
+            prefix, last_node = res.device_indices, res.last_node
+            if res.cow_slot is not None:
+                req.mamba_pool_idx = res.cow_slot
+            elif req.mamba_pool_idx is not None and req.req_pool_idx is None:
+                # The slot holds a state copied in an earlier round that the new match no longer
+                # backs (the node lost its state): give it back; admission allocates a zeroed one.
+                self.release_cow_slot(req)
+        else:
+            res = self.tree.match_prefix(key)
+            prefix, last_node = res.device_indices, res.last_node
+        req.prefix_indices = prefix
+        req.last_node = last_node
+        req.cache_protected_len = req.kv_committed_len = req.kv_allocated_len = int(prefix.numel())
+        req.extend_input_len = len(req.fill_ids) - req.kv_committed_len
+
+    def release_cow_slot(self, req: Req) -> None:
+        """A waiting request gives back its copy-on-write slot (not admitted, or aborted while waiting)."""
+        if req.mamba_pool_idx is None:
+            return
+        if req.owner.account is not REQ_WAITING or req.req_pool_idx is not None:
+            ledger = self.mamba_pool.ledger
+            slot = int(req.mamba_pool_idx[0])
+            detail = ledger.describe([slot], "") if ledger.enabled else ""
+            raise ContractViolation(
+                f"COW slot {slot} released while {req.owner!r} holds it as an admitted request"
+                f" (the #16067 reverted bug){detail}"
+            )
+        self.mamba_pool.free(req.mamba_pool_idx, req.owner)
+        req.mamba_pool_idx = None
+
+    # ------------------------------------------------------------------ allocation
+    def _inject(self, what: str) -> None:
+        if self.fault_injector is not None and self.fault_injector(what):
+            raise AllocationFailed(what)
+
+    def _evict_kv_for(self, tokens: int) -> None:
+        short = tokens - self.kv_allocator.available_size()
+        if short > 0 and self.tree is not None:
+            self.tree.evict(short)
+
+    def _evict_mamba_for(self, slots: int) -> None:
+        short = slots - self.mamba_pool.available_size()
+        if short > 0 and self.is_mamba_tree:
+            self.tree.evict_mamba(short)
+
+    def prepare_extend(self, reqs: Sequence[Req], chunked: Req | None) -> torch.Tensor | None:
+        """Rows, working slots and KV for this round's extends, all or none; returns ``out_cache_loc``.
+
+        On failure everything allocated here is freed again and the requests are as before the call.
+        """
+        undo: list[tuple[Any, torch.Tensor | list[int], Req]] = []
+        saved = [(r.req_pool_idx, r.mamba_pool_idx, r.kv_allocated_len) for r in reqs]
+        pieces: list[torch.Tensor] = []
+        try:
+            for req in reqs:
+                pieces.append(self._extend_one(req, undo))
+        except AllocationFailed:
+            for pool, ids, owner_req in reversed(undo):
+                pool.free(ids, owner_req.owner)
+            for req, (row, slot, allocated) in zip(reqs, saved, strict=True):
+                req.req_pool_idx, req.mamba_pool_idx, req.kv_allocated_len = row, slot, allocated
+            return None
+        for req in reqs:
+            req.kv_committed_len = req.kv_allocated_len
+            req.owner.set_account(REQ_CHUNKED if req is chunked else REQ_RUNNING, op="admit")
+        return torch.cat(pieces) if pieces else _EMPTY.to(self.device)
+
+    def _extend_one(self, req: Req, undo: list[tuple[Any, Any, Req]]) -> torch.Tensor:
+        if req.req_pool_idx is None:
+            self._inject("row")
+            rows = self.req_to_token_pool.alloc(1, req.owner)
+            if rows is None:
+                raise AllocationFailed("row")
+            undo.append((self.req_to_token_pool, rows, req))
+            req.req_pool_idx = rows[0]
+            if req.prefix_indices is not None and req.prefix_indices.numel():
+                self.req_to_token_pool.write(req.req_pool_idx, 0, req.prefix_indices)
+        if self.mamba_pool is not None and req.mamba_pool_idx is None:
+            self._inject("mamba")
+            self._evict_mamba_for(1)
+            slot = self.mamba_pool.alloc(1, req.owner)
+            if slot is None:
+                raise AllocationFailed("mamba")
+            undo.append((self.mamba_pool, slot, req))
+            req.mamba_pool_idx = slot
+        start, end = req.kv_allocated_len, req.kv_committed_len + req.extend_input_len
+        self._inject("kv")
+        if self.page_size == 1:
+            self._evict_kv_for(end - start)
+            loc = self.kv_allocator.alloc(end - start, req.owner)
+            new_part = loc
+        else:
+            fill, new_pages = extend_page_plan(start, end, self.page_size)
+            self._evict_kv_for(new_pages * self.page_size)
+            last_loc = int(self.req_to_token_pool.read(req.req_pool_idx, start - 1, start)[0]) if start else -1
+            loc = self.kv_allocator.alloc_extend([start], [end], [last_loc], [req.owner])
+            new_part = None if loc is None else loc[fill:]
+        if loc is None:
+            raise AllocationFailed("kv")
+        if new_part is not None and new_part.numel():
+            undo.append((self.kv_allocator, new_part, req))
+        self.req_to_token_pool.write(req.req_pool_idx, start, loc)
+        req.kv_allocated_len = end
+        return loc
+
+    def decode_demand_tokens(self, reqs: Sequence[Req]) -> int:
+        """KV tokens the next decode step takes off the free list (whole pages)."""
+        opens = sum(1 for r in reqs if r.kv_allocated_len % self.page_size == 0)
+        return opens * self.page_size
+
+    def prepare_decode(self, reqs: Sequence[Req]) -> torch.Tensor | None:
+        """One KV slot per request (a new page when the token opens one), all or none."""
+        if not reqs:
+            return _EMPTY.to(self.device)
+        try:
+            self._inject("kv")
+        except AllocationFailed:
+            return None
+        self._evict_kv_for(self.decode_demand_tokens(reqs))
+        if self.page_size == 1:
+            pieces = []
+            for i, req in enumerate(reqs):
+                loc = self.kv_allocator.alloc(1, req.owner)
+                if loc is None:
+                    for r, p in zip(reqs[:i], pieces, strict=True):
+                        self.kv_allocator.free(p, r.owner)
+                    return None
+                pieces.append(loc)
+            out = torch.cat(pieces)
+        else:
+            last_locs = [int(self.req_to_token_pool.read(r.req_pool_idx, r.kv_allocated_len - 1, r.kv_allocated_len)[0])
+                         for r in reqs]
+            out_or_none = self.kv_allocator.alloc_decode([r.kv_allocated_len + 1 for r in reqs], last_locs,
+                                                         [r.owner for r in reqs])
+            if out_or_none is None:
+                return None
+            out = out_or_none
+        for i, req in enumerate(reqs):
+            self.req_to_token_pool.write(req.req_pool_idx, req.kv_allocated_len, out[i : i + 1])
+            req.kv_allocated_len += 1
+            req.kv_committed_len = req.kv_allocated_len
+        return out
+
+    # ------------------------------------------------------------------ caching (tree adopts)
+    def cache_unfinished(self, req: Req) -> None:
+        """After a chunk or a finished prefill: insert the computed prefix and move the lock to it."""
+        if self.tree is None:
+            return
+        committed = req.kv_committed_len
+        cache_len = floor_to_page(committed, self.page_size)
+        if cache_len <= req.cache_protected_len:
+            return  # nothing new: never insert an empty key (ghost nodes, B16)
+        tokens = req.context_ids()[:cache_len]
+        kv = self.req_to_token_pool.read(req.req_pool_idx, 0, cache_len)
+        if self.is_mamba_tree:
+            if cache_len != committed:
+                return  # the working state is at `committed`, not at a page boundary: nothing to cache
+            tree_slot = self._fork_for_tree(req)
+            if tree_slot is None:
+                return  # every state is locked: skip caching this round, the request keeps its KV
+            res = self.tree.insert(tokens, kv, req.owner, mamba_slot=tree_slot, protected_len=req.cache_protected_len)
+            if not res.mamba_adopted:
+                self.mamba_pool.free(tree_slot, req.owner)
+        else:
+            self.tree.insert(tokens, kv, req.owner, protected_len=req.cache_protected_len)
+        match = self.tree.match_prefix(tokens)
+        if int(match.device_indices.numel()) != cache_len:
+            raise ContractViolation(
+                f"{req.owner!r}: re-match after insert returned {int(match.device_indices.numel())} tokens, "
+                f"expected {cache_len} (the inserted path must be matchable)"
+            )
+        new_lock = self.tree.inc_lock_ref(match.last_node)
+        if req.lock is not None:
+            self.tree.dec_lock_ref(req.lock)
+        req.lock, req.last_node = new_lock, match.last_node
+        protected = req.cache_protected_len
+        self.req_to_token_pool.write(req.req_pool_idx, protected, match.device_indices[protected:])
+        req.prefix_indices = match.device_indices
+        req.cache_protected_len = cache_len
+
+    def _fork_for_tree(self, req: Req) -> torch.Tensor | None:
+        assert req.mamba_pool_idx is not None
+        slot = self.mamba_pool.fork_from(req.mamba_pool_idx, req.owner)
+        if slot is None:
+            self.tree.evict_mamba(1)
+            slot = self.mamba_pool.fork_from(req.mamba_pool_idx, req.owner)
+        return slot
+
+    def cache_finished(self, req: Req) -> None:
+        """Finish: the tree adopts the committed prefix (and the working slot), the request frees the rest."""
+        self._guard_release(req)
+        inserted_len = req.cache_protected_len
+        if self.tree is not None and req.req_pool_idx is not None:
+            committed = req.kv_committed_len
+            cache_len = floor_to_page(committed, self.page_size)
+            if cache_len > req.cache_protected_len:
+                tokens = req.all_ids()[:cache_len]
+                kv = self.req_to_token_pool.read(req.req_pool_idx, 0, cache_len)
+                if not self.is_mamba_tree:
+                    self.tree.insert(tokens, kv, req.owner, protected_len=req.cache_protected_len)
+                    inserted_len = cache_len
+                elif cache_len == committed and req.mamba_pool_idx is not None:
+                    res = self.tree.insert(tokens, kv, req.owner, mamba_slot=req.mamba_pool_idx,
+                                           protected_len=req.cache_protected_len)
+                    if res.mamba_adopted:
+                        req.mamba_pool_idx = None
+                    inserted_len = cache_len
+        self._free_owned(req, inserted_len)
+
+    def release_without_insert(self, req: Req) -> None:
+        """Retraction and abort: free what the request owns; the tree keeps (unlocked) what it had."""
+        self._guard_release(req)
+        if req.req_pool_idx is None:
+            self.release_cow_slot(req)
+            return
+        self._free_owned(req, req.cache_protected_len)
+
+    def _guard_release(self, req: Req) -> None:
+        if req.released:
+            raise ContractViolation(f"{req.owner!r} released twice (I-OWNER-RELEASE / I-NODUP-FREE): {req!r}")
+
+    def _free_owned(self, req: Req, kv_from: int) -> None:
+        """Free KV ``[kv_from, kv_allocated_len)`` (page-ceiled), the Mamba slot, the lock and the row."""
+        if req.req_pool_idx is not None and req.kv_allocated_len > kv_from:
+            tail = self.req_to_token_pool.read(req.req_pool_idx, kv_from, req.kv_allocated_len)
+            self.kv_allocator.free(tail, req.owner)
+        if req.mamba_pool_idx is not None:
+            self.mamba_pool.free(req.mamba_pool_idx, req.owner)
+            req.mamba_pool_idx = None
+        if req.lock is not None:
+            self.tree.dec_lock_ref(req.lock)
+            req.lock = None
+        if req.req_pool_idx is not None:
+            self.req_to_token_pool.free(req.req_pool_idx, req.owner)
+            req.req_pool_idx = None
+        req.last_node = None
+        req.prefix_indices = None
+        req.cache_protected_len = req.kv_committed_len = req.kv_allocated_len = 0
+
+    # ------------------------------------------------------------------ what a request holds
+    def kv_held_units(self, req: Req) -> int:
+        """KV ids (tokens, or pages for a paged pool) the request owns by its bookkeeping."""
+        if req.req_pool_idx is None:
+            return 0
+        if self.page_size == 1:
+            return req.kv_allocated_len - req.cache_protected_len
+        return pages_needed(req.kv_allocated_len, self.page_size) - req.cache_protected_len // self.page_size
+
+    def kv_held_tokens(self, req: Req) -> int:
+        """SGLang's busy-check term: ``ceil_page(kv_allocated_len) - cache_protected_len``."""
+        if req.req_pool_idx is None:
+            return 0
+        return ceil_to_page(req.kv_allocated_len, self.page_size) - req.cache_protected_len

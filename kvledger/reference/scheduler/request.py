@@ -1,0 +1,112 @@
+"""``Req``: one request with SGLang's memory bookkeeping, and the ladder that ties it together.
+
+The fields that decide what a request owns (``sglang-memory-model.md`` §1.9, §5.4):
+
+* ``req_pool_idx``: its row in ``req_to_token`` (None while waiting).
+* ``cache_protected_len``: tokens ``[0, cache_protected_len)`` are tree-owned and locked by ``lock``;
+  page-aligned.
+* ``kv_committed_len``: positions whose KV has been computed; ``kv_allocated_len``: positions with a slot.
+  The request owns the KV of ``[cache_protected_len, ceil_page(kv_allocated_len))``.
+* ``mamba_pool_idx``: its Mamba slot: the copy-on-write slot while waiting, the working slot once admitted.
+
+I-REQ-LADDER: ``0 <= cache_protected_len <= kv_committed_len <= kv_allocated_len <= max_context_len``
+and ``cache_protected_len % page_size == 0``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from kvledger.contracts.owners import REQ_WAITING, Owner
+
+
+class ReqState(enum.Enum):
+    WAITING = "waiting"
+    CHUNKED = "chunked"  # admitted, prompt only partly prefilled
+    RUNNING = "running"  # prompt prefilled, decoding
+    FINISHED = "finished"
+    ABORTED = "aborted"
+    REJECTED = "rejected"  # can never fit: refused with a reason instead of blocking the queue
+
+    @property
+    def is_done(self) -> bool:
+        return self in (ReqState.FINISHED, ReqState.ABORTED, ReqState.REJECTED)
+
+
+@dataclass(eq=False)
+class Req:
+    """A request. ``origin_input_ids`` is the prompt; ``output_ids`` the tokens processed so far."""
+
+    rid: int
+    origin_input_ids: list[int]
+    max_new_tokens: int
+    arrival_step: int = 0
+    output_ids: list[int] = field(default_factory=list)
+    state: ReqState = ReqState.WAITING
+    owner: Owner = field(init=False)
+
+    # --- memory bookkeeping (SGLang names) ---
+    req_pool_idx: int | None = None
+    mamba_pool_idx: torch.Tensor | None = None
+    prefix_indices: torch.Tensor | None = None  # tree-owned KV slots of the cached prefix
+    last_node: Any = None
+    lock: Any = None  # the LockRef taken on last_node (None: no lock held)
+    cache_protected_len: int = 0
+    kv_committed_len: int = 0
+    kv_allocated_len: int = 0
+
+    # --- this round's extend ---
+    fill_ids: list[int] = field(default_factory=list)  # the tokens to have KV for after this round
+    extend_input_len: int = 0
+    # Tokens sampled by forwards whose results are not processed yet (overlap mode): the data plane
+    # has them, the bookkeeping does not.
+    pending_output_ids: list[int] = field(default_factory=list)
+
+    # --- lifecycle ---
+    is_retracted: bool = False
+    retract_count: int = 0
+    finish_reason: str | None = None
+    abort_requested: bool = False
+    released: bool = False  # one release per lifetime (I-OWNER-RELEASE, idempotency guard)
+    first_token_step: int | None = None
+    finish_step: int | None = None
+    prefix_hit_tokens: int = 0  # tokens served from the cache at admission (for the hit-rate report)
+
+    def __post_init__(self) -> None:
+        self.owner = Owner("req", self.rid, REQ_WAITING)
+
+    @property
+    def seqlen(self) -> int:
+        """Tokens the request's sequence has, counting only processed output."""
+        return len(self.origin_input_ids) + len(self.output_ids)
+
+    def all_ids(self) -> list[int]:
+        """Prompt and processed output."""
+        return self.origin_input_ids + self.output_ids
+
+    def context_ids(self) -> list[int]:
+        """What the data plane has seen: prompt, processed output and not-yet-processed samples."""
+        return self.origin_input_ids + self.output_ids + self.pending_output_ids
+
+    def holds_kv(self) -> bool:
+        return self.kv_allocated_len > self.cache_protected_len
+
+    def __repr__(self) -> str:
+        return (
+            f"Req(rid={self.rid}, {self.state.value}, prompt={len(self.origin_input_ids)},"
+            f" out={len(self.output_ids)}/{self.max_new_tokens}, row={self.req_pool_idx},"
+            f" protected={self.cache_protected_len}, committed={self.kv_committed_len},"
+            f" allocated={self.kv_allocated_len})"
+        )
+
+
+def ladder_holds(req: Req, page_size: int, max_context_len: int) -> bool:
+    """I-REQ-LADDER for one request."""
+    return (
+        0 <= req.cache_protected_len <= req.kv_committed_len <= req.kv_allocated_len <= max_context_len
+        and req.cache_protected_len % page_size == 0
+    )

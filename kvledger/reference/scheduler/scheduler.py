@@ -1,0 +1,527 @@
+"""``Scheduler``: admission, chunked prefill, decode, retraction, finish and abort, step by step.
+
+One ``step()`` is one iteration of SGLang's event loop: build the next batch (prefill first, else
+decode), launch it (the runner computes the next tokens and the data plane), and process results.
+Without overlap a batch's results are processed in the same step; with ``overlap=True`` they are
+processed one step later, after the next batch was scheduled (SGLang's overlap scheduler, where bugs
+B1, B2 and B8 lived).
+
+After every step the busy identity holds for the KV, Mamba and row pools with every holder term
+(:mod:`kvledger.reference.scheduler.accounting`); at quiescence the strong idle identity and full audits.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvledger.contracts.arith import ceil_to_page
+from kvledger.contracts.errors import ContractViolation, InvalidArgument, KVLedgerError
+from kvledger.contracts.owners import BATCH_INFLIGHT, REQ_CHUNKED, REQ_WAITING
+from kvledger.contracts.switch import ENABLED, ensure, invariant
+from kvledger.reference.scheduler.accounting import Accounting
+from kvledger.reference.scheduler.adder import AddReqResult, PrefillAdder
+from kvledger.reference.scheduler.batch import ScheduleBatch
+from kvledger.reference.scheduler.config import SchedulerConfig
+from kvledger.reference.scheduler.memory import ReqMemory
+from kvledger.reference.scheduler.request import Req, ReqState, ladder_holds
+from kvledger.reference.scheduler.runner import HashTokenRunner, ModelRunner
+
+
+class UnknownRequest(KVLedgerError):
+    """``abort`` named a request id the scheduler never saw."""
+
+
+@dataclass
+class SchedulerStats:
+    steps: int = 0
+    prefill_batches: int = 0
+    decode_batches: int = 0
+    idle_steps: int = 0
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    generated_tokens: int = 0
+    retractions: int = 0
+    aborts: int = 0
+    rejections: int = 0
+    rollbacks: int = 0
+    busy_checks: int = 0
+    idle_checks: int = 0
+    discarded_tokens: int = 0  # overlap: tokens sampled for requests that had already finished
+    reject_reasons: dict[str, int] = field(default_factory=dict)
+
+
+class FaultInjector:
+    """Makes the next allocation(s) of a kind (``row``, ``mamba``, ``kv``) fail, for tests."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, int] = {}
+        self.fired = 0
+
+    def fail_next(self, what: str, times: int = 1) -> None:
+        self.pending[what] = self.pending.get(what, 0) + times
+
+    def __call__(self, what: str) -> bool:
+        if self.pending.get(what, 0) > 0:
+            self.pending[what] -= 1
+            self.fired += 1
+            return True
+        return False
+
+
+def _ladders_hold(self: Scheduler) -> bool:
+    ps, ctx = self.config.page_size, self.config.max_context_len
+    return all(ladder_holds(r, ps, ctx) for r in self.live_requests())
+
+
+@invariant(lambda self: _ladders_hold(self), "I-REQ-LADDER for every live request")
+@invariant(
+    lambda self: self.chunked_req is None or self.chunked_req.state is ReqState.CHUNKED,
+    "the chunked request is in state CHUNKED",
+)
+class Scheduler:
+    """Drives requests through the pools and the (optional) radix cache."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        *,
+        kv_allocator: Any,
+        req_to_token_pool: Any,
+        mamba_pool: Any = None,
+        tree: Any = None,
+        runner: ModelRunner | None = None,
+        on_step: Callable[[Scheduler], None] | None = None,
+    ) -> None:
+        if kv_allocator.page_size != config.page_size:
+            raise InvalidArgument(f"allocator page_size {kv_allocator.page_size} != config {config.page_size}")
+        if tree is not None and getattr(tree, "page_size", config.page_size) != config.page_size:
+            raise InvalidArgument("tree page_size differs from the scheduler's")
+        if tree is not None and hasattr(tree, "evict_mamba") and config.page_size != 1:
+            raise InvalidArgument("the Mamba radix cache caches states at token granularity: page_size must be 1")
+        self.config = config
+        self.kv_allocator = kv_allocator
+        self.req_to_token_pool = req_to_token_pool
+        self.mamba_pool = mamba_pool
+        self.tree = tree
+        self.runner: ModelRunner = runner if runner is not None else HashTokenRunner()
+        self.faults = FaultInjector()
+        self.memory = ReqMemory(
+            kv_allocator=kv_allocator,
+            req_to_token_pool=req_to_token_pool,
+            mamba_pool=mamba_pool,
+            tree=tree,
+            page_size=config.page_size,
+            fault_injector=self.faults,
+        )
+        self.accounting = Accounting(self)
+        self.on_step = on_step
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.chunked_req: Req | None = None
+        self.last_prefill: ScheduleBatch | None = None
+        self.inflight: deque[ScheduleBatch] = deque()
+        self.requests: dict[int, Req] = {}
+        self.done: list[Req] = []
+        self.new_token_ratio = config.init_new_token_ratio
+        self.stats = SchedulerStats()
+        self.step_no = 0
+        self._next_batch_id = 0
+
+    # ------------------------------------------------------------------ requests in
+    @ensure(lambda self, result: result.state in (ReqState.WAITING, ReqState.REJECTED))
+    def add_request(self, rid: int, prompt: Sequence[int], max_new_tokens: int) -> Req:
+        """Queue a request; one that can never fit is rejected with a reason instead of blocking the queue."""
+        if isinstance(rid, bool) or not isinstance(rid, int) or rid in self.requests:
+            raise InvalidArgument(f"request id {rid!r} is not a fresh int")
+        if not prompt or not all(isinstance(t, int) and t >= 0 for t in prompt):
+            raise InvalidArgument(f"request {rid}: prompt must be a non-empty sequence of token ids >= 0")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise InvalidArgument(f"request {rid}: max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+        req = Req(rid, list(prompt), max_new_tokens, arrival_step=self.step_no)
+        self.requests[rid] = req
+        reason = self._never_fits(req)
+        if reason is not None:
+            self._finish_state(req, ReqState.REJECTED, reason)
+            self.stats.rejections += 1
+            self.stats.reject_reasons[reason] = self.stats.reject_reasons.get(reason, 0) + 1
+            return req
+        self.waiting.append(req)
+        return req
+
+    def _never_fits(self, req: Req) -> str | None:
+        total = len(req.origin_input_ids) + req.max_new_tokens
+        if total > self.config.max_context_len:
+            return "prompt + max_new_tokens exceeds max_context_len"
+        # Alone, with everything else evicted, the request must fit with one spare page.
+        if ceil_to_page(total, self.config.page_size) + self.config.page_size > self.kv_allocator.size:
+            return "prompt + max_new_tokens exceeds the KV pool"
+        if total > self.req_to_token_pool.max_context_len:
+            return "prompt + max_new_tokens exceeds the req_to_token row length"
+        return None
+
+    # ------------------------------------------------------------------ queries
+    def live_requests(self) -> list[Req]:
+        return [r for r in self.requests.values() if not r.state.is_done or r.owner.account is BATCH_INFLIGHT]
+
+    def is_quiescent(self) -> bool:
+        """I-QUIESCENT: no batch in flight and no live request (waiting, chunked, running, just prefilled
+        and not yet merged into the running batch, or parked on a batch)."""
+        if self.waiting or self.running or self.chunked_req is not None or self.inflight:
+            return False
+        return not any(not r.state.is_done for r in self.requests.values())
+
+    def has_work(self) -> bool:
+        return not self.is_quiescent()
+
+    # ------------------------------------------------------------------ the loop
+    def step(self) -> ScheduleBatch | None:
+        """One event-loop iteration; returns the batch launched (None: nothing could run)."""
+        self.step_no += 1
+        self.stats.steps += 1
+        batch = self.get_next_batch_to_run()
+        if batch is not None:
+            self._launch(batch)
+        # Without overlap a batch's results are processed in the step that launched it; with overlap
+        # only the batch just launched stays in flight, its predecessor is processed now.
+        keep = 1 if (self.config.overlap and batch is not None) else 0
+        while len(self.inflight) > keep:
+            self.process_batch_result(self.inflight.popleft())
+        if batch is None:
+            self.stats.idle_steps += 1
+            self._update_ratio_on_idle()
+        self.accounting.after_step()
+        if self.on_step is not None:
+            self.on_step(self)
+        return batch
+
+    def run_until_idle(self, max_steps: int = 1_000_000) -> int:
+        """Step until quiescent; returns the steps taken. Raises if it does not drain (liveness)."""
+        taken = 0
+        while self.has_work():
+            if taken >= max_steps:
+                raise ContractViolation(f"liveness: not drained after {max_steps} steps: {self.describe_queues()}")
+            self.step()
+            taken += 1
+        return taken
+
+    def describe_queues(self) -> str:
+        return (
+            f"waiting={[r.rid for r in self.waiting]} running={[r.rid for r in self.running]} "
+            f"chunked={self.chunked_req.rid if self.chunked_req else None} inflight={list(self.inflight)}"
+        )
+
+    def get_next_batch_to_run(self) -> ScheduleBatch | None:
+        self._merge_last_prefill()
+        if self.chunked_req is not None and self.chunked_req.kv_committed_len > self.chunked_req.cache_protected_len:
+            self.memory.cache_unfinished(self.chunked_req)
+        batch = self.get_new_batch_prefill()
+        if batch is not None:
+            return batch
+        return self.update_running_batch()
+
+    def _merge_last_prefill(self) -> None:
+        """Requests of the last prefill batch whose prompt is complete join the running batch."""
+        last, self.last_prefill = self.last_prefill, None
+        if last is None:
+            return
+        for req in last.reqs:
+            if req is last.chunked_req or req.state is not ReqState.RUNNING or req.abort_requested or req in self.running:
+                continue
+            self.running.append(req)
+
+    # ------------------------------------------------------------------ prefill
+    def get_new_batch_prefill(self) -> ScheduleBatch | None:
+        if not self.waiting and self.chunked_req is None:
+            return None
+        if self.chunked_req is not None and self.chunked_req.abort_requested:
+            return None  # its abort is processed with the in-flight batch; one chunked request at a time
+        running_bs = len(self.running)
+        if running_bs >= self.config.max_running_requests and self.chunked_req is None:
+            return None
+        adder = PrefillAdder(
+            self.config,
+            tree=self.tree,
+            kv_allocator=self.kv_allocator,
+            req_to_token_pool=self.req_to_token_pool,
+            mamba_pool=self.mamba_pool,
+            running=self.running,
+            new_token_ratio=self.new_token_ratio,
+        )
+        if self.chunked_req is not None:
+            chunked = self.chunked_req
+            chunked.fill_ids = chunked.all_ids()
+            chunked.extend_input_len = len(chunked.fill_ids) - chunked.kv_committed_len
+            adder.new_chunked_req = adder.add_chunked_req(chunked)
+        stopper: Req | None = None
+        stop_result = AddReqResult.CONTINUE
+        for req in list(self.waiting):
+            if running_bs + len(adder.can_run_list) >= self.config.max_running_requests:
+                break
+            self.memory.init_next_round_input(req, cow=self.mamba_pool is not None and self.memory.is_mamba_tree)
+            result = adder.add_one_req(req)
+            if result is not AddReqResult.CONTINUE:
+                stopper, stop_result = req, result
+                break
+        if stopper is not None:
+            self._cleanup_stopper(stopper, appended=adder.last_appended, result=stop_result)
+        if not adder.can_run_list:
+            return None
+        admitted = set(map(id, adder.can_run_list))
+        self.waiting = [r for r in self.waiting if id(r) not in admitted]
+        new_chunked = adder.new_chunked_req
+        out_cache_loc = self.memory.prepare_extend(adder.can_run_list, new_chunked)
+        if out_cache_loc is None:
+            self._rollback_admission(adder.can_run_list)
+            return None
+        for req in adder.can_run_list:
+            if req is not self.chunked_req:
+                self.stats.prompt_tokens += len(req.fill_ids)
+                self.stats.cached_prompt_tokens += req.cache_protected_len
+                req.prefix_hit_tokens = req.cache_protected_len
+            req.state = ReqState.CHUNKED if req is new_chunked else ReqState.RUNNING
+        self.chunked_req = new_chunked
+        return self._new_batch(adder.can_run_list, is_decode=False, out_cache_loc=out_cache_loc,
+                               chunked_req=new_chunked)
+
+    def _cleanup_stopper(self, req: Req, *, appended: bool, result: AddReqResult) -> None:
+        """The request that stopped the round: what happens to its copy-on-write slot."""
+        policy = self.config.cow_release_policy
+        if req.mamba_pool_idx is None or policy == "keep":
+            return
+        if policy == "if_not_appended" and appended:
+            return
+        # "if_not_appended" and not appended, or the reverted "on_failure" (appended or not).
+        self.memory.release_cow_slot(req)
+
+    def _rollback_admission(self, reqs: list[Req]) -> None:
+        """prepare_extend failed (an injected fault): every admitted request is as if never admitted."""
+        self.stats.rollbacks += 1
+        previous_chunked = self.chunked_req
+        requeue: list[Req] = []
+        for req in reqs:
+            if req is previous_chunked:
+                req.owner.set_account(REQ_CHUNKED, op="rollback")
+                continue
+            if req.lock is not None:
+                self.tree.dec_lock_ref(req.lock)
+                req.lock = None
+            req.owner.set_account(REQ_WAITING, op="rollback")
+            if self.config.cow_release_policy != "keep":
+                self.memory.release_cow_slot(req)
+            requeue.append(req)
+        self.waiting = requeue + self.waiting
+
+    # ------------------------------------------------------------------ decode
+    def update_running_batch(self) -> ScheduleBatch | None:
+        self.running = [r for r in self.running if r.state is ReqState.RUNNING]
+        if not self.running:
+            return None
+        retracted = self._retract_until_decode_fits()
+        if not self.running:
+            return None
+        if retracted:
+            self._reset_ratio_after_retract()
+        else:
+            self.new_token_ratio = max(self.new_token_ratio - self.config.new_token_ratio_decay,
+                                       self.config.min_new_token_ratio)
+        decode_reqs = [r for r in self.running if not r.abort_requested]
+        if not decode_reqs:
+            return None
+        out = self.memory.prepare_decode(decode_reqs)
+        if out is None:
+            return None
+        return self._new_batch(decode_reqs, is_decode=True, out_cache_loc=out)
+
+    def _decode_fits(self) -> bool:
+        evictable = 0 if self.tree is None else self.tree.evictable_size()
+        return self.memory.decode_demand_tokens(self.running) <= self.kv_allocator.available_size() + evictable
+
+    def _retract_until_decode_fits(self) -> list[Req]:
+        retracted: list[Req] = []
+        while not self._decode_fits():
+            if self.inflight:
+                # Drain before retracting: a retracted request's row and slots must not be reused while a
+                # launched batch still references them (I-ROW-EXCLUSIVE-WHILE-IN-FLIGHT; B2, B8).
+                self.process_batch_result(self.inflight.popleft())
+                self.running = [r for r in self.running if r.state is ReqState.RUNNING]
+                continue
+            if len(self.running) == 1 and self.chunked_req is None:
+                victim = self.running.pop()
+                self._abort_now(victim, "out of memory: the last running request cannot decode")
+                continue
+            victim = self._pick_victim()
+            self.retract(victim)
+            retracted.append(victim)
+            if not self.running:
+                break
+        return retracted
+
+    def _pick_victim(self) -> Req:
+        """SGLang's order: most output tokens first; ties, the shortest input."""
+        return max(self.running, key=lambda r: (len(r.output_ids), -len(r.origin_input_ids)))
+
+    def retract(self, req: Req) -> None:
+        """Release without insert and requeue (``release_req`` + ``reset_for_retract``)."""
+        if any(req in b.reqs for b in self.inflight):
+            raise ContractViolation(f"retracting {req.owner!r} while a launched batch references it")
+        self.running.remove(req)
+        self.memory.release_without_insert(req)
+        req.state = ReqState.WAITING
+        req.is_retracted = True
+        req.retract_count += 1
+        req.owner.set_account(REQ_WAITING, op="retract")
+        self.waiting.append(req)
+        self.stats.retractions += 1
+
+    def force_retract(self, count: int = 1) -> int:
+        """Test hook (SGLang's TEST_RETRACT): retract up to ``count`` running requests now."""
+        while self.inflight:
+            self.process_batch_result(self.inflight.popleft())
+        self.running = [r for r in self.running if r.state is ReqState.RUNNING]
+        n = 0
+        while self.running and n < count:
+            self.retract(self._pick_victim())
+            n += 1
+        if n:
+            self._reset_ratio_after_retract()
+        self.accounting.after_step()
+        return n
+
+    def _reset_ratio_after_retract(self) -> None:
+        reqs = self.running
+        total_max_new = sum(r.max_new_tokens for r in reqs)
+        if not reqs or total_max_new == 0:
+            self.new_token_ratio = self.config.init_new_token_ratio
+            return
+        decoded = sum(len(r.output_ids) for r in reqs)
+        estimate = (decoded + self.config.retract_decode_steps * len(reqs)) / total_max_new
+        self.new_token_ratio = min(1.0, max(estimate, self.config.min_new_token_ratio))
+
+    def _update_ratio_on_idle(self) -> None:
+        if self.is_quiescent():
+            self.new_token_ratio = self.config.init_new_token_ratio
+
+    # ------------------------------------------------------------------ launch and results
+    def _new_batch(self, reqs: list[Req], *, is_decode: bool, out_cache_loc: Any,
+                   chunked_req: Req | None = None) -> ScheduleBatch:
+        self._next_batch_id += 1
+        extend_lens = [1] * len(reqs) if is_decode else [r.extend_input_len for r in reqs]
+        batch = ScheduleBatch(self._next_batch_id, list(reqs), is_decode, extend_lens, out_cache_loc, chunked_req)
+        self.accounting.check_not_in_flight(batch)
+        return batch
+
+    def _launch(self, batch: ScheduleBatch) -> None:
+        """Run the forward now (stream order); only the bookkeeping of its results may lag."""
+        batch.freeze_references()
+        batch.next_token_ids = self.runner.forward(batch.reqs, batch.extend_lens, batch.out_cache_loc,
+                                                   batch.is_decode)
+        for req, tok in zip(batch.reqs, batch.next_token_ids, strict=True):
+            if req is not batch.chunked_req:
+                req.pending_output_ids.append(tok)
+        if batch.is_decode:
+            self.stats.decode_batches += 1
+        else:
+            self.stats.prefill_batches += 1
+            self.last_prefill = batch
+        self.inflight.append(batch)
+
+    def process_batch_result(self, batch: ScheduleBatch) -> None:
+        assert batch.next_token_ids is not None
+        for req, tok in zip(batch.reqs, batch.next_token_ids, strict=True):
+            if req is batch.chunked_req:
+                continue  # its chunk's KV is cached when the next batch is built
+            req.pending_output_ids.pop(0)
+            if req.state.is_done or req.abort_requested:
+                self.stats.discarded_tokens += 1
+                continue
+            req.output_ids.append(tok)
+            self.stats.generated_tokens += 1
+            if req.first_token_step is None:
+                req.first_token_step = self.step_no
+            if self._finished(req, tok):
+                self._finish(req)
+            elif not batch.is_decode:
+                self.memory.cache_unfinished(req)
+        for req in batch.reqs:
+            if req.abort_requested and not req.state.is_done:
+                self._abort_now(req, "aborted by client")
+        for req in batch.deferred_release:
+            self._release_finished_or_aborted(req)
+        batch.deferred_release.clear()
+
+    def _finished(self, req: Req, tok: int) -> bool:
+        if len(req.output_ids) >= req.max_new_tokens:
+            req.finish_reason = "length"
+            return True
+        if self.config.eos_token_id is not None and tok == self.config.eos_token_id:
+            req.finish_reason = "stop"
+            return True
+        return False
+
+    def _finish(self, req: Req) -> None:
+        self._leave_queues(req)
+        self._finish_state(req, ReqState.FINISHED, req.finish_reason or "length")
+        self._release_or_defer(req)
+
+    def _leave_queues(self, req: Req) -> None:
+        if req in self.running:
+            self.running.remove(req)
+        if req in self.waiting:
+            self.waiting.remove(req)
+        if self.chunked_req is req:
+            self.chunked_req = None
+
+    def _release_or_defer(self, req: Req) -> None:
+        """Release now, or park the request on the in-flight batch that still references it."""
+        holder = next((b for b in self.inflight if req in b.reqs), None)
+        if holder is None:
+            self._release_finished_or_aborted(req)
+            return
+        req.owner.set_account(BATCH_INFLIGHT, op=f"defer to batch#{holder.batch_id}")
+        holder.deferred_release.append(req)
+
+    def _release_finished_or_aborted(self, req: Req) -> None:
+        if req.state is ReqState.FINISHED:
+            self.memory.cache_finished(req)
+        else:
+            self.memory.release_without_insert(req)
+        req.released = True
+        req.pending_output_ids.clear()
+
+    def _finish_state(self, req: Req, state: ReqState, reason: str) -> None:
+        req.state = state
+        req.finish_reason = reason
+        req.finish_step = self.step_no
+        self.done.append(req)
+
+    # ------------------------------------------------------------------ abort
+    def abort(self, rid: int) -> bool:
+        """Abort a request in any state. Returns False if it had already ended (idempotent)."""
+        req = self.requests.get(rid)
+        if req is None:
+            raise UnknownRequest(f"no request {rid!r}")
+        if req.state.is_done:
+            return False
+        if any(req in b.reqs for b in self.inflight):
+            req.abort_requested = True  # released when that batch's results are processed
+            return True
+        self._abort_now(req, "aborted by client")
+        self.accounting.after_step()
+        return True
+
+    def _abort_now(self, req: Req, reason: str) -> None:
+        self._leave_queues(req)
+        self._finish_state(req, ReqState.ABORTED, reason)
+        self.stats.aborts += 1
+        self._release_or_defer(req)
+
+
+def drain(scheduler: Scheduler, max_steps: int = 1_000_000) -> int:
+    """Run until quiescent (alias kept for readability in tests and the CLI)."""
+    return scheduler.run_until_idle(max_steps)
+
+
+__all__ = ["ENABLED", "FaultInjector", "Scheduler", "SchedulerStats", "UnknownRequest", "drain"]

@@ -1,0 +1,1 @@
+"""The simulation driver behind ``kvledger simulate``: workload, run, report."""
