@@ -270,6 +270,22 @@ class NullLedger:
     def owner_of(self, slot: int) -> Owner | None:
         return None
 
+    # Queries answer "nothing recorded": callers check ``enabled`` before trusting them.
+    def count(self, account: Account) -> int:
+        return 0
+
+    def account_sizes(self) -> dict[str, int]:
+        return {}
+
+    def holdings(self, owner: Owner) -> frozenset[int]:
+        return frozenset()
+
+    def held_count(self, owner: Owner) -> int:
+        return 0
+
+    def describe(self, slots: Iterable[int], headline: str) -> str:
+        return f"[{self.pool}] {headline} (no ledger: contracts are off)"
+
     def __repr__(self) -> str:
         return f"NullLedger({self.pool})"
 

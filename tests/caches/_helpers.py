@@ -20,7 +20,9 @@ from kvledger.contracts.switch import ENABLED
 from kvledger.reference.pools import MambaPool, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvledger.reference.radix import MambaRadixCache, RadixCache, TreeNode
 
-needs_contracts = pytest.mark.skipif(not ENABLED, reason="needs KVLEDGER_CONTRACTS=1 (contracts are decorated at import)")
+needs_contracts = pytest.mark.skipif(
+    not ENABLED, reason="needs KVLEDGER_CONTRACTS=1 (contracts are decorated at import)"
+)
 
 
 def make_allocator(page_size: int, pages: int) -> Any:
@@ -92,7 +94,7 @@ def path_ids(node: TreeNode) -> list[int]:
 
 
 def extract(cache: Any, tag_pool: MambaPool | None = None) -> tuple[dict[tuple[int, ...], list[int]], dict]:
-    """The abstract state: page-aligned cached prefixes -> ids of their last page; prefixes with a state -> tag."""
+    """The abstract state: cached page-aligned prefixes -> ids of their last page; state prefixes -> tag."""
     ps = cache.page_size
     pages: dict[tuple[int, ...], list[int]] = {}
     states: dict[tuple[int, ...], int] = {}
@@ -104,7 +106,9 @@ def extract(cache: Any, tag_pool: MambaPool | None = None) -> tuple[dict[tuple[i
         for i in range(0, len(node.key), ps):
             pages[before + tuple(node.key[: i + ps])] = ids[i : i + ps]
         if node.mamba_value is not None:
-            states[full] = read_tag(tag_pool, node.mamba_value) if tag_pool is not None else int(node.mamba_value)
+            states[full] = (
+                read_tag(tag_pool, node.mamba_value) if tag_pool is not None else int(node.mamba_value)
+            )
         stack.extend((c, full) for c in node.children.values())
     return pages, states
 
@@ -156,7 +160,10 @@ def snapshot(cache: Any) -> Any:
         lists.append(tuple(n.id for n in cache._mamba_lru.oldest_first()))
         counters += [cache._m_evictable, cache._m_protected]
         pools.append(_pool_state(cache.mamba_pool))
-        pools.append(tuple(s.clone() for s in cache.mamba_pool.states))
+        # raw bits: freed slots may hold NaN poison, and NaN != NaN
+        pools.append(
+            tuple(s.contiguous().reshape(-1).view(torch.uint8).clone() for s in cache.mamba_pool.states)
+        )
     return tree, tuple(lists), tuple(counters), pools
 
 
@@ -172,7 +179,9 @@ def snapshots_equal(a: Any, b: Any) -> bool:
     return True
 
 
-def assert_rejected(cache: Any, error: type[KVLedgerError], call: Callable[[], Any], match: str | None = None) -> None:
+def assert_rejected(
+    cache: Any, error: type[KVLedgerError], call: Callable[[], Any], match: str | None = None
+) -> None:
     """``call`` raises ``error`` and leaves the tree, the pools and the ledgers exactly as they were."""
     before = snapshot(cache)
     with pytest.raises(error, match=match):
@@ -189,7 +198,7 @@ def audit_all(cache: Any) -> None:
 
 
 def insert_fresh(cache: Any, tokens: list[int], *, tag: int | None = None) -> Any:
-    """A request that did not match: allocate everything, insert (duplicates freed), release its state if refused."""
+    """A request that matched nothing: allocate all, insert (duplicates freed), free the state if refused."""
     owner = new_owner()
     kv = cache.token_to_kv_pool_allocator.alloc(len(tokens), owner)
     assert kv is not None, "test pool too small"

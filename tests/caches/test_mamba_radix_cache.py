@@ -21,7 +21,6 @@ from ._helpers import (
     nodes_of,
     path_ids,
     read_tag,
-    write_tag,
 )
 
 
@@ -51,7 +50,8 @@ def test_sglang_unit_test_micro_geometry() -> None:
     assert m9.cow_slot is not None and m9.last_node.mamba_value is not None
     for state in pool.states:
         assert torch.equal(
-            kernels.fingerprint_slots(state, m9.cow_slot), kernels.fingerprint_slots(state, m9.last_node.mamba_value)
+            kernels.fingerprint_slots(state, m9.cow_slot),
+            kernels.fingerprint_slots(state, m9.last_node.mamba_value),
         )
     assert read_tag(pool, m9.cow_slot) == 2
     assert pool.ledger.owner_of(int(m9.cow_slot)) is req
@@ -227,7 +227,7 @@ def test_paged_mamba_cache(page_size: int) -> None:
     insert_fresh(cache, key[: 2 * p] + [99] * p, tag=2)
     m = cache.match_prefix(key[: 2 * p] + [7] * (p - 1))
     assert m.device_indices.numel() == 0  # the branching point at 2 pages is a tombstone
-    m = cache.match_prefix(key + [1])
+    m = cache.match_prefix([*key, 1])
     assert m.device_indices.numel() == 3 * p and m.device_indices.tolist() == path_ids(m.last_node)
     audit_all(cache)
 
@@ -260,9 +260,13 @@ def test_cow_slot_must_be_the_callers() -> None:
     cache = make_mamba()
     insert_fresh(cache, [1, 2], tag=1)
     theirs = cache.mamba_pool.alloc(1, new_owner())
-    assert_rejected(cache, ForeignSlot, lambda: cache.match_prefix([1, 2], cow_owner=new_owner(), cow_slot=theirs))
+    assert_rejected(
+        cache, ForeignSlot, lambda: cache.match_prefix([1, 2], cow_owner=new_owner(), cow_slot=theirs)
+    )
     tree_slot = cache.match_prefix([1, 2]).last_node.mamba_value
-    assert_rejected(cache, ForeignSlot, lambda: cache.match_prefix([1, 2], cow_owner=new_owner(), cow_slot=tree_slot))
+    assert_rejected(
+        cache, ForeignSlot, lambda: cache.match_prefix([1, 2], cow_owner=new_owner(), cow_slot=tree_slot)
+    )
 
 
 @needs_contracts

@@ -96,7 +96,7 @@ def test_split_child_is_keyed_by_its_new_first_page_36696(page_size: int) -> Non
     m = cache.match_prefix(tokens[:page_size] + [99] * page_size)
     upper = m.last_node
     assert len(upper.key) == page_size
-    (child_key, child), = upper.children.items()
+    ((child_key, child),) = upper.children.items()
     assert child_key == tuple(child.key[:page_size]) == tuple(tokens[page_size : 2 * page_size])
     assert cache.root.children[tuple(tokens[:page_size])] is upper
     audit_all(cache)
@@ -225,7 +225,9 @@ def test_insert_rejects_wrong_protected_ids(populated: RadixCache) -> None:
     assert_rejected(cache, PrefixMismatch, lambda: cache.insert([1, 2, 3, 4], kv, owner, protected_len=2))
     # protected length beyond what is cached
     value = torch.cat((m.device_indices, kv[:2]))
-    assert_rejected(cache, PrefixMismatch, lambda: cache.insert([1, 2, 3, 4, 9, 9], value, owner, protected_len=6))
+    assert_rejected(
+        cache, PrefixMismatch, lambda: cache.insert([1, 2, 3, 4, 9, 9], value, owner, protected_len=6)
+    )
 
 
 @needs_contracts

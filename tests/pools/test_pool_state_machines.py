@@ -506,14 +506,23 @@ class MambaPoolMachine(IdPoolMachine, FreeGroupRules):
             cases.append(
                 ("fork_from a free slot", InvalidArgument, lambda: self.pool.fork_from(g, self.owners[0]))
             )
-        if len(held) >= 3:
+        if held:
             cases.append(
+                ("copy_from a slot onto itself", InvalidArgument, lambda: self.pool.copy_from(held, held))
+            )
+        if len(held) >= 3:
+            cases += [
                 (
                     "copy_from length mismatch",
                     InvalidArgument,
                     lambda: self.pool.copy_from(held[:1], held[1:3]),
-                )
-            )
+                ),
+                (
+                    "copy_from a repeated destination",
+                    DuplicateIds,
+                    lambda: self.pool.copy_from(held[:2], [held[2], held[2]]),
+                ),
+            ]
         what, error, call = data.draw(st.sampled_from(cases), label="case")
         self._reject(error, call, what)
 
@@ -580,8 +589,8 @@ class PagedAllocatorMachine(FreeGroupRules, BackupRules):
         expected = self.model.free[:k] if k <= len(self.model.free) else None
         before = snapshot(self.pool) if expected is None else None
         got = self.pool.alloc(k * self.page_size, owner)
-        if before is not None:
-            assert got is None
+        if expected is None:
+            assert got is None and before is not None
             before.assert_same(snapshot(self.pool), "a refused alloc")
             return
         assert got is not None and got.tolist() == self._tokens(expected)

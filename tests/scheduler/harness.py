@@ -5,7 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvledger.reference.pools import MambaPool, PagedTokenToKVPoolAllocator, ReqToTokenPool, TokenToKVPoolAllocator
+from kvledger.reference.model import TinyHybridConfig, TinyHybridRunner, TinyHybridWeights, generate_alone
+from kvledger.reference.pools import (
+    KVBufferPool,
+    MambaPool,
+    PagedTokenToKVPoolAllocator,
+    ReqToTokenPool,
+    TokenToKVPoolAllocator,
+)
 from kvledger.reference.radix import MambaRadixCache, RadixCache
 from kvledger.reference.scheduler import HashTokenRunner, Scheduler, SchedulerConfig, hash_next_token
 
@@ -27,6 +34,7 @@ class Setup:
     cow_release_policy: str = "if_not_appended"
     max_context_len: int = 256
     eos_token_id: int | None = None
+    model: bool = False  # the tiny hybrid model instead of the hash runner (needs hybrid=True)
 
 
 def build(setup: Setup, runner: Any = None) -> Scheduler:
@@ -37,13 +45,17 @@ def build(setup: Setup, runner: Any = None) -> Scheduler:
     rows = ReqToTokenPool(setup.rows, setup.max_context_len)
     mamba = None
     if setup.hybrid:
-        mamba = MambaPool(setup.mamba_slots, num_layers=1, conv_state_shape=(2,), temporal_state_shape=(2,))
+        conv, temporal = ((MODEL_CONFIG.conv_state_shape, MODEL_CONFIG.temporal_state_shape) if setup.model
+                          else ((2,), (2,)))
+        mamba = MambaPool(setup.mamba_slots, num_layers=1, conv_state_shape=conv, temporal_state_shape=temporal)
     tree: Any = None
     if setup.tree == "mamba_radix":
         assert mamba is not None
         tree = MambaRadixCache(kv, mamba)
     elif setup.tree == "radix":
         tree = RadixCache(kv)
+    if setup.model:
+        runner = model_runner(kv, rows, mamba)
     config = SchedulerConfig(
         page_size=setup.page_size,
         max_running_requests=setup.max_running,
@@ -70,3 +82,21 @@ def expected_output(prompt: list[int], max_new_tokens: int, eos: int | None = No
         if eos is not None and tok == eos:
             break
     return out
+
+
+MODEL_CONFIG = TinyHybridConfig()
+MODEL_WEIGHTS = TinyHybridWeights(MODEL_CONFIG)
+
+
+def model_runner(kv: Any, rows: Any, mamba: Any, *, check_integrity: bool = True) -> TinyHybridRunner:
+    """The tiny hybrid model over these pools; the KV allocator zeroes/poisons slots in debug builds."""
+    c = MODEL_CONFIG
+    kv_buffer = KVBufferPool.for_allocator(kv, num_layers=1, num_kv_heads=c.num_heads, head_dim=c.head_dim)
+    kv.attach_kv_buffer(kv_buffer)
+    return TinyHybridRunner(MODEL_WEIGHTS, kv_buffer=kv_buffer, req_to_token_pool=rows, mamba_pool=mamba,
+                            check_integrity=check_integrity)
+
+
+def model_expected_output(prompt: list[int], max_new_tokens: int, eos: int | None = None) -> list[int]:
+    """What the tiny hybrid model generates for ``prompt`` run alone with no cache."""
+    return generate_alone(MODEL_WEIGHTS, prompt, max_new_tokens, eos)

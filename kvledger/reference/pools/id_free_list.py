@@ -13,6 +13,7 @@ free is detected in O(len(ids)) without scanning the list:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -57,6 +58,10 @@ class IdFreeList:
         self.state[:first] = RESERVED
         self.pending: list[torch.Tensor] | None = None
         self.ledger: AnyLedger = make_ledger(name, range(first, first + count), unit=unit)
+        # Data-plane hooks the owning pool installs: zero what is handed out, poison what comes back
+        # (debug builds), so a stale read of a freed slot is visible in the data (I-POISON-ON-FREE).
+        self.on_alloc: Callable[[torch.Tensor], None] | None = None
+        self.on_release: Callable[[torch.Tensor], None] | None = None
 
     # ------------------------------------------------------------------ queries
     def available(self) -> int:
@@ -77,6 +82,8 @@ class IdFreeList:
         self.ledger.transfer(out, FREE_LIST, owner, op)
         self.free = self.free[n:]
         self.state[out] = HELD
+        if self.on_alloc is not None and n:
+            self.on_alloc(out)
         return out
 
     # ------------------------------------------------------------------ free
@@ -99,11 +106,15 @@ class IdFreeList:
             return
         if self.pending is not None:
             self.ledger.transfer(ids, owner, self.ledger.pending_owner, op + "(group)")
+            if self.on_release is not None:
+                self.on_release(ids)
             self.pending.append(ids)
             self.state[ids] = PENDING
             return
         self.ledger.transfer(ids, owner, FREE_LIST, op)
         self._push_free(ids)
+        if self.on_release is not None:
+            self.on_release(ids)
 
     def _push_free(self, ids: torch.Tensor) -> None:
         if self.reuse == "fifo":
@@ -152,6 +163,8 @@ class IdFreeList:
             raise StaleSnapshot(f"[{self.name}] ids {ids} were freed after backup_state; cannot restore")
         taken = torch.nonzero(in_snap & (self.state == HELD)).reshape(-1)
         self._return_to_free_list(taken, "restore_state")
+        if self.on_release is not None and taken.numel():
+            self.on_release(taken)
         self.free = snap.free.clone()
         self.state[taken] = FREE
 

@@ -71,6 +71,20 @@ class KVBufferPool:
             raise InvalidArgument(f"set_kv_buffer: k/v on {k.device}, buffer on {self.device}")
         kernels.store_kv(self.k_buffer, self.v_buffer, layer, idx, k, v)
 
+    def zero_slots(self, slots: torch.Tensor) -> None:
+        """Zero K and V of ``slots`` in every layer (what a debug build does on alloc)."""
+        kernels.zero_slots(self.k_buffer, slots)
+        kernels.zero_slots(self.v_buffer, slots)
+
+    def poison_slots(self, slots: torch.Tensor) -> None:
+        """Poison K and V of ``slots`` (NaN): a later read of a freed slot shows in the data."""
+        kernels.poison_slots(self.k_buffer, slots)
+        kernels.poison_slots(self.v_buffer, slots)
+
+    def poisoned(self, slots: torch.Tensor) -> torch.Tensor:
+        """Per slot: does any element of K or V hold the poison value?"""
+        return kernels.any_poisoned(self.k_buffer, slots) | kernels.any_poisoned(self.v_buffer, slots)
+
     def get_key_buffer(self, layer: int) -> torch.Tensor:
         return self.k_buffer[layer]
 

@@ -18,13 +18,20 @@ from kvledger.contracts.errors import InvalidArgument
 from kvledger.contracts.owners import FREE, Owner
 from kvledger.contracts.switch import ensure, invariant, snapshot
 from kvledger.reference.pools.id_free_list import HELD, IdFreeList
-from kvledger.reference.pools.validate import as_index_tensor, check_count, check_in_range, resolve_device
+from kvledger.reference.pools.validate import (
+    as_index_tensor,
+    check_count,
+    check_in_range,
+    check_unique,
+    resolve_device,
+)
 
 
 @invariant(
     lambda self: not self._slots.ledger.enabled or self._slots.ledger.count(FREE) == self._slots.available(),
     "I-COUNT: ledger free slots == available_size()",
 )
+@invariant(lambda self: 0 <= self._slots.available() + self._slots.pending_count() <= self.size, "I-CAP")
 class MambaPool:
     """``size`` state slots; ``conv_state[L, size+1, *conv_shape]``, ``temporal_state[L, size+1, *ssm_shape]``."""
 
@@ -53,6 +60,9 @@ class MambaPool:
             (num_layers, size + 1, *temporal_state_shape), dtype=ssm_dtype, device=self.device
         )
         self._slots = IdFreeList(name, 1, size, self.device, reuse="fifo")
+        self._slots.on_alloc = self._zero  # always: a new owner never inherits a previous state
+        if self._slots.ledger.enabled:
+            self._slots.on_release = self._poison  # debug builds: a stale read of a freed slot shows
 
     @property
     def ledger(self) -> Any:
@@ -77,11 +87,21 @@ class MambaPool:
     def alloc(self, n: int, owner: Owner) -> torch.Tensor | None:
         """``n`` zeroed slots for ``owner``, or None when fewer are free."""
         check_count(n)
-        slots = self._slots.alloc(n, owner)
-        if slots is not None and slots.numel():
-            for state in self.states:
-                kernels.zero_slots(state, slots)
-        return slots
+        return self._slots.alloc(n, owner)
+
+    # Hooks run inside IdFreeList operations: they touch the tensors directly, never a public member
+    # (icontract would check the class invariant mid-operation).
+    def _zero(self, slots: torch.Tensor) -> None:
+        kernels.zero_slots(self.conv_state, slots)
+        kernels.zero_slots(self.temporal_state, slots)
+
+    def _poison(self, slots: torch.Tensor) -> None:
+        kernels.poison_slots(self.conv_state, slots)
+        kernels.poison_slots(self.temporal_state, slots)
+
+    def poisoned(self, slots: torch.Tensor) -> torch.Tensor:
+        """Per slot: does any element of its conv or temporal state hold the poison value?"""
+        return kernels.any_poisoned(self.conv_state, slots) | kernels.any_poisoned(self.temporal_state, slots)
 
     @snapshot(lambda self: self.available_size() + self._slots.pending_count(), name="reclaimable")
     @ensure(
@@ -122,6 +142,9 @@ class MambaPool:
             raise InvalidArgument(f"[{self.name}] copy_from: {src.numel()} sources for {dst.numel()} destinations")
         self._check_held(src, "copy_from source")
         self._check_held(dst, "copy_from destination")
+        check_unique(dst, self.name, "destination slot")
+        if set(src.tolist()) & set(dst.tolist()):
+            raise InvalidArgument(f"[{self.name}] copy_from: sources and destinations overlap")
         for state in self.states:
             kernels.copy_slots(state, src, dst)
 

@@ -27,6 +27,7 @@ def _ledger_agrees(ids: IdFreeList) -> bool:
 
 @invariant(lambda self: _ledger_agrees(self._pages), "I-COUNT: ledger free pages == free list length")
 @invariant(lambda self: self.available_size() % self.page_size == 0, "available_size is whole pages")
+@invariant(lambda self: 0 <= self._pages.available() + self._pages.pending_count() <= self.num_pages, "I-CAP")
 class PagedTokenToKVPoolAllocator:
     """``size`` token slots in pages of ``page_size``; the KV buffer needs ``(num_pages + 1) * page_size`` rows."""
 
@@ -106,6 +107,9 @@ class PagedTokenToKVPoolAllocator:
             if fill:
                 self._check_partial_page(loc, p, owner, "alloc_extend")
             plans.append((fill, new_pages))
+        self._check_distinct_partial_pages(
+            [loc for (fill, _), loc in zip(plans, last_loc, strict=True) if fill], "alloc_extend"
+        )
         total_new = sum(new for _, new in plans)
         if total_new > self._pages.available():
             return None
@@ -143,6 +147,9 @@ class PagedTokenToKVPoolAllocator:
             if not new_page:
                 self._check_partial_page(loc, s - 1, owner, "alloc_decode")
             opens.append(new_page)
+        self._check_distinct_partial_pages(
+            [loc for new_page, loc in zip(opens, last_loc, strict=True) if not new_page], "alloc_decode"
+        )
         if sum(opens) > self._pages.available():
             return None
         out = torch.empty(len(seq_lens), dtype=torch.int64, device=self.device)
@@ -154,6 +161,12 @@ class PagedTokenToKVPoolAllocator:
             else:
                 out[i] = loc + 1
         return out
+
+    def _check_distinct_partial_pages(self, locs: list[Any], op: str) -> None:
+        """Two batch entries continuing the same partial page would be handed the same slots."""
+        pages = [loc // self.page_size for loc in locs]
+        if len(set(pages)) != len(pages):
+            raise InvalidArgument(f"[{self.name}] {op}: several requests continue the same partial page")
 
     def _check_partial_page(self, loc: int, filled_len: int, owner: Owner, op: str) -> None:
         """``loc`` must be the last used slot of a page ``owner`` holds, consistent with the length."""
@@ -196,6 +209,12 @@ class PagedTokenToKVPoolAllocator:
         this skips ``pages_of``'s unique/sort. The ledger still checks the owner.
         """
         self._pages.release(pages, owner, op)
+
+    def attach_kv_buffer(self, buffer: Any) -> None:
+        """Debug builds (a real ledger): zero a page's KV slots when handed out, poison them when given back."""
+        if self._pages.ledger.enabled:
+            self._pages.on_alloc = lambda pages: buffer.zero_slots(self._tokens_of(pages))
+            self._pages.on_release = lambda pages: buffer.poison_slots(self._tokens_of(pages))
 
     def free_group_begin(self) -> None:
         self._pages.free_group_begin()

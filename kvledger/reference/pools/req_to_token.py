@@ -15,21 +15,29 @@ from kvledger.contracts.errors import InvalidArgument
 from kvledger.contracts.owners import FREE, Owner
 from kvledger.contracts.switch import ensure, invariant, snapshot
 from kvledger.reference.pools.id_free_list import HELD, IdFreeList
-from kvledger.reference.pools.validate import as_index_tensor, check_count, resolve_device
+from kvledger.reference.pools.validate import (
+    INT32_MAX,
+    as_index_tensor,
+    check_count,
+    check_in_range,
+    check_positive,
+    resolve_device,
+)
 
 
 @invariant(
     lambda self: not self._rows.ledger.enabled or self._rows.ledger.count(FREE) == self._rows.available(),
     "I-COUNT: ledger free rows == available_size()",
 )
+@invariant(lambda self: 0 <= self._rows.available() + self._rows.pending_count() <= self.size, "I-CAP")
 class ReqToTokenPool:
     """``size`` rows of ``max_context_len`` int32 KV-slot ids each."""
 
     def __init__(
         self, size: int, max_context_len: int, *, device: str | torch.device = "cpu", name: str = "req"
     ) -> None:
-        check_count(size, "size")
-        check_count(max_context_len, "max_context_len")
+        check_positive(size, "size")
+        check_positive(max_context_len, "max_context_len")
         self.size = size
         self.max_context_len = max_context_len
         self.name = name
@@ -83,6 +91,7 @@ class ReqToTokenPool:
             )
         if int(self._rows.state[row]) != HELD:
             raise InvalidArgument(f"[{self.name}] write to row {row}, which no request holds")
+        check_in_range(values, 0, INT32_MAX, self.name, "KV slot id")  # the table is int32
         self.req_to_token[row, start : start + values.numel()] = values.to(torch.int32)
 
     def read(self, row: int, start: int, end: int) -> torch.Tensor:

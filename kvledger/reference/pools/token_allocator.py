@@ -14,7 +14,7 @@ import torch
 from kvledger.contracts.owners import FREE, Owner
 from kvledger.contracts.switch import ensure, invariant, snapshot
 from kvledger.reference.pools.id_free_list import FreeListSnapshot, IdFreeList
-from kvledger.reference.pools.validate import as_index_tensor, check_count, resolve_device
+from kvledger.reference.pools.validate import as_index_tensor, check_count, check_positive, resolve_device
 
 
 def _ledger_agrees(ids: IdFreeList) -> bool:
@@ -30,7 +30,7 @@ class TokenToKVPoolAllocator:
     page_size = 1
 
     def __init__(self, size: int, *, device: str | torch.device = "cpu", name: str = "kv") -> None:
-        check_count(size, "size")
+        check_positive(size, "size")
         self.size = size
         self.name = name
         self.device = resolve_device(device)
@@ -74,6 +74,12 @@ class TokenToKVPoolAllocator:
         point: with contracts on, a wrong owner or a double free raises ContractViolation.
         """
         self._ids.release(ids, owner, op)
+
+    def attach_kv_buffer(self, buffer: Any) -> None:
+        """Debug builds (a real ledger): zero KV slots when handed out, poison them when given back."""
+        if self._ids.ledger.enabled:
+            self._ids.on_alloc = buffer.zero_slots
+            self._ids.on_release = buffer.poison_slots
 
     def free_group_begin(self) -> None:
         self._ids.free_group_begin()

@@ -10,6 +10,7 @@ import torch
 from kvledger.contracts.errors import DuplicateIds, InvalidArgument, SlotOutOfRange
 
 INDEX_DTYPES = (torch.int32, torch.int64)
+INT32_MAX = 2**31 - 1
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -34,6 +35,13 @@ def check_count(n: Any, what: str = "n") -> int:
     return n
 
 
+def check_positive(n: Any, what: str) -> int:
+    """A Python int >= 1 (pool sizes, page sizes, lengths)."""
+    if check_count(n, what) < 1:
+        raise InvalidArgument(f"{what} must be >= 1, got {n}")
+    return n
+
+
 def as_index_tensor(ids: Any, device: torch.device, what: str) -> torch.Tensor:
     """Ids as a 1-D int64 tensor on ``device``.
 
@@ -51,10 +59,13 @@ def as_index_tensor(ids: Any, device: torch.device, what: str) -> torch.Tensor:
         return ids.reshape(-1).to(torch.int64)
     if isinstance(ids, bool):
         raise InvalidArgument(f"{what}: ids must be ints, got a bool")
-    if isinstance(ids, int):
-        return torch.tensor([ids], dtype=torch.int64, device=device)
-    if isinstance(ids, Sequence) and all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        return torch.tensor(list(ids), dtype=torch.int64, device=device)
+    try:
+        if isinstance(ids, int):
+            return torch.tensor([ids], dtype=torch.int64, device=device)
+        if isinstance(ids, Sequence) and all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            return torch.tensor(list(ids), dtype=torch.int64, device=device)
+    except (OverflowError, RuntimeError, ValueError) as exc:  # an int beyond int64: certainly not an id of any pool
+        raise SlotOutOfRange(f"{what}: id does not fit in int64 ({exc})") from None
     raise InvalidArgument(f"{what}: expected a tensor, an int or a sequence of ints, got {type(ids).__name__}")
 
 

@@ -14,8 +14,10 @@ class ScheduleBatch:
     """A prefill (extend) or decode batch.
 
     While in flight (overlap mode: launched, results not processed) the batch references its requests'
-    rows, the KV slots it writes and their Mamba working slots; none of them may be handed to anyone
-    else until the results are processed (I-ROW-EXCLUSIVE-WHILE-IN-FLIGHT). Requests that finish or are
+    rows (read by its forward, written by the host) and their Mamba working slots (advanced by its
+    forward); neither may be handed to another request until the results are processed
+    (I-ROW-EXCLUSIVE-WHILE-IN-FLIGHT). ``ref_kv`` records the KV slots it writes for diagnostics: a KV
+    slot's later writers are ordered after this batch on the device stream. Requests that finish or are
     aborted meanwhile are parked in ``deferred_release`` (account ``batch.inflight``) and released
     when this batch's results are processed.
     """

@@ -1,0 +1,466 @@
+"""Hypothesis state machines: both caches, page 1 and page > 1, refine the abstract model in ``_model``.
+
+Rules play the scheduler's request life cycle (match -> lock -> evict the shortfall -> alloc -> insert ->
+unlock), aborts, extra locks, explicit evictions, bad input (which must be rejected without a trace)
+and, for the Mamba tree, copy-on-write, chunk checkpoints with the lock hand-over, tombstone locks
+(B14) and revival. Pools are small, so eviction runs all the time. After every step: ``audit()`` of the
+cache and the pools, the tree equals the model, and the pools' ids/slots add up.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from hypothesis import event
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from kvledger.contracts.errors import InvalidArgument, InvalidKey, LockNotHeld, PrefixMismatch
+from kvledger.contracts.owners import FREE_LIST
+from kvledger.reference.radix import LockRef, MambaRadixCache, RadixCache
+
+from ._helpers import (
+    assert_rejected,
+    audit_all,
+    extract,
+    make_allocator,
+    make_mamba_pool,
+    new_owner,
+    nodes_of,
+    path_tokens,
+    read_tag,
+    write_tag,
+)
+from ._model import CacheModel, Prefix
+
+_tags = itertools.count(1)
+
+
+@dataclass
+class Req:
+    """An admitted request: key, locked matched prefix, own KV and (Mamba) working slot."""
+
+    owner: Any
+    key: Prefix
+    lock: LockRef
+    lock_path: Prefix
+    prefix_ids: torch.Tensor
+    own: torch.Tensor
+    protected: int
+    working: torch.Tensor | None = None
+
+
+class CacheMachine(RuleBasedStateMachine):
+    """Shared rules; subclasses fix the cache kind and the page sizes."""
+
+    PAGE_SIZES: tuple[int, ...] = (1,)
+    MAMBA = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cache: Any = None
+
+    @initialize(data=st.data())
+    def setup(self, data: st.DataObject) -> None:
+        self.ps = data.draw(st.sampled_from(self.PAGE_SIZES), label="page_size")
+        pages = data.draw(st.integers(4, 10), label="pool_pages")
+        alloc = make_allocator(self.ps, pages)
+        if self.MAMBA:
+            self.pool = make_mamba_pool(data.draw(st.integers(2, 5), label="mamba_slots"))
+            self.cache = MambaRadixCache(alloc, self.pool)
+        else:
+            self.cache = RadixCache(alloc)
+        self.alloc = alloc
+        self.model = CacheModel(self.ps)
+        self.reqs: list[Req] = []
+        self.extra: list[tuple[LockRef, Prefix]] = []
+        self.released: list[LockRef] = []
+        self.seen: list[Prefix] = []
+        self.dead_nodes: list[Any] = []
+
+    # ------------------------------------------------------------------ helpers
+    def draw_key(self, data: st.DataObject, *, min_pages: int = 0, unaligned: bool = False) -> Prefix:
+        ps = self.ps
+        fresh_pages = data.draw(st.integers(0, 3))
+        fresh = data.draw(st.lists(st.integers(0, 2), min_size=fresh_pages * ps, max_size=fresh_pages * ps))
+        key: list[int] = fresh
+        if self.seen and data.draw(st.booleans()):
+            base = data.draw(st.sampled_from(self.seen))
+            cut = data.draw(st.integers(0, len(base) // ps)) * ps
+            key = list(base[:cut]) + fresh
+        key = key[: 5 * ps]
+        while len(key) < min_pages * ps:
+            key += [data.draw(st.integers(0, 2)) for _ in range(ps)]
+        if unaligned:
+            key += [0] * data.draw(st.integers(0, ps - 1))
+        return tuple(key)
+
+    def locked(self) -> list[tuple[Prefix, bool]]:
+        return [(r.lock_path, r.lock.took_mamba) for r in self.reqs] + [
+            (path, lock.took_mamba) for lock, path in self.extra
+        ]
+
+    def extract(self) -> tuple[dict, dict]:
+        return extract(self.cache, self.pool if self.MAMBA else None)
+
+    def sync_shrink(self) -> tuple[int, int]:
+        """After something that may only remove: check it against the model, adopt the new state."""
+        pages, states = self.extract()
+        self.model.check_shrink(pages, states, self.locked())
+        lost = (len(self.model.pages) - len(pages), len(self.model.states) - len(states))
+        self.model.pages, self.model.states = pages, states
+        return lost
+
+    def evict_full(self, n: int) -> int:
+        evictable = self.cache.evictable_size()
+        freed = self.cache.evict(n)
+        lost_pages, _ = self.sync_shrink()
+        assert freed == lost_pages * self.ps, "evict reports what left the tree"
+        assert freed >= min(n, evictable), "evict frees what was asked whenever enough is unlocked"
+        if freed:
+            event("evicted KV")
+        return freed
+
+    def evict_states(self, n: int) -> int:
+        evictable = self.cache.mamba_evictable_size()
+        freed = self.cache.evict_mamba(n)
+        _, lost_states = self.sync_shrink()
+        assert freed == lost_states and freed >= min(n, evictable)
+        return freed
+
+    def alloc_kv(self, need: int, owner: Any) -> torch.Tensor | None:
+        short = need - self.alloc.available_size()
+        if short > 0:
+            self.evict_full(short)
+        return self.alloc.alloc(need, owner)
+
+    def alloc_slot(self, owner: Any) -> torch.Tensor | None:
+        slot = self.pool.alloc(1, owner)
+        if slot is None:
+            self.evict_states(1)
+            slot = self.pool.alloc(1, owner)
+        return slot
+
+    def check_match(self, key: Prefix, m: Any) -> int:
+        expect = self.model.longest_state(key) if self.MAMBA else self.model.longest(key)
+        assert m.device_indices.numel() == expect, (
+            f"match of {key} returned {m.device_indices.numel()}, not {expect}"
+        )
+        assert m.device_indices.tolist() == self.model.ids(key, expect)
+        assert tuple(path_tokens(m.last_node)) == key[:expect]
+        return expect
+
+    def release(self, lock: LockRef) -> None:
+        self.cache.dec_lock_ref(lock)
+        self.released.append(lock)
+        self.sync_shrink()  # a released tombstone leaf is pruned (Mamba)
+
+    def insert(self, req_owner: Any, key: Prefix, value: torch.Tensor, protected: int, slot: Any) -> Any:
+        expect_prefix = self.model.longest(key)
+        if self.MAMBA:
+            expect_adopt = bool(key) and key not in self.model.states
+            res = self.cache.insert(key, value, req_owner, mamba_slot=slot, protected_len=protected)
+            assert (res.prefix_len, res.mamba_adopted) == (expect_prefix, expect_adopt)
+            self.model.insert(key, value.tolist(), res.prefix_len)
+            if res.mamba_adopted:
+                self.model.states[key] = read_tag(self.pool, slot)
+                event("state adopted")
+            else:
+                self.pool.free(slot, req_owner)
+            return res
+        prefix = self.cache.insert(key, value, req_owner, protected_len=protected)
+        assert prefix == expect_prefix
+        self.model.insert(key, value.tolist(), prefix)
+        return prefix
+
+    # ------------------------------------------------------------------ request life cycle
+    @rule(data=st.data())
+    def admit(self, data: st.DataObject) -> None:
+        req = self.admit_one(data)
+        if req is not None:
+            self.reqs.append(req)
+
+    @rule(data=st.data())
+    def serve(self, data: st.DataObject) -> None:
+        """The whole cycle in one step (what the benchmark does): fills the tree quickly."""
+        req = self.admit_one(data)
+        if req is not None:
+            self.finish_one(req, len(req.key))
+
+    @precondition(lambda self: self.reqs)
+    @rule(data=st.data())
+    def finish(self, data: st.DataObject) -> None:
+        req = self.reqs.pop(data.draw(st.integers(0, len(self.reqs) - 1)))
+        self.finish_one(
+            req, data.draw(st.integers(req.protected // self.ps, len(req.key) // self.ps)) * self.ps
+        )
+
+    def admit_one(self, data: st.DataObject) -> Req | None:
+        key = self.draw_key(data, min_pages=1)
+        self.seen.append(key)
+        owner = new_owner()
+        cow = self.MAMBA and data.draw(st.booleans(), label="cow")
+        expect_tag = self.model.states.get(key[: self.model.longest_state(key)]) if self.MAMBA else None
+        if self.MAMBA:
+            slots_free = self.pool.available_size()
+            m = self.cache.match_prefix(key, cow_owner=owner if cow else None)
+            self.sync_shrink()  # the COW retry may have evicted a state
+        else:
+            m = self.cache.match_prefix(key)
+        matched = self.check_match(key, m)
+        working = None
+        if self.MAMBA:
+            if cow and matched:
+                if m.cow_slot is None:
+                    assert slots_free == 0 and self.cache.mamba_evictable_size() == 0, (
+                        "COW gave up needlessly"
+                    )
+                    event("COW impossible")
+                else:
+                    assert read_tag(self.pool, m.cow_slot) == expect_tag, "COW copied the wrong state"
+                    event("COW")
+            else:
+                assert m.cow_slot is None
+        lock = self.cache.inc_lock_ref(m.last_node)  # before anything that may evict (as add_one_req does)
+        assert lock.took_mamba == (self.MAMBA and matched > 0)
+        if self.MAMBA:
+            working = m.cow_slot if m.cow_slot is not None else self.alloc_slot(owner)
+            if working is None:
+                event("no state slot")
+                self.release(lock)
+                return None
+        own = self.alloc_kv(len(key) - matched, owner)
+        if own is None:
+            event("no KV")
+            self.release(lock)
+            if working is not None:
+                self.pool.free(working, owner)
+            return None
+        return Req(owner, key, lock, key[:matched], m.device_indices, own, matched, working)
+
+    def finish_one(self, req: Req, cut: int) -> None:
+        """cache_finished_req: insert ``key[:cut]``, free the uncached tail, release the lock."""
+        value = torch.cat((req.prefix_ids, req.own))
+        if self.MAMBA:
+            assert req.working is not None
+            write_tag(self.pool, req.working, next(_tags))
+        self.insert(req.owner, req.key[:cut], value[:cut], req.protected, req.working)
+        tail = req.own[cut - req.protected :]
+        if tail.numel():
+            self.alloc.free(tail, req.owner)  # the part it did not cache
+        self.release(req.lock)
+        if self.alloc.ledger.enabled:
+            assert self.alloc.ledger.held_count(req.owner) == 0, "a finished request still holds KV"
+
+    @precondition(lambda self: self.reqs)
+    @rule(data=st.data())
+    def abort(self, data: st.DataObject) -> None:
+        req = self.reqs.pop(data.draw(st.integers(0, len(self.reqs) - 1)))
+        if req.own.numel():
+            self.alloc.free(req.own, req.owner)
+        if req.working is not None:
+            self.pool.free(req.working, req.owner)
+        self.release(req.lock)
+
+    @rule(data=st.data())
+    def match_only(self, data: st.DataObject) -> None:
+        key = self.draw_key(data, unaligned=True)
+        self.check_match(key, self.cache.match_prefix(key))
+
+    @rule(data=st.data())
+    def lock_extra(self, data: st.DataObject) -> None:
+        key = self.draw_key(data)
+        m = self.cache.match_prefix(key)
+        matched = self.check_match(key, m)
+        self.extra.append((self.cache.inc_lock_ref(m.last_node), key[:matched]))
+
+    @precondition(lambda self: self.extra)
+    @rule(data=st.data())
+    def unlock_extra(self, data: st.DataObject) -> None:
+        lock, _ = self.extra.pop(data.draw(st.integers(0, len(self.extra) - 1)))
+        self.release(lock)
+
+    @rule(n=st.integers(0, 24))
+    def evict(self, n: int) -> None:
+        self.evict_full(n)
+
+    # ------------------------------------------------------------------ bad input
+    @rule(data=st.data())
+    def bad_input(self, data: st.DataObject) -> None:
+        cache, owner = self.cache, new_owner()
+        ids = torch.arange(self.ps, 2 * self.ps, dtype=torch.int64)
+        kw = {"mamba_slot": None} if self.MAMBA else {}
+        choice = data.draw(st.integers(0, 4))
+        if choice == 0:
+            key = self.draw_key(data, min_pages=1)
+            assert_rejected(cache, InvalidKey, lambda: cache.insert(key, ids[:0], owner, **kw))
+        elif choice == 1 and self.ps > 1:
+            assert_rejected(
+                cache,
+                InvalidKey,
+                lambda: cache.insert((7,) * (self.ps + 1), ids[:1].repeat(self.ps + 1), owner, **kw),
+            )
+        elif choice == 2:
+            assert_rejected(cache, InvalidArgument, lambda: cache.evict(-data.draw(st.integers(1, 5))))
+        elif choice == 3 and self.released:
+            lock = data.draw(st.sampled_from(self.released))
+            assert_rejected(cache, LockNotHeld, lambda: cache.dec_lock_ref(lock))
+        elif choice == 4 and any(r.protected for r in self.reqs):
+            req = data.draw(st.sampled_from([r for r in self.reqs if r.protected]))
+            wrong = torch.cat((req.own, req.prefix_ids))[: len(req.key)]
+            if not torch.equal(wrong[: req.protected], req.prefix_ids):
+                assert_rejected(
+                    cache,
+                    PrefixMismatch,
+                    lambda: cache.insert(req.key, wrong, req.owner, protected_len=req.protected, **kw),
+                )
+
+    # ------------------------------------------------------------------ invariants
+    @invariant()
+    def refines_the_model(self) -> None:
+        if self.cache is None:
+            return
+        audit_all(self.cache)
+        pages, states = self.extract()
+        assert pages == self.model.pages, "the tree's cached prefixes differ from the model's"
+        assert states == self.model.states, "the tree's states differ from the model's"
+        held = sum(r.own.numel() for r in self.reqs)
+        assert self.alloc.available_size() + self.cache.total_size() + held == self.alloc.size, (
+            "KV ids leaked"
+        )
+        if self.MAMBA:
+            slots = sum(r.working is not None for r in self.reqs)
+            assert self.pool.available_size() + self.cache.mamba_total_size() + slots == self.pool.size
+        for r in self.reqs:
+            if self.alloc.ledger.enabled:
+                pages_of_req = self.cache._kv.ledger_ids(r.own).tolist()
+                assert all(self.alloc.ledger.owner_of(p) is r.owner for p in pages_of_req)
+                assert all(self.alloc.ledger.owner_of(p) is not FREE_LIST for p in pages_of_req)
+
+    def teardown(self) -> None:
+        if self.cache is None:
+            return
+        for req in self.reqs:
+            if req.own.numel():
+                self.alloc.free(req.own, req.owner)
+            if req.working is not None:
+                self.pool.free(req.working, req.owner)
+            self.cache.dec_lock_ref(req.lock)
+        for lock, _ in self.extra:
+            self.cache.dec_lock_ref(lock)
+        audit_all(self.cache)
+        assert self.cache.protected_size() == 0, "every lock released: nothing protected"
+        self.cache.evict(self.cache.evictable_size())
+        assert self.cache.total_size() == 0 and self.alloc.available_size() == self.alloc.size
+        if self.MAMBA:
+            assert self.pool.available_size() == self.pool.size
+        audit_all(self.cache)
+
+
+class MambaMachine(CacheMachine):
+    MAMBA = True
+
+    @rule(n=st.integers(0, 4))
+    def evict_mamba(self, n: int) -> None:
+        self.evict_states(n)
+
+    @precondition(lambda self: any(len(r.key) - r.protected >= 2 * self.ps for r in self.reqs))
+    @rule(data=st.data())
+    def checkpoint(self, data: st.DataObject) -> None:
+        """cache_unfinished_req after a chunk: fork the state, insert the chunk, re-match, hand over."""
+        ps = self.ps
+        req = data.draw(st.sampled_from([r for r in self.reqs if len(r.key) - r.protected >= 2 * ps]))
+        cut = data.draw(st.integers(req.protected // ps + 1, len(req.key) // ps - 1)) * ps
+        assert req.working is not None
+        fork = self.pool.fork_from(req.working, req.owner)
+        if fork is None:
+            self.evict_states(1)
+            fork = self.pool.fork_from(req.working, req.owner)
+            if fork is None:
+                event("checkpoint: no slot")
+                return
+        write_tag(self.pool, fork, next(_tags))
+        value = torch.cat((req.prefix_ids, req.own))
+        self.insert(req.owner, req.key[:cut], value[:cut], req.protected, fork)
+        m = self.cache.match_prefix(req.key[:cut])
+        assert self.check_match(req.key[:cut], m) == cut, "the chunk just cached must match with its state"
+        assert torch.equal(m.device_indices[: req.protected], req.prefix_ids), "the locked prefix moved"
+        new_lock = self.cache.inc_lock_ref(m.last_node)
+        self.release(req.lock)
+        req.lock, req.lock_path = new_lock, req.key[:cut]
+        req.own = req.own[cut - req.protected :]
+        req.prefix_ids, req.protected = m.device_indices, cut
+        event("checkpoint")
+
+    def tombstones(self) -> list[Any]:
+        return [n for n in nodes_of(self.cache) if n.mamba_value is None]
+
+    @precondition(lambda self: self.cache is not None and self.tombstones())
+    @rule(data=st.data())
+    def lock_tombstone(self, data: st.DataObject) -> None:
+        """B14's first step: a holder locks a node while it is a tombstone (no state lock taken)."""
+        node = data.draw(st.sampled_from(self.tombstones()))
+        lock = self.cache.inc_lock_ref(node)
+        assert not lock.took_mamba
+        self.extra.append((lock, path_tokens(node)))
+        event("tombstone locked")
+
+    @precondition(lambda self: self.cache is not None and self.tombstones())
+    @rule(data=st.data())
+    def revive(self, data: st.DataObject) -> None:
+        """A request finishing exactly at a tombstone: the node takes its state (revival)."""
+        key = path_tokens(data.draw(st.sampled_from(self.tombstones())))
+        owner = new_owner()
+        slot = self.alloc_slot(owner)
+        if slot is None:
+            return
+        kv = self.alloc_kv(len(key), owner)
+        if kv is None:
+            self.pool.free(slot, owner)
+            return
+        write_tag(self.pool, slot, next(_tags))
+        if self.insert(owner, key, kv, 0, slot).mamba_adopted and key in self.model.pages:
+            event("revived")
+
+    @rule(data=st.data())
+    def cow_into_held_slot(self, data: st.DataObject) -> None:
+        """A waiting request that kept its COW slot from an earlier round re-matches into the same slot."""
+        owner = new_owner()
+        slot = self.alloc_slot(owner)
+        if slot is None:
+            return
+        key = self.draw_key(data)
+        expect_len = self.model.longest_state(key)
+        expect_tag = self.model.states.get(key[:expect_len])
+        m = self.cache.match_prefix(key, cow_owner=owner, cow_slot=slot)
+        self.check_match(key, m)
+        if expect_len:
+            assert m.cow_slot is not None and read_tag(self.pool, slot) == expect_tag
+        else:
+            assert m.cow_slot is None
+        self.pool.free(slot, owner)
+
+
+class PlainPage1(CacheMachine):
+    PAGE_SIZES = (1,)
+
+
+class PlainPaged(CacheMachine):
+    PAGE_SIZES = (2, 4)
+
+
+class MambaPage1(MambaMachine):
+    PAGE_SIZES = (1,)
+
+
+class MambaPaged(MambaMachine):
+    PAGE_SIZES = (2,)
+
+
+TestPlainPage1 = PlainPage1.TestCase
+TestPlainPaged = PlainPaged.TestCase
+TestMambaPage1 = MambaPage1.TestCase
+TestMambaPaged = MambaPaged.TestCase

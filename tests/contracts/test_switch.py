@@ -1,0 +1,214 @@
+"""The contracts switch: ``KVLEDGER_CONTRACTS`` read once at import; ``override_ledgers`` for tests.
+
+The decorators cannot be toggled inside a process, so the on/off checks run fresh interpreters. How
+icontract marks what it decorated (checked against icontract 2.7.3): a checked function is a wrapper
+carrying ``__preconditions__`` / ``__postconditions__`` / ``__postcondition_snapshots__`` lists, and a
+class with invariants carries ``__invariants__``; with ``enabled=False`` the decorator returns its
+argument unchanged, so none of these attributes exist.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvledger.contracts import switch
+from kvledger.contracts.ledger import Ledger, NullLedger
+from kvledger.contracts.switch import ENV_VAR, ledgers_enabled, override_ledgers
+from kvledger.reference.pools import TokenToKVPoolAllocator
+
+REPO = Path(__file__).resolve().parents[2]
+
+PROBE = textwrap.dedent(
+    """
+    import json, torch
+    from kvledger.contracts import arith, switch
+    from kvledger.contracts.errors import ContractViolation
+    from kvledger.contracts.ledger import Ledger
+    from kvledger.contracts.owners import Owner, REQ_RUNNING
+    from kvledger.reference.pools import (
+        MambaPool, PagedTokenToKVPoolAllocator, ReqToTokenPool, TokenToKVPoolAllocator)
+    import kvledger.kernels
+
+    def marks(f):
+        return sorted(a for a in ("__preconditions__", "__postconditions__", "__postcondition_snapshots__")
+                      if hasattr(f, a))
+
+    def raises(call):
+        try:
+            call()
+        except ContractViolation:
+            return True
+        return False
+
+    owner = Owner("req", 1, REQ_RUNNING)
+    mamba = MambaPool(2, num_layers=1, conv_state_shape=(1,), temporal_state_shape=(1,))
+    slot = mamba.alloc(1, owner)
+    mamba.conv_state[:, slot] = 1.0
+    mamba.free(slot, owner)
+    kvledger.kernels.zero_slots = lambda state, slots: None  # alloc's postcondition must notice
+    pools = {
+        "token": TokenToKVPoolAllocator(4),
+        "paged": PagedTokenToKVPoolAllocator(8, 4),
+        "req": ReqToTokenPool(2, 4),
+        "mamba": mamba,
+    }
+    with switch.override_ledgers(True):
+        forced = TokenToKVPoolAllocator(4)
+    ids = forced.alloc(2, owner)
+    print(json.dumps({
+        "enabled": switch.ENABLED,
+        "ledgers_enabled": switch.ledgers_enabled(),
+        "marks": {
+            "arith.pages_needed": marks(arith.pages_needed),
+            "arith.matched_prefix_len": marks(arith.matched_prefix_len),
+            "TokenToKVPoolAllocator.alloc": marks(TokenToKVPoolAllocator.alloc),
+            "PagedTokenToKVPoolAllocator.free": marks(PagedTokenToKVPoolAllocator.free),
+            "MambaPool.copy_from": marks(MambaPool.copy_from),
+            "Ledger.transfer": marks(Ledger.transfer),
+        },
+        "invariants": {
+            c.__name__: hasattr(c, "__invariants__")
+            for c in (TokenToKVPoolAllocator, PagedTokenToKVPoolAllocator, ReqToTokenPool, MambaPool, Ledger)
+        },
+        "ledgers": {k: type(p.ledger).__name__ for k, p in pools.items()},
+        "forced_ledger": type(forced.ledger).__name__,
+        "precondition_fires": raises(lambda: arith.pages_needed(-1, 4)),
+        "postcondition_fires": raises(lambda: mamba.alloc(2, owner)),
+        "ledger_check_fires": raises(lambda: forced._free_unchecked(ids, Owner("req", 2, REQ_RUNNING))),
+    }))
+    """
+)
+
+# Every checked callable carries all three lists (empty ones included); an unchecked one carries none.
+ICONTRACT_MARKS = ["__postcondition_snapshots__", "__postconditions__", "__preconditions__"]
+MARKED = {
+    name: ICONTRACT_MARKS
+    for name in (
+        "arith.pages_needed",
+        "arith.matched_prefix_len",
+        "TokenToKVPoolAllocator.alloc",
+        "PagedTokenToKVPoolAllocator.free",
+        "MambaPool.copy_from",
+        "Ledger.transfer",
+    )
+}
+
+
+def run_probe(value: str | None, code: str = PROBE) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
+    if value is not None:
+        env[ENV_VAR] = value
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def probe(value: str | None) -> dict[str, Any]:
+    done = run_probe(value)
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+@pytest.mark.slow
+def test_contracts_on() -> None:
+    result = probe("1")
+    assert result["enabled"] is True and result["ledgers_enabled"] is True
+    assert result["marks"] == MARKED
+    assert all(result["invariants"].values()), result["invariants"]
+    assert set(result["ledgers"].values()) == {"Ledger"}
+    assert result["precondition_fires"] is True
+    assert result["postcondition_fires"] is True
+    assert result["ledger_check_fires"] is True
+
+
+@pytest.mark.slow
+def test_contracts_off() -> None:
+    result = probe("0")
+    assert result["enabled"] is False and result["ledgers_enabled"] is False
+    assert result["marks"] == {name: [] for name in MARKED}, "icontract left a wrapper behind"
+    assert not any(result["invariants"].values()), result["invariants"]
+    assert set(result["ledgers"].values()) == {"NullLedger"}
+    assert result["precondition_fires"] is False  # pages_needed(-1, 4) just computes
+    assert result["postcondition_fires"] is False  # the dirty slot is handed out unnoticed
+    # override_ledgers(True) still gives a real ledger, and the ledger checks transfers by itself
+    assert result["forced_ledger"] == "Ledger"
+    assert result["ledger_check_fires"] is True
+
+
+@pytest.mark.slow
+def test_unset_means_on() -> None:
+    result = probe(None)
+    assert result["enabled"] is True and result["marks"] == MARKED
+
+
+@pytest.mark.parametrize("value", ["maybe", "2", "enabled"])
+def test_invalid_value_fails_loudly(value: str) -> None:
+    done = run_probe(value, "import kvledger.contracts.switch")
+    assert done.returncode != 0
+    assert f"{ENV_VAR} must be 0 or 1, got {value!r}" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, True),
+        ("1", True),
+        ("true", True),
+        (" On ", True),
+        ("yes", True),
+        ("0", False),
+        ("FALSE", False),
+        ("off", False),
+        ("no", False),
+    ],
+)
+def test_read_env(value: str | None, expected: bool) -> None:
+    assert switch._read_env(value) is expected
+
+
+@pytest.mark.parametrize("value", ["maybe", "", "10", "onn"])
+def test_read_env_refuses_anything_else(value: str) -> None:
+    with pytest.raises(ValueError, match=ENV_VAR):
+        switch._read_env(value)
+
+
+# ---------------------------------------------------------------------- override_ledgers, in process
+def test_override_ledgers_applies_to_pools_built_inside() -> None:
+    outside = ledgers_enabled()
+    with override_ledgers(False):
+        assert ledgers_enabled() is False
+        off = TokenToKVPoolAllocator(4)
+        with override_ledgers(True):
+            on = TokenToKVPoolAllocator(4)
+        assert ledgers_enabled() is False
+    assert ledgers_enabled() is outside
+    assert isinstance(off.ledger, NullLedger) and isinstance(on.ledger, Ledger)
+    assert isinstance(TokenToKVPoolAllocator(4).ledger, Ledger if outside else NullLedger)
+
+
+def test_override_ledgers_restores_after_an_exception() -> None:
+    outside = ledgers_enabled()
+    with pytest.raises(RuntimeError), override_ledgers(not outside):
+        raise RuntimeError("boom")
+    assert ledgers_enabled() is outside
+
+
+def test_override_ledgers_does_not_redecorate() -> None:
+    """The decorators keep the state they got at import, whatever the override says."""
+    with override_ledgers(not switch.ENABLED):
+        assert hasattr(TokenToKVPoolAllocator.alloc, "__postconditions__") is switch.ENABLED

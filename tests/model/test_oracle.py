@@ -1,0 +1,139 @@
+"""The tiny hybrid model as an end-to-end oracle.
+
+* Pooled and alone runs agree token for token (the model is batch- and chunk-invariant by design).
+* Inside the scheduler state machine (cache on and off, chunking, retraction, overlap, aborts of
+  other requests), every finished request's output equals the same request run alone.
+* Three deliberate data faults are each caught: skipping the copy-on-write copy, using a tombstone's
+  (missing, stale) state, reading a freed and poisoned slot. With contracts on, the fault is caught by
+  the oracle or by the contract that guards it; in a process with ``KVLEDGER_CONTRACTS=0`` and the
+  read checks off, by the oracle alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import initialize
+
+from kvledger.contracts import switch
+from kvledger.reference.model import generate_alone
+from kvledger.reference.scheduler import ReqState
+from tests.model.faults import run_fault
+from tests.scheduler.harness import MODEL_WEIGHTS, Setup, build, model_expected_output
+from tests.scheduler.test_scheduler_machine import SchedulerMachine
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_generate_alone_is_deterministic_and_prompt_dependent() -> None:
+    a = generate_alone(MODEL_WEIGHTS, [1, 2, 3, 4], 8)
+    assert a == generate_alone(MODEL_WEIGHTS, [1, 2, 3, 4], 8)
+    assert len(a) == 8
+    assert a != generate_alone(MODEL_WEIGHTS, [1, 2, 3, 5], 8)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("tree", ["mamba_radix", "none"])
+def test_pooled_runs_match_alone_runs(tree: str, overlap: bool) -> None:
+    sched = build(Setup(tree=tree, hybrid=True, model=True, kv_tokens=160, rows=3, mamba_slots=6, chunk=8,
+                        max_prefill=32, overlap=overlap, max_context_len=96))
+    prefix = list(range(10, 30))
+    prompts = {0: prefix, 1: [*prefix, 5, 6], 2: [*prefix[:12], 7], 3: [1, 2], 4: [*prefix, 9]}
+    for rid, p in prompts.items():
+        sched.add_request(rid, p, 5)
+    sched.run_until_idle(500)
+    for rid, p in prompts.items():
+        assert sched.requests[rid].output_ids == model_expected_output(p, 5), rid
+    if tree == "mamba_radix":
+        assert sched.stats.cached_prompt_tokens > 0  # the cache was used, states were copied
+
+
+@st.composite
+def model_setups(draw: st.DrawFn) -> Setup:
+    tree = draw(st.sampled_from(["mamba_radix", "none"]))
+    return Setup(
+        page_size=1,
+        tree=tree,
+        hybrid=True,
+        model=True,
+        kv_tokens=draw(st.integers(64, 160)),
+        rows=draw(st.integers(1, 4)),
+        mamba_slots=draw(st.integers(2, 6)),
+        max_running=draw(st.integers(1, 4)),
+        chunk=draw(st.sampled_from([None, 8])),
+        max_prefill=draw(st.sampled_from([16, 32])),
+        overlap=draw(st.booleans()),
+        cow_release_policy=draw(st.sampled_from(["if_not_appended", "keep"])),
+        max_context_len=96,
+    )
+
+
+class ModelOracleMachine(SchedulerMachine):
+    """The scheduler machine with the tiny model: the teardown compares against ``generate_alone``."""
+
+    @initialize(setup=model_setups())
+    def init(self, setup: Setup) -> None:  # type: ignore[override]
+        self.setup = setup
+        self.sched = build(setup)
+        self.next_rid = 0
+
+    def teardown(self) -> None:
+        sched = getattr(self, "sched", None)
+        if sched is None:
+            return
+        sched.faults.pending.clear()
+        sched.run_until_idle(max_steps=5000)
+        sched.accounting.check_quiescent()
+        for req in sched.requests.values():
+            assert req.state.is_done and req.finish_reason
+            if req.state is ReqState.FINISHED:
+                assert req.output_ids == model_expected_output(req.origin_input_ids, req.max_new_tokens), req
+
+
+TestModelOracleMachine = ModelOracleMachine.TestCase
+# The model costs ~1 ms per token with contracts on: fewer, shorter runs than the hash-runner machine.
+TestModelOracleMachine.settings = settings(max_examples=30, stateful_step_count=25)
+
+
+def test_no_fault_no_mismatch() -> None:
+    assert run_fault("none") == {"fault": "none", "mismatched": [], "caught": None}
+
+
+def test_skipped_cow_copy_is_caught_by_the_oracle() -> None:
+    result = run_fault("skip_cow_copy")
+    assert result["mismatched"], result  # no counting contract can see a copy that never happened
+
+
+@pytest.mark.skipif(not switch.ENABLED, reason="contracts are off")
+def test_stale_tombstone_state_is_caught_by_match_state_contract() -> None:
+    result = run_fault("stale_tombstone_state")
+    assert result["caught"] and "mamba_radix_cache.py" in result["caught"], result
+
+
+@pytest.mark.skipif(not switch.ENABLED, reason="contracts are off")
+def test_poisoned_slot_read_is_caught_by_the_read_contract() -> None:
+    result = run_fault("read_poisoned_slot")
+    assert result["caught"] and "I-NO-POISON-READ" in result["caught"], result
+
+
+def _run_with_contracts_off(fault: str) -> dict[str, object]:
+    env = dict(os.environ, KVLEDGER_CONTRACTS="0", PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-m", "tests.model.faults", fault, "--no-integrity"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, check=True, timeout=300).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("fault", ["none", "skip_cow_copy", "stale_tombstone_state", "read_poisoned_slot"])
+def test_oracle_alone_catches_each_fault_with_contracts_off(fault: str) -> None:
+    result = _run_with_contracts_off(fault)
+    if fault == "none":
+        assert result["mismatched"] == [] and result["caught"] is None, result
+    else:
+        assert result["mismatched"], result

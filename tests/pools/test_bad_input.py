@@ -1,0 +1,450 @@
+"""Bad input is an operating error: a typed :class:`KVLedgerError`, and the pool and ledger unchanged.
+
+Table-driven: every case builds a pool in a known busy state (owner ``a`` and owner ``b`` hold ids, some
+ids are free), snapshots it (free list, state mask, free-group buffer, ledger owner table, holdings,
+account counts, step counter, tensor contents), makes one bad call, and compares the snapshot.
+
+Pools are built with ledgers on (``override_ledgers(True)``) whatever ``KVLEDGER_CONTRACTS`` says, so a
+foreign free is detectable; the double-free tests also run with ledgers off.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import torch
+
+from kvledger.contracts.errors import (
+    DoubleFree,
+    DuplicateIds,
+    ForeignSlot,
+    FreeGroupError,
+    InvalidArgument,
+    KVLedgerError,
+    SlotOutOfRange,
+    StaleSnapshot,
+)
+from kvledger.contracts.ledger import Ledger, NullLedger
+from kvledger.contracts.owners import REQ_RUNNING, REQ_WAITING, Owner
+from kvledger.contracts.switch import override_ledgers
+from kvledger.reference.pools import (
+    MambaPool,
+    PagedTokenToKVPoolAllocator,
+    ReqToTokenPool,
+    TokenToKVPoolAllocator,
+)
+
+from ._helpers import expect_rejected, id_list_of, snapshot
+
+PAGE = 4
+
+
+@dataclass
+class Scene:
+    """A pool in a busy state. ``*_ids`` are what ``free`` takes (token ids for the paged pool)."""
+
+    pool: Any
+    a: Owner
+    b: Owner
+    a_ids: list[int]
+    b_ids: list[int]
+    free_ids: list[int]
+    reserved: list[int] = field(default_factory=list)  # ids below the domain (slot 0, page 0's tokens)
+    beyond: list[int] = field(default_factory=list)  # ids above the domain
+
+
+def _ids(t: Any) -> list[int]:
+    return t if isinstance(t, list) else t.tolist()
+
+
+def _free_of(pool: Any) -> list[int]:
+    return id_list_of(pool).free.tolist()
+
+
+def token_scene(ledgers: bool = True) -> Scene:
+    with override_ledgers(ledgers):
+        pool = TokenToKVPoolAllocator(8)
+    a, b = Owner("req", 1, REQ_RUNNING), Owner("req", 2, REQ_WAITING)
+    a_ids, b_ids = _ids(pool.alloc(3, a)), _ids(pool.alloc(2, b))
+    return Scene(pool, a, b, a_ids, b_ids, _free_of(pool), reserved=[0], beyond=[9, 10**6])
+
+
+def req_scene(ledgers: bool = True) -> Scene:
+    with override_ledgers(ledgers):
+        pool = ReqToTokenPool(5, 8)
+    a, b = Owner("req", 1, REQ_RUNNING), Owner("req", 2, REQ_WAITING)
+    a_ids, b_ids = _ids(pool.alloc(2, a)), _ids(pool.alloc(1, b))
+    pool.write(a_ids[0], 0, torch.tensor([11, 12, 13]))
+    return Scene(pool, a, b, a_ids, b_ids, _free_of(pool), reserved=[], beyond=[5, 99])
+
+
+def mamba_scene(ledgers: bool = True) -> Scene:
+    with override_ledgers(ledgers):
+        pool = MambaPool(6, num_layers=2, conv_state_shape=(3,), temporal_state_shape=(2, 2))
+    a, b = Owner("req", 1, REQ_RUNNING), Owner("req", 2, REQ_WAITING)
+    a_ids, b_ids = _ids(pool.alloc(2, a)), _ids(pool.alloc(2, b))
+    for i, slot in enumerate(a_ids + b_ids):
+        pool.conv_state[:, slot] = float(i + 1)
+        pool.temporal_state[:, slot] = -float(i + 1)
+    return Scene(pool, a, b, a_ids, b_ids, _free_of(pool), reserved=[0], beyond=[7, 10**6])
+
+
+def paged_scene(ledgers: bool = True) -> Scene:
+    with override_ledgers(ledgers):
+        pool = PagedTokenToKVPoolAllocator(6 * PAGE, PAGE)
+    a, b = Owner("req", 1, REQ_RUNNING), Owner("req", 2, REQ_WAITING)
+    a_tokens = _ids(pool.alloc(2 * PAGE, a))
+    b_tokens = _ids(pool.alloc(PAGE, b))
+    free_tokens = [p * PAGE for p in _free_of(pool)]
+    return Scene(
+        pool,
+        a,
+        b,
+        a_tokens,
+        b_tokens,
+        free_tokens,
+        reserved=list(range(PAGE)),
+        beyond=[7 * PAGE, 7 * PAGE + 1],
+    )
+
+
+SCENES: dict[str, Callable[..., Scene]] = {
+    "token": token_scene,
+    "paged": paged_scene,
+    "req": req_scene,
+    "mamba": mamba_scene,
+}
+
+Case = tuple[type[KVLedgerError], Callable[[Scene], object]]
+
+
+def _free(s: Scene, ids: Any, owner: Owner | None = None) -> Callable[[], object]:
+    return lambda: s.pool.free(ids, owner or s.a)
+
+
+# Bad calls every pool's free/alloc must refuse. Each makes exactly one thing wrong; where a valid id of
+# the owner rides along, the call must still change nothing (no partial free).
+COMMON: dict[str, Case] = {
+    "free an id that is free": (DoubleFree, lambda s: s.pool.free([s.free_ids[0]], s.a)),
+    "free own ids plus a free one": (DoubleFree, lambda s: s.pool.free([*s.a_ids[:1], s.free_ids[-1]], s.a)),
+    "free another owner's id": (ForeignSlot, lambda s: s.pool.free(s.b_ids[:1], s.a)),
+    "free own ids plus a foreign one": (ForeignSlot, lambda s: s.pool.free([s.a_ids[0], s.b_ids[-1]], s.a)),
+    "free id past the end": (SlotOutOfRange, lambda s: s.pool.free([s.beyond[0]], s.a)),
+    "free a huge id": (SlotOutOfRange, lambda s: s.pool.free(torch.tensor([s.beyond[-1]]), s.a)),
+    "free a negative id": (SlotOutOfRange, lambda s: s.pool.free(torch.tensor([s.a_ids[0], -1]), s.a)),
+    "free float tensor": (
+        InvalidArgument,
+        lambda s: s.pool.free(torch.tensor(s.a_ids, dtype=torch.float32), s.a),
+    ),
+    "free float64 tensor": (
+        InvalidArgument,
+        lambda s: s.pool.free(torch.tensor(s.a_ids, dtype=torch.float64), s.a),
+    ),
+    "free bool tensor": (InvalidArgument, lambda s: s.pool.free(torch.ones(1, dtype=torch.bool), s.a)),
+    "free uint8 tensor": (
+        InvalidArgument,
+        lambda s: s.pool.free(torch.tensor(s.a_ids, dtype=torch.uint8), s.a),
+    ),
+    "free int16 tensor": (
+        InvalidArgument,
+        lambda s: s.pool.free(torch.tensor(s.a_ids, dtype=torch.int16), s.a),
+    ),
+    "free 2-D tensor": (InvalidArgument, lambda s: s.pool.free(torch.tensor([s.a_ids]), s.a)),
+    "free on the wrong device": (
+        InvalidArgument,
+        lambda s: s.pool.free(torch.tensor(s.a_ids, device="meta"), s.a),
+    ),
+    "free a Python float": (InvalidArgument, lambda s: s.pool.free(float(s.a_ids[0]), s.a)),
+    "free a list with a float": (InvalidArgument, lambda s: s.pool.free([s.a_ids[0], 1.0], s.a)),
+    "free a bool": (InvalidArgument, lambda s: s.pool.free(True, s.a)),
+    "free a string": (InvalidArgument, lambda s: s.pool.free("1", s.a)),
+    "alloc a negative count": (InvalidArgument, lambda s: s.pool.alloc(-1, s.a)),
+    "alloc a float count": (InvalidArgument, lambda s: s.pool.alloc(1.0, s.a)),
+    "alloc a bool count": (InvalidArgument, lambda s: s.pool.alloc(True, s.a)),
+    "alloc a str count": (InvalidArgument, lambda s: s.pool.alloc("2", s.a)),
+}
+
+RESERVED: dict[str, Case] = {
+    "free the reserved id": (SlotOutOfRange, lambda s: s.pool.free([s.reserved[0]], s.a)),
+    "free own ids plus the reserved id": (
+        SlotOutOfRange,
+        lambda s: s.pool.free([*s.a_ids, s.reserved[-1]], s.a),
+    ),
+}
+
+ID_POOLS: dict[str, Case] = {  # pools whose ids are not tokens of pages: a repeat is an error
+    "free a repeated id": (DuplicateIds, lambda s: s.pool.free([s.a_ids[0], s.a_ids[0]], s.a)),
+    "free int32 ids with a repeat": (
+        DuplicateIds,
+        lambda s: s.pool.free(torch.tensor([*s.a_ids, s.a_ids[-1]], dtype=torch.int32), s.a),
+    ),
+}
+
+GROUPS: dict[str, Case] = {
+    "free_group_end without begin": (FreeGroupError, lambda s: s.pool.free_group_end()),
+}
+
+PAGED: dict[str, Case] = {
+    "alloc not a page multiple": (InvalidArgument, lambda s: s.pool.alloc(PAGE + 1, s.a)),
+    "free a token of a free page": (DoubleFree, lambda s: s.pool.free([s.free_ids[0] + PAGE - 1], s.a)),
+    "free a token of a foreign page": (ForeignSlot, lambda s: s.pool.free([s.a_ids[0], s.b_ids[1]], s.a)),
+    "free a token just past the last page": (SlotOutOfRange, lambda s: s.pool.free([7 * PAGE], s.a)),
+    "alloc_extend lengths differ": (InvalidArgument, lambda s: s.pool.alloc_extend([0], [1, 1], [-1], [s.a])),
+    "alloc_extend prefix > seq": (InvalidArgument, lambda s: s.pool.alloc_extend([5], [4], [-1], [s.a])),
+    "alloc_extend negative seq_len": (InvalidArgument, lambda s: s.pool.alloc_extend([0], [-4], [-1], [s.a])),
+    "alloc_extend last_loc at the wrong offset": (
+        InvalidArgument,
+        lambda s: s.pool.alloc_extend([1], [3], [s.a_ids[1]], [s.a]),  # prefix 1 ends at offset 0, not 1
+    ),
+    "alloc_extend last_loc in a free page": (
+        InvalidArgument,
+        lambda s: s.pool.alloc_extend([1], [3], [s.free_ids[0]], [s.a]),
+    ),
+    "alloc_extend last_loc in a foreign page": (
+        ForeignSlot,
+        lambda s: s.pool.alloc_extend([1], [3], [s.b_ids[0]], [s.a]),
+    ),
+    "alloc_extend last_loc outside the pool": (
+        InvalidArgument,
+        lambda s: s.pool.alloc_extend([1], [3], [0], [s.a]),
+    ),
+    "alloc_extend last_loc not an int": (
+        InvalidArgument,
+        lambda s: s.pool.alloc_extend([1], [3], [float(s.a_ids[0])], [s.a]),
+    ),
+    "alloc_extend valid request then a bad one": (
+        ForeignSlot,
+        lambda s: s.pool.alloc_extend([0, 1], [PAGE, 2], [-1, s.b_ids[0]], [s.b, s.a]),
+    ),
+    "alloc_decode seq_len 0": (InvalidArgument, lambda s: s.pool.alloc_decode([0], [0], [s.a])),
+    "alloc_decode lengths differ": (InvalidArgument, lambda s: s.pool.alloc_decode([2], [0, 0], [s.a])),
+    "alloc_decode last_loc in a foreign page": (
+        ForeignSlot,
+        lambda s: s.pool.alloc_decode([2], [s.b_ids[0]], [s.a]),
+    ),
+    "alloc_decode valid request then a bad one": (
+        InvalidArgument,
+        lambda s: s.pool.alloc_decode([1, 2], [0, s.free_ids[0]], [s.b, s.a]),
+    ),
+}
+
+REQ: dict[str, Case] = {
+    "write to a free row": (InvalidArgument, lambda s: s.pool.write(s.free_ids[0], 0, torch.tensor([1]))),
+    "write to a row past the end": (InvalidArgument, lambda s: s.pool.write(5, 0, torch.tensor([1]))),
+    "write at a negative start": (InvalidArgument, lambda s: s.pool.write(s.a_ids[0], -1, torch.tensor([1]))),
+    "write past max_context_len": (
+        InvalidArgument,
+        lambda s: s.pool.write(s.a_ids[0], 6, torch.tensor([1, 2, 3])),
+    ),
+    "write float ids": (InvalidArgument, lambda s: s.pool.write(s.a_ids[0], 0, torch.tensor([1.5, 2.5]))),
+    "write bool ids": (InvalidArgument, lambda s: s.pool.write(s.a_ids[0], 0, torch.tensor([True]))),
+    "write ids on the wrong device": (
+        InvalidArgument,
+        lambda s: s.pool.write(s.a_ids[0], 0, torch.tensor([1], device="meta")),
+    ),
+    "write a bool row": (InvalidArgument, lambda s: s.pool.write(True, 0, torch.tensor([1]))),
+}
+
+MAMBA: dict[str, Case] = {
+    "copy_from a free source": (InvalidArgument, lambda s: s.pool.copy_from(s.free_ids[0], s.a_ids[0])),
+    "copy_from into a free slot": (InvalidArgument, lambda s: s.pool.copy_from(s.a_ids[0], s.free_ids[0])),
+    "copy_from slot 0": (SlotOutOfRange, lambda s: s.pool.copy_from(0, s.a_ids[0])),
+    "copy_from past the end": (SlotOutOfRange, lambda s: s.pool.copy_from(s.a_ids[0], 7)),
+    "copy_from length mismatch": (InvalidArgument, lambda s: s.pool.copy_from(s.a_ids[:1], s.b_ids)),
+    "copy_from float index": (InvalidArgument, lambda s: s.pool.copy_from(torch.tensor([1.0]), s.b_ids[:1])),
+    "fork_from two sources": (InvalidArgument, lambda s: s.pool.fork_from(s.a_ids, s.b)),
+    "fork_from a free slot": (InvalidArgument, lambda s: s.pool.fork_from(s.free_ids[0], s.b)),
+    "fork_from slot 0": (SlotOutOfRange, lambda s: s.pool.fork_from(0, s.b)),
+}
+
+TABLE: list[tuple[str, str, Case]] = [
+    *((pool, name, case) for pool in SCENES for name, case in COMMON.items()),
+    *((pool, name, case) for pool in ("token", "paged", "mamba") for name, case in RESERVED.items()),
+    *((pool, name, case) for pool in ("token", "req", "mamba") for name, case in ID_POOLS.items()),
+    *((pool, name, case) for pool in ("token", "paged", "mamba") for name, case in GROUPS.items()),
+    *(("paged", name, case) for name, case in PAGED.items()),
+    *(("req", name, case) for name, case in REQ.items()),
+    *(("mamba", name, case) for name, case in MAMBA.items()),
+]
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"\W+", "_", text).strip("_")
+
+
+@pytest.mark.parametrize(("pool_kind", "what", "case"), TABLE, ids=[f"{p}-{_slug(w)}" for p, w, _ in TABLE])
+def test_bad_call_is_typed_and_changes_nothing(pool_kind: str, what: str, case: Case) -> None:
+    scene = SCENES[pool_kind]()
+    error, call = case
+    expect_rejected(scene.pool, error, lambda: call(scene), what)
+    scene.pool.audit()
+
+
+# ---------------------------------------------------------------------- double free, every pool
+@pytest.mark.parametrize("ledgers", [True, False], ids=["ledger", "null-ledger"])
+@pytest.mark.parametrize("pool_kind", sorted(SCENES))
+def test_double_free_is_refused(pool_kind: str, ledgers: bool) -> None:
+    """Free, free again: DoubleFree, and the pool is as after the first free (with or without a ledger)."""
+    scene = SCENES[pool_kind](ledgers)
+    assert isinstance(scene.pool.ledger, Ledger if ledgers else NullLedger)
+    available = scene.pool.available_size()
+    scene.pool.free(scene.a_ids, scene.a)
+    after_first = scene.pool.available_size()
+    assert after_first > available
+    err = expect_rejected(
+        scene.pool, DoubleFree, lambda: scene.pool.free(scene.a_ids, scene.a), "second free"
+    )
+    assert "I-NODUP-FREE" in str(err)
+    assert scene.pool.available_size() == after_first
+    scene.pool.audit()
+
+
+@pytest.mark.parametrize("pool_kind", ["token", "paged", "mamba"])
+def test_double_free_inside_a_free_group(pool_kind: str) -> None:
+    """An id freed inside an open group is pending, not free: freeing it again is still a double free."""
+    scene = SCENES[pool_kind]()
+    scene.pool.free_group_begin()
+    scene.pool.free(scene.a_ids[:1], scene.a)
+    err = expect_rejected(
+        scene.pool, DoubleFree, lambda: scene.pool.free(scene.a_ids[:1], scene.a), "pending"
+    )
+    assert "pending" in str(err)
+    scene.pool.free_group_end()
+    expect_rejected(
+        scene.pool, DoubleFree, lambda: scene.pool.free(scene.a_ids[:1], scene.a), "after the group"
+    )
+    scene.pool.audit()
+
+
+@pytest.mark.parametrize("size", [1024])
+def test_sglang_double_free_scenario(size: int) -> None:
+    """SGLang's allocator reports 1026 free slots of 1024 after alloc(2), free, free; here the second free
+    is refused and available_size() stays what the first free left (the whole pool)."""
+    with override_ledgers(True):
+        pool = TokenToKVPoolAllocator(size)
+    req = Owner("req", 0, REQ_RUNNING)
+    ids = pool.alloc(2, req)
+    assert ids is not None
+    pool.free(ids, req)
+    assert pool.available_size() == size
+    before = snapshot(pool)
+    with pytest.raises(DoubleFree):
+        pool.free(ids, req)
+    before.assert_same(snapshot(pool), "the second free")
+    assert pool.available_size() == size  # not size + 2
+    assert pool.ledger.account_sizes() == {"free": size}
+    pool.audit()
+
+
+# ---------------------------------------------------------------------- group / backup misuse
+def test_nested_free_group_begin() -> None:
+    scene = token_scene()
+    scene.pool.free_group_begin()
+    expect_rejected(scene.pool, FreeGroupError, scene.pool.free_group_begin, "nested begin")
+    expect_rejected(scene.pool, FreeGroupError, scene.pool.backup_state, "backup inside a group")
+
+
+@pytest.mark.parametrize("pool_kind", ["token", "paged"])
+def test_restore_misuse(pool_kind: str) -> None:
+    scene = SCENES[pool_kind]()
+    pool = scene.pool
+    snap = pool.backup_state()
+    pool.free(scene.a_ids, scene.a)  # freed after the backup: restoring would take them back from nobody
+    expect_rejected(pool, StaleSnapshot, lambda: pool.restore_state(snap), "stale snapshot")
+    other = SCENES[pool_kind]().pool
+    expect_rejected(pool, StaleSnapshot, lambda: pool.restore_state(other.backup_state()), "foreign snapshot")
+    fresh = pool.backup_state()
+    pool.free_group_begin()
+    expect_rejected(pool, FreeGroupError, lambda: pool.restore_state(fresh), "restore inside a group")
+
+
+# ---------------------------------------------------------------------- bugs found writing this suite
+# Each test below pins a bug in kvledger/ found while writing this suite. Those marked BUG fail until the
+# fix described in the docstring is applied; the others are regression tests for fixed ones.
+def test_copy_from_a_slot_onto_itself_is_a_typed_error() -> None:
+    """Was: ``MambaPool.copy_from(s, s)`` leaked the kernels' plain ValueError (not a KVLedgerError)."""
+    scene = mamba_scene()
+    slot = scene.a_ids[0]
+    expect_rejected(scene.pool, InvalidArgument, lambda: scene.pool.copy_from(slot, slot), "copy onto itself")
+
+
+def test_copy_from_a_repeated_destination_is_a_typed_error() -> None:
+    """Was: a repeated destination in ``MambaPool.copy_from`` leaked the kernels' plain ValueError."""
+    scene = mamba_scene()
+    a0, a1 = scene.a_ids
+    b0, _ = scene.b_ids
+    expect_rejected(
+        scene.pool, DuplicateIds, lambda: scene.pool.copy_from([a0, a1], [b0, b0]), "repeated dst"
+    )
+
+
+def test_write_of_ids_beyond_int32_is_a_typed_error() -> None:
+    """BUG: ``ReqToTokenPool.write`` casts int64 ids to int32 and wraps ``2**40`` to 0 (the table changes;
+    with contracts on a ContractViolation follows, with them off the wrong id stays). Fix: after
+    ``as_index_tensor``, ``check_in_range(values, 0, 2**31 - 1, self.name, "KV slot id")``."""
+    scene = req_scene()
+    row = scene.a_ids[0]
+    expect_rejected(
+        scene.pool, KVLedgerError, lambda: scene.pool.write(row, 0, torch.tensor([2**40])), "int32 overflow"
+    )
+
+
+def test_free_of_an_int_beyond_int64_is_a_typed_error() -> None:
+    """BUG: ``free([2**70])`` leaks torch's ``ValueError: Overflow when unpacking long``. Fix: in
+    ``validate.as_index_tensor`` turn the ``torch.tensor`` overflow into ``SlotOutOfRange``."""
+    scene = token_scene()
+    expect_rejected(scene.pool, SlotOutOfRange, lambda: scene.pool.free([2**70], scene.a), "int beyond int64")
+
+
+@pytest.mark.parametrize("ledgers", [True, False], ids=["ledger", "null-ledger"])
+@pytest.mark.parametrize("pool_cls", [TokenToKVPoolAllocator, ReqToTokenPool])
+def test_a_zero_size_pool_is_a_typed_error(pool_cls: type, ledgers: bool) -> None:
+    """BUG: size 0 raises a plain ValueError from the Ledger constructor with ledgers on, and builds a
+    pool with them off; MambaPool already refuses it with InvalidArgument. Fix: ``if size < 1: raise
+    InvalidArgument`` in both constructors, as MambaPool does."""
+    args: tuple[int, ...] = (0,) if pool_cls is TokenToKVPoolAllocator else (0, 8)
+    with override_ledgers(ledgers), pytest.raises(InvalidArgument):
+        pool_cls(*args)
+
+
+def test_alloc_extend_cannot_hand_one_slot_to_two_requests() -> None:
+    """BUG: two entries of one batch that continue the same partial page both get the same token slot.
+    Fix: in ``alloc_extend`` (entries with ``fill > 0``) and ``alloc_decode`` (entries that open no page)
+    refuse a batch in which two entries name the same partial page ``last_loc // page_size``."""
+    scene = paged_scene()
+    pool = scene.pool
+    tokens = pool.alloc_extend([0], [1], [-1], [scene.a])  # a one-token sequence: a partial page
+    assert tokens is not None
+    loc = int(tokens[0])
+    expect_rejected(
+        pool,
+        InvalidArgument,
+        lambda: pool.alloc_extend([1, 1], [2, 2], [loc, loc], [scene.a, scene.a]),
+        "one partial page continued twice",
+    )
+
+
+# ---------------------------------------------------------------------- the snapshot is not vacuous
+SNAPSHOT_CHANGES: dict[str, tuple[str, Callable[[Scene], object]]] = {
+    "a valid free": ("token", lambda s: s.pool.free(s.a_ids[:1], s.a)),
+    "a valid alloc": ("paged", lambda s: s.pool.alloc(PAGE, s.b)),
+    "a retag (ledger counts and log only)": ("token", lambda s: s.a.set_account(REQ_WAITING, "retract")),
+    "a free group opening": ("mamba", lambda s: s.pool.free_group_begin()),
+    "a row write (contents only)": ("req", lambda s: s.pool.write(s.a_ids[1], 0, torch.tensor([5]))),
+    "a state write (contents only)": ("mamba", lambda s: s.pool.conv_state.__setitem__((0, s.a_ids[0]), 9.0)),
+}
+
+
+@pytest.mark.parametrize("what", sorted(SNAPSHOT_CHANGES))
+def test_snapshot_notices_the_change(what: str) -> None:
+    """Guard for every test above: a snapshot comparison fails when anything a bad call could touch moved."""
+    pool_kind, change = SNAPSHOT_CHANGES[what]
+    scene = SCENES[pool_kind]()
+    before = snapshot(scene.pool)
+    change(scene)
+    with pytest.raises(AssertionError):
+        before.assert_same(snapshot(scene.pool))
