@@ -34,6 +34,8 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--overlap", action="store_true", help="process results one step late (overlap scheduler)")
     m.add_argument("--no-radix-cache", action="store_true")
     m.add_argument("--no-mamba", action="store_true", help="attention-only model: no Mamba pool")
+    m.add_argument("--model", choices=["hash", "tiny-hybrid"], default="hash",
+                   help="next-token source: a deterministic hash, or the tiny hybrid model over the pools")
     o = s.add_argument_group("run")
     o.add_argument("--contracts", choices=["on", "off"], default=None,
                    help="override KVLEDGER_CONTRACTS (re-executes the process with it set)")
@@ -84,6 +86,7 @@ def _simulate(ns: argparse.Namespace) -> int:
         overlap=ns.overlap,
         radix_cache=not ns.no_radix_cache,
         hybrid=not ns.no_mamba,
+        model=ns.model,
     )
     console = Console(stderr=ns.json)
     show_progress = not ns.no_progress and not ns.json

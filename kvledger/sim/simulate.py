@@ -13,7 +13,15 @@ from typing import Any
 
 from kvledger.contracts import switch
 from kvledger.contracts.errors import ContractViolation
-from kvledger.reference.pools import MambaPool, PagedTokenToKVPoolAllocator, ReqToTokenPool, TokenToKVPoolAllocator
+from kvledger.contracts.errors import InvalidArgument
+from kvledger.reference.model import TinyHybridConfig, TinyHybridRunner, TinyHybridWeights
+from kvledger.reference.pools import (
+    KVBufferPool,
+    MambaPool,
+    PagedTokenToKVPoolAllocator,
+    ReqToTokenPool,
+    TokenToKVPoolAllocator,
+)
 from kvledger.reference.scheduler import Scheduler, SchedulerConfig
 from kvledger.sim.workload import GSPWorkload
 
@@ -31,6 +39,7 @@ class SimOptions:
     radix_cache: bool = True
     hybrid: bool = True  # a Mamba pool (and the Mamba radix cache when radix_cache)
     mamba_layers: int = 2
+    model: str = "hash"  # "hash": deterministic token function; "tiny-hybrid": the tiny hybrid model
     max_steps: int = 200_000
 
 
@@ -78,9 +87,16 @@ def build_scheduler(opts: SimOptions) -> Scheduler:
         kv = PagedTokenToKVPoolAllocator(opts.kv_pool_tokens, opts.page_size)
     rows = ReqToTokenPool(opts.max_running_requests + 4, max_ctx)
     mamba = None
+    model_config = TinyHybridConfig(vocab_size=wl.vocab_size) if opts.model == "tiny-hybrid" else None
+    if opts.model == "tiny-hybrid" and not opts.hybrid:
+        raise InvalidArgument("the tiny hybrid model needs a Mamba pool (drop --no-mamba)")
     if opts.hybrid:
-        mamba = MambaPool(opts.mamba_slots, num_layers=opts.mamba_layers, conv_state_shape=(4, 8),
-                          temporal_state_shape=(4, 8))
+        mamba = MambaPool(
+            opts.mamba_slots,
+            num_layers=1 if model_config else opts.mamba_layers,
+            conv_state_shape=model_config.conv_state_shape if model_config else (4, 8),
+            temporal_state_shape=model_config.temporal_state_shape if model_config else (4, 8),
+        )
     tree: Any = None
     if opts.radix_cache:
         tree = MambaRadixCache(kv, mamba) if (opts.hybrid and mamba is not None) else RadixCache(kv)
@@ -92,7 +108,14 @@ def build_scheduler(opts: SimOptions) -> Scheduler:
         max_context_len=max_ctx,
         overlap=opts.overlap,
     )
-    return Scheduler(config, kv_allocator=kv, req_to_token_pool=rows, mamba_pool=mamba, tree=tree)
+    runner: Any = None
+    if model_config is not None:
+        kv_buffer = KVBufferPool.for_allocator(kv, num_layers=1, num_kv_heads=model_config.num_heads,
+                                               head_dim=model_config.head_dim)
+        kv.attach_kv_buffer(kv_buffer)
+        runner = TinyHybridRunner(TinyHybridWeights(model_config), kv_buffer=kv_buffer, req_to_token_pool=rows,
+                                  mamba_pool=mamba)
+    return Scheduler(config, kv_allocator=kv, req_to_token_pool=rows, mamba_pool=mamba, tree=tree, runner=runner)
 
 
 def run_simulation(opts: SimOptions, progress: Callable[[int, int], None] | None = None) -> SimResult:

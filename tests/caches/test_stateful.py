@@ -160,6 +160,8 @@ class CacheMachine(RuleBasedStateMachine):
 
     def insert(self, req_owner: Any, key: Prefix, value: torch.Tensor, protected: int, slot: Any) -> Any:
         expect_prefix = self.model.longest(key)
+        if expect_prefix > protected:
+            event("duplicates freed")
         if self.MAMBA:
             expect_adopt = bool(key) and key not in self.model.states
             res = self.cache.insert(key, value, req_owner, mamba_slot=slot, protected_len=protected)
@@ -264,6 +266,30 @@ class CacheMachine(RuleBasedStateMachine):
         if req.working is not None:
             self.pool.free(req.working, req.owner)
         self.release(req.lock)
+
+    @rule(data=st.data())
+    def insert_unmatched(self, data: st.DataObject) -> None:
+        """A request that computed its whole key without matching: every cached page is a duplicate."""
+        key = self.draw_key(data, min_pages=1)
+        self.seen.append(key)
+        owner = new_owner()
+        slot = None
+        if self.MAMBA:
+            slot = self.alloc_slot(owner)
+            if slot is None:
+                return
+            write_tag(self.pool, slot, next(_tags))
+        kv = self.alloc_kv(len(key), owner)
+        if kv is None:
+            if slot is not None:
+                self.pool.free(slot, owner)
+            return
+        free_before = self.alloc.available_size()
+        res = self.insert(owner, key, kv, 0, slot)
+        prefix = res.prefix_len if self.MAMBA else res
+        assert self.alloc.available_size() - free_before == prefix, "each duplicate freed exactly once"
+        if self.alloc.ledger.enabled:
+            assert self.alloc.ledger.held_count(owner) == 0, "duplicates not freed, or the rest not adopted"
 
     @rule(data=st.data())
     def match_only(self, data: st.DataObject) -> None:

@@ -16,7 +16,7 @@ import torch
 from kvledger import kernels
 from kvledger.contracts.errors import InvalidArgument
 from kvledger.contracts.owners import FREE, Owner
-from kvledger.contracts.switch import ensure, invariant, snapshot
+from kvledger.contracts.switch import ensure, invariant, require, snapshot
 from kvledger.reference.pools.id_free_list import HELD, IdFreeList
 from kvledger.reference.pools.validate import (
     as_index_tensor,
@@ -133,6 +133,11 @@ class MambaPool:
             for s in self.states
         ),
         "after the copy each destination's fingerprint equals its source's",
+    )
+    @require(
+        lambda self, src_index: not self._slots.ledger.enabled
+        or not bool(self.poisoned(as_index_tensor(src_index, self.device, "copy_from")).any()),
+        "I-NO-POISON-READ: a copy never reads a freed (poisoned) slot",
     )
     def copy_from(self, src_index: Any, dst_index: Any) -> None:
         """Copy the states of ``src_index`` into ``dst_index`` (every layer, conv and temporal)."""

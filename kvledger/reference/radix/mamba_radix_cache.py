@@ -272,6 +272,11 @@ class MambaRadixCache(RadixTreeBase):
         node.mamba_value = slot.clone()
         if node.mamba_lock_ref == 0:  # always true: tombstones carry no state lock (I-MAMBA-LOCK)
             self._m_evictable += 1
+        # A fresh time before joining the state list at its MRU end: a tombstone made by this insert's split
+        # is older than its just-touched child, which is already in that list (SGLang re-stamps here too).
+        self._clock += 1
+        node.last_access_time = self._clock
+        self._full_lru.move_to_mru(node)
         self._mamba_lru.push_mru(node)
 
     # ------------------------------------------------------------------ locks
