@@ -21,8 +21,13 @@ def _child(quick: bool, overlap: bool) -> dict[str, object]:
 
     workload = GSPWorkload(num_groups=2, prompts_per_group=4, output_len=16) if quick else GSPWorkload()
     result = run_simulation(SimOptions(workload=workload, overlap=overlap))
-    return {"steps": result.steps, "wall_s": result.wall_s, "steps_per_s": result.steps_per_s,
-            "violations": result.violations, "contract_checks": result.contract_checks}
+    return {
+        "steps": result.steps,
+        "wall_s": result.wall_s,
+        "steps_per_s": result.steps_per_s,
+        "violations": result.violations,
+        "contract_checks": result.contract_checks,
+    }
 
 
 def main() -> None:
@@ -36,15 +41,30 @@ def main() -> None:
         return
     figures: dict[str, dict[str, object]] = {}
     for label, flag in (("contracts_off", "0"), ("contracts_on", "1")):
-        args = [sys.executable, __file__, "--child", *(["--quick"] if ns.quick else []),
-                *(["--overlap"] if ns.overlap else [])]
-        out = subprocess.run(args, env=dict(os.environ, KVLEDGER_CONTRACTS=flag), check=True,
-                             capture_output=True, text=True).stdout
+        args = [
+            sys.executable,
+            __file__,
+            "--child",
+            *(["--quick"] if ns.quick else []),
+            *(["--overlap"] if ns.overlap else []),
+        ]
+        out = subprocess.run(
+            args, env=dict(os.environ, KVLEDGER_CONTRACTS=flag), check=True, capture_output=True, text=True
+        ).stdout
         figures[label] = json.loads(out.strip().splitlines()[-1])
     off, on = figures["contracts_off"], figures["contracts_on"]
     ratio = float(on["wall_s"]) / float(off["wall_s"]) if float(off["wall_s"]) else None  # type: ignore[arg-type]
-    print(json.dumps({"benchmark": "scheduler_steps", "quick": ns.quick, "overlap": ns.overlap, **figures,
-                      "on_off_time_ratio": round(ratio, 2) if ratio else None}))
+    print(
+        json.dumps(
+            {
+                "benchmark": "scheduler_steps",
+                "quick": ns.quick,
+                "overlap": ns.overlap,
+                **figures,
+                "on_off_time_ratio": round(ratio, 2) if ratio else None,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

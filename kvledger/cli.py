@@ -34,11 +34,19 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--overlap", action="store_true", help="process results one step late (overlap scheduler)")
     m.add_argument("--no-radix-cache", action="store_true")
     m.add_argument("--no-mamba", action="store_true", help="attention-only model: no Mamba pool")
-    m.add_argument("--model", choices=["hash", "tiny-hybrid"], default="hash",
-                   help="next-token source: a deterministic hash, or the tiny hybrid model over the pools")
+    m.add_argument(
+        "--model",
+        choices=["hash", "tiny-hybrid"],
+        default="hash",
+        help="next-token source: a deterministic hash, or the tiny hybrid model over the pools",
+    )
     o = s.add_argument_group("run")
-    o.add_argument("--contracts", choices=["on", "off"], default=None,
-                   help="override KVLEDGER_CONTRACTS (re-executes the process with it set)")
+    o.add_argument(
+        "--contracts",
+        choices=["on", "off"],
+        default=None,
+        help="override KVLEDGER_CONTRACTS (re-executes the process with it set)",
+    )
     o.add_argument("--seed", type=int, default=0)
     o.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     o.add_argument("--plot", type=Path, default=Path("out/ledger_timeline.png"), help="timeline PNG path")
@@ -91,8 +99,9 @@ def _simulate(ns: argparse.Namespace) -> int:
     console = Console(stderr=ns.json)
     show_progress = not ns.no_progress and not ns.json
     if show_progress:
-        with Progress(TextColumn("simulate"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console) as bar:
+        with Progress(
+            TextColumn("simulate"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+        ) as bar:
             task = bar.add_task("requests", total=workload.num_groups * workload.prompts_per_group)
             result = run_simulation(opts, progress=lambda done, total: bar.update(task, completed=done))
     else:

@@ -46,9 +46,9 @@ def ceil_to_page(n: int, page_size: int) -> int:
     "fill plus new pages cover the extend",
 )
 @ensure(
-    lambda prefix_len, seq_len, page_size, result: ceil_to_page(prefix_len, page_size)
-    + result[1] * page_size
-    == ceil_to_page(seq_len, page_size),
+    lambda prefix_len, seq_len, page_size, result: (
+        ceil_to_page(prefix_len, page_size) + result[1] * page_size == ceil_to_page(seq_len, page_size)
+    ),
     "after the extend the request spans exactly ceil(seq_len) tokens of pages",
 )
 def extend_page_plan(prefix_len: int, seq_len: int, page_size: int) -> tuple[int, int]:
@@ -66,7 +66,9 @@ def extend_page_plan(prefix_len: int, seq_len: int, page_size: int) -> tuple[int
 @require(lambda seq_len: seq_len >= 1)
 @require(lambda page_size: page_size >= 1)
 @ensure(
-    lambda seq_len, page_size, result: result == (pages_needed(seq_len, page_size) > pages_needed(seq_len - 1, page_size))
+    lambda seq_len, page_size, result: (
+        result == (pages_needed(seq_len, page_size) > pages_needed(seq_len - 1, page_size))
+    )
 )
 def decode_needs_new_page(seq_len: int, page_size: int) -> bool:
     """Whether growing a sequence to ``seq_len`` tokens (the new token included) opens a new page."""
@@ -90,8 +92,10 @@ def accounts_sum_to_size(parts: list[int], size: int) -> bool:
 @ensure(lambda a, b, page_size, result: result <= min(len(a), len(b)))
 @ensure(lambda a, b, page_size, result: all(a[i] == b[i] for i in range(result)))
 @ensure(
-    lambda a, b, page_size, result: result + page_size > min(len(a), len(b))
-    or any(a[i] != b[i] for i in range(result, result + page_size)),
+    lambda a, b, page_size, result: (
+        result + page_size > min(len(a), len(b))
+        or any(a[i] != b[i] for i in range(result, result + page_size))
+    ),
     "maximal: the next whole page differs or does not exist",
 )
 def matched_prefix_len(a: list[int], b: list[int], page_size: int) -> int:

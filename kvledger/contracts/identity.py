@@ -41,8 +41,12 @@ class PoolTerms:
         return self.free + self.evictable + self.protected + self.pending + sum(self.held.values())
 
     def table(self) -> str:
-        parts = [f"free={self.free}", f"pending={self.pending}", f"evictable={self.evictable}",
-                 f"protected={self.protected}"]
+        parts = [
+            f"free={self.free}",
+            f"pending={self.pending}",
+            f"evictable={self.evictable}",
+            f"protected={self.protected}",
+        ]
         parts += [f"{k}={v}" for k, v in sorted(self.held.items())]
         return f"[{self.pool}] " + " + ".join(parts) + f" = {self.total()} vs size {self.size} ({self.unit})"
 
@@ -59,12 +63,22 @@ def identity_gap(parts: list[int], size: int) -> int:
 
 def check_busy_identity(terms: PoolTerms) -> None:
     """I-COUNT with every holder term; raises ContractViolation with the full table."""
-    negative = {k: v for k, v in [("free", terms.free), ("evictable", terms.evictable),
-                                  ("protected", terms.protected), ("pending", terms.pending),
-                                  *terms.held.items()] if v < 0}
+    negative = {
+        k: v
+        for k, v in [
+            ("free", terms.free),
+            ("evictable", terms.evictable),
+            ("protected", terms.protected),
+            ("pending", terms.pending),
+            *terms.held.items(),
+        ]
+        if v < 0
+    }
     if negative:
         raise ContractViolation(f"I-CAP: negative terms {negative}: {terms.table()}")
-    gap = identity_gap([terms.free, terms.evictable, terms.protected, terms.pending, *terms.held.values()], terms.size)
+    gap = identity_gap(
+        [terms.free, terms.evictable, terms.protected, terms.pending, *terms.held.values()], terms.size
+    )
     if gap:
         kind = "counted twice (over-free)" if gap > 0 else "unaccounted (leak)"
         raise ContractViolation(f"I-COUNT: {abs(gap)} {terms.unit} {kind}: {terms.table()}")

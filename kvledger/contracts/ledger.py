@@ -172,7 +172,9 @@ class Ledger:
             )
         if len(set(id_list)) != len(id_list):
             dups = sorted(i for i, c in Counter(id_list).items() if c > 1)
-            raise ContractViolation(self.describe(dups, f"{op}: ids repeated within one transfer: {dups[:8]}"))
+            raise ContractViolation(
+                self.describe(dups, f"{op}: ids repeated within one transfer: {dups[:8]}")
+            )
         for i in id_list:
             owner[i] = dst
         src_set = self._holdings[src]
@@ -211,7 +213,9 @@ class Ledger:
         free_list = list(free_ids)
         dup_free = sorted(i for i, c in Counter(free_list).items() if c > 1)
         if dup_free:
-            raise ContractViolation(self.describe(dup_free, f"free list holds ids twice (I-NODUP-FREE): {dup_free[:8]}"))
+            raise ContractViolation(
+                self.describe(dup_free, f"free list holds ids twice (I-NODUP-FREE): {dup_free[:8]}")
+            )
         self._compare("free list", set(free_list), FREE_LIST)
         self._compare("free group", set(pending_ids), self.pending_owner)
         recount: Counter[Account] = Counter()
@@ -225,9 +229,13 @@ class Ledger:
             recount[o.account] += 1
         held_total = sum(len(s) for s in self._holdings.values())
         if held_total != self.size:
-            raise ContractViolation(f"[{self.pool}] holdings cover {held_total} ids, domain has {self.size} (I-PARTITION)")
+            raise ContractViolation(
+                f"[{self.pool}] holdings cover {held_total} ids, domain has {self.size} (I-PARTITION)"
+            )
         if +recount != +self._count:
-            raise ContractViolation(f"[{self.pool}] account counts {dict(+self._count)} != recount {dict(+recount)}")
+            raise ContractViolation(
+                f"[{self.pool}] account counts {dict(+self._count)} != recount {dict(+recount)}"
+            )
 
     def _compare(self, what: str, actual: set[int], owner: Owner) -> None:
         expected = self._holdings.get(owner, set())

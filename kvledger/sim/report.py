@@ -27,8 +27,10 @@ def summary_table(result: SimResult) -> Table:
     t.add_column("metric")
     t.add_column("value", justify="right")
     rows = [
-        ("requests (finished / aborted / rejected)", f"{result.requests} ({result.finished} / {result.aborted} / "
-                                                     f"{result.rejected})"),
+        (
+            "requests (finished / aborted / rejected)",
+            f"{result.requests} ({result.finished} / {result.aborted} / {result.rejected})",
+        ),
         ("scheduler steps", f"{result.steps}"),
         ("steps/s", f"{result.steps_per_s}"),
         ("prefill / decode batches", f"{result.prefill_batches} / {result.decode_batches}"),
@@ -64,7 +66,9 @@ def plot_timeline(result: SimResult, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     pools = list(result.timeline[0].keys()) if result.timeline else []
-    fig, axes = plt.subplots(len(pools) or 1, 1, figsize=(11, 2.8 * max(1, len(pools))), sharex=True, squeeze=False)
+    fig, axes = plt.subplots(
+        len(pools) or 1, 1, figsize=(11, 2.8 * max(1, len(pools))), sharex=True, squeeze=False
+    )
     steps = list(range(1, len(result.timeline) + 1))
     order = [a.name for a in STANDARD_ACCOUNTS]
     for ax, pool in zip(axes[:, 0], pools, strict=False):
@@ -72,8 +76,13 @@ def plot_timeline(result: SimResult, path: Path) -> Path:
         extra = sorted({k for s in result.timeline for k in s[pool] if k not in order and k != "size"})
         series_names += extra
         values = [[s[pool].get(n, 0) for s in result.timeline] for n in series_names]
-        ax.stackplot(steps, values, labels=series_names, colors=[_COLOURS.get(n, "#999999") for n in series_names],
-                     linewidth=0)
+        ax.stackplot(
+            steps,
+            values,
+            labels=series_names,
+            colors=[_COLOURS.get(n, "#999999") for n in series_names],
+            linewidth=0,
+        )
         size = result.timeline[0][pool]["size"]
         ax.axhline(size, color="black", linewidth=0.8, linestyle="--")
         ax.set_ylabel(pool)

@@ -12,8 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvledger.contracts import switch
-from kvledger.contracts.errors import ContractViolation
-from kvledger.contracts.errors import InvalidArgument
+from kvledger.contracts.errors import ContractViolation, InvalidArgument
 from kvledger.reference.model import TinyHybridConfig, TinyHybridRunner, TinyHybridWeights
 from kvledger.reference.pools import (
     KVBufferPool,
@@ -110,12 +109,16 @@ def build_scheduler(opts: SimOptions) -> Scheduler:
     )
     runner: Any = None
     if model_config is not None:
-        kv_buffer = KVBufferPool.for_allocator(kv, num_layers=1, num_kv_heads=model_config.num_heads,
-                                               head_dim=model_config.head_dim)
+        kv_buffer = KVBufferPool.for_allocator(
+            kv, num_layers=1, num_kv_heads=model_config.num_heads, head_dim=model_config.head_dim
+        )
         kv.attach_kv_buffer(kv_buffer)
-        runner = TinyHybridRunner(TinyHybridWeights(model_config), kv_buffer=kv_buffer, req_to_token_pool=rows,
-                                  mamba_pool=mamba)
-    return Scheduler(config, kv_allocator=kv, req_to_token_pool=rows, mamba_pool=mamba, tree=tree, runner=runner)
+        runner = TinyHybridRunner(
+            TinyHybridWeights(model_config), kv_buffer=kv_buffer, req_to_token_pool=rows, mamba_pool=mamba
+        )
+    return Scheduler(
+        config, kv_allocator=kv, req_to_token_pool=rows, mamba_pool=mamba, tree=tree, runner=runner
+    )
 
 
 def run_simulation(opts: SimOptions, progress: Callable[[int, int], None] | None = None) -> SimResult:
@@ -129,7 +132,9 @@ def run_simulation(opts: SimOptions, progress: Callable[[int, int], None] | None
     next_arrival = 0
     try:
         while next_arrival < total or sched.has_work():
-            for rid, prompt, max_new in arrivals[next_arrival : next_arrival + opts.workload.arrivals_per_step]:
+            for rid, prompt, max_new in arrivals[
+                next_arrival : next_arrival + opts.workload.arrivals_per_step
+            ]:
                 sched.add_request(rid, prompt, max_new)
             next_arrival = min(total, next_arrival + opts.workload.arrivals_per_step)
             sched.step()

@@ -217,8 +217,9 @@ class CacheMachine(RuleBasedStateMachine):
         if self.MAMBA:
             if cow and matched:
                 if m.cow_slot is None:
-                    assert slots_free == 0 and self.cache.mamba_evictable_size() == 0, (
-                        "COW gave up needlessly"
+                    src_evictable = int(m.last_node.mamba_lock_ref == 0)  # pinned during the retry only
+                    assert slots_free == 0 and self.cache.mamba_evictable_size() == src_evictable, (
+                        "COW gave up although another state could have been evicted"
                     )
                     event("COW impossible")
                 else:

@@ -53,8 +53,19 @@ def _free_a_running_slot_early(sched: Scheduler) -> None:
 
 def run_fault(fault: str, *, check_integrity: bool = True) -> dict[str, Any]:
     with override_ledgers(True), injected(fault):  # ledgers on: debug builds poison freed slots
-        sched = build(Setup(tree="mamba_radix", hybrid=True, model=True, kv_tokens=160, rows=4, mamba_slots=6,
-                            chunk=8, max_prefill=32, max_context_len=96))
+        sched = build(
+            Setup(
+                tree="mamba_radix",
+                hybrid=True,
+                model=True,
+                kv_tokens=160,
+                rows=4,
+                mamba_slots=6,
+                chunk=8,
+                max_prefill=32,
+                max_context_len=96,
+            )
+        )
         sched.runner.check_integrity = check_integrity  # type: ignore[attr-defined]
         caught: str | None = None
         try:

@@ -18,11 +18,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize
 
 from kvledger.contracts import switch
+from kvledger.contracts.errors import ContractViolation
 from kvledger.reference.model import generate_alone
 from kvledger.reference.scheduler import ReqState
 from tests.model.faults import run_fault
@@ -42,8 +44,20 @@ def test_generate_alone_is_deterministic_and_prompt_dependent() -> None:
 @pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("tree", ["mamba_radix", "none"])
 def test_pooled_runs_match_alone_runs(tree: str, overlap: bool) -> None:
-    sched = build(Setup(tree=tree, hybrid=True, model=True, kv_tokens=160, rows=3, mamba_slots=6, chunk=8,
-                        max_prefill=32, overlap=overlap, max_context_len=96))
+    sched = build(
+        Setup(
+            tree=tree,
+            hybrid=True,
+            model=True,
+            kv_tokens=160,
+            rows=3,
+            mamba_slots=6,
+            chunk=8,
+            max_prefill=32,
+            overlap=overlap,
+            max_context_len=96,
+        )
+    )
     prefix = list(range(10, 30))
     prompts = {0: prefix, 1: [*prefix, 5, 6], 2: [*prefix[:12], 7], 3: [1, 2], 4: [*prefix, 9]}
     for rid, p in prompts.items():
@@ -125,8 +139,15 @@ def test_poisoned_slot_read_is_caught_by_the_read_contract() -> None:
 
 def _run_with_contracts_off(fault: str) -> dict[str, object]:
     env = dict(os.environ, KVLEDGER_CONTRACTS="0", PYTHONPATH=str(ROOT))
-    out = subprocess.run([sys.executable, "-m", "tests.model.faults", fault, "--no-integrity"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, check=True, timeout=300).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "tests.model.faults", fault, "--no-integrity"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -137,3 +158,18 @@ def test_oracle_alone_catches_each_fault_with_contracts_off(fault: str) -> None:
         assert result["mismatched"] == [] and result["caught"] is None, result
     else:
         assert result["mismatched"], result
+
+
+@pytest.mark.skipif(not switch.ENABLED, reason="contracts are off")
+def test_row_pointing_at_another_tokens_slot_is_caught_at_the_read() -> None:
+    """I-KV-ROW-CONTENT: a row entry that names a slot written for another token fires before any output."""
+    sched = build(Setup(tree="none", hybrid=True, model=True, kv_tokens=96, rows=2, mamba_slots=3, chunk=None,
+                        max_context_len=64))
+    a = sched.add_request(0, [1, 2, 3, 4], 6)
+    b = sched.add_request(1, [9, 8, 7, 6], 6)
+    sched.step()
+    sched.step()
+    other = int(sched.req_to_token_pool.read(b.req_pool_idx, 0, 1)[0])  # b's slot for token 9 at position 0
+    sched.req_to_token_pool.write(a.req_pool_idx, 0, torch.tensor([other]))
+    with pytest.raises(ContractViolation, match="I-KV-ROW-CONTENT"):
+        sched.step()

@@ -45,9 +45,14 @@ def build(setup: Setup, runner: Any = None) -> Scheduler:
     rows = ReqToTokenPool(setup.rows, setup.max_context_len)
     mamba = None
     if setup.hybrid:
-        conv, temporal = ((MODEL_CONFIG.conv_state_shape, MODEL_CONFIG.temporal_state_shape) if setup.model
-                          else ((2,), (2,)))
-        mamba = MambaPool(setup.mamba_slots, num_layers=1, conv_state_shape=conv, temporal_state_shape=temporal)
+        conv, temporal = (
+            (MODEL_CONFIG.conv_state_shape, MODEL_CONFIG.temporal_state_shape)
+            if setup.model
+            else ((2,), (2,))
+        )
+        mamba = MambaPool(
+            setup.mamba_slots, num_layers=1, conv_state_shape=conv, temporal_state_shape=temporal
+        )
     tree: Any = None
     if setup.tree == "mamba_radix":
         assert mamba is not None
@@ -66,12 +71,19 @@ def build(setup: Setup, runner: Any = None) -> Scheduler:
         cow_release_policy=setup.cow_release_policy,  # type: ignore[arg-type]
         eos_token_id=setup.eos_token_id,
     )
-    return Scheduler(config, kv_allocator=kv, req_to_token_pool=rows, mamba_pool=mamba, tree=tree,
-                     runner=runner if runner is not None else HashTokenRunner())
+    return Scheduler(
+        config,
+        kv_allocator=kv,
+        req_to_token_pool=rows,
+        mamba_pool=mamba,
+        tree=tree,
+        runner=runner if runner is not None else HashTokenRunner(),
+    )
 
 
-def expected_output(prompt: list[int], max_new_tokens: int, eos: int | None = None,
-                    vocab_size: int = 32000) -> list[int]:
+def expected_output(
+    prompt: list[int], max_new_tokens: int, eos: int | None = None, vocab_size: int = 32000
+) -> list[int]:
     """What the hash runner generates for ``prompt`` when run alone with no cache."""
     ctx = list(prompt)
     out: list[int] = []
@@ -93,8 +105,13 @@ def model_runner(kv: Any, rows: Any, mamba: Any, *, check_integrity: bool = True
     c = MODEL_CONFIG
     kv_buffer = KVBufferPool.for_allocator(kv, num_layers=1, num_kv_heads=c.num_heads, head_dim=c.head_dim)
     kv.attach_kv_buffer(kv_buffer)
-    return TinyHybridRunner(MODEL_WEIGHTS, kv_buffer=kv_buffer, req_to_token_pool=rows, mamba_pool=mamba,
-                            check_integrity=check_integrity)
+    return TinyHybridRunner(
+        MODEL_WEIGHTS,
+        kv_buffer=kv_buffer,
+        req_to_token_pool=rows,
+        mamba_pool=mamba,
+        check_integrity=check_integrity,
+    )
 
 
 def model_expected_output(prompt: list[int], max_new_tokens: int, eos: int | None = None) -> list[int]:

@@ -57,8 +57,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.next_rid = 0
         event(f"tree={setup.tree} page={setup.page_size} overlap={setup.overlap}")
 
-    @rule(family=st.sampled_from(range(len(FAMILIES))), suffix=st.lists(st.integers(0, 99), min_size=1, max_size=20),
-          max_new=st.integers(1, 12))
+    @rule(
+        family=st.sampled_from(range(len(FAMILIES))),
+        suffix=st.lists(st.integers(0, 99), min_size=1, max_size=20),
+        max_new=st.integers(1, 12),
+    )
     def arrive(self, family: int, suffix: list[int], max_new: int) -> None:
         req = self.sched.add_request(self.next_rid, FAMILIES[family] + suffix, max_new)
         self.next_rid += 1

@@ -16,7 +16,10 @@ needs_contracts = pytest.mark.skipif(not switch.ENABLED, reason="contracts are o
 def _pool_state(sched) -> dict[str, object]:
     out: dict[str, object] = {}
     for pool in sched.accounting._pools():
-        out[pool.name] = (pool.available_size(), dict(pool.ledger.account_sizes()) if pool.ledger.enabled else None)
+        out[pool.name] = (
+            pool.available_size(),
+            dict(pool.ledger.account_sizes()) if pool.ledger.enabled else None,
+        )
     if sched.tree is not None:
         out["tree"] = (sched.tree.evictable_size(), sched.tree.protected_size())
     return out
@@ -25,8 +28,11 @@ def _pool_state(sched) -> dict[str, object]:
 @pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("tree", ["mamba_radix", "radix", "none"])
 def test_requests_finish_with_the_outputs_they_would_have_alone(tree: str, overlap: bool) -> None:
-    sched = build(Setup(tree=tree, hybrid=tree != "radix", kv_tokens=160, rows=3, mamba_slots=5, chunk=8,
-                        overlap=overlap))
+    sched = build(
+        Setup(
+            tree=tree, hybrid=tree != "radix", kv_tokens=160, rows=3, mamba_slots=5, chunk=8, overlap=overlap
+        )
+    )
     prompts = {rid: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, rid, rid + 1] for rid in range(6)}
     for rid, p in prompts.items():
         sched.add_request(rid, p, 5)
@@ -56,8 +62,18 @@ def test_chunked_request_keeps_row_and_working_slot_across_chunks() -> None:
 @pytest.mark.parametrize("state", ["waiting", "waiting_cow", "chunked", "running"])
 @pytest.mark.parametrize("overlap", [False, True])
 def test_abort_from_every_state_releases_everything(state: str, overlap: bool) -> None:
-    sched = build(Setup(tree="mamba_radix", kv_tokens=200, rows=2, mamba_slots=5, chunk=8, max_prefill=8,
-                        overlap=overlap, cow_release_policy="keep"))
+    sched = build(
+        Setup(
+            tree="mamba_radix",
+            kv_tokens=200,
+            rows=2,
+            mamba_slots=5,
+            chunk=8,
+            max_prefill=8,
+            overlap=overlap,
+            cow_release_policy="keep",
+        )
+    )
     sched.add_request(0, list(range(10)), 2)
     sched.run_until_idle(100)
     if state == "waiting":
@@ -114,7 +130,9 @@ def test_a_request_that_can_never_fit_is_rejected_not_queued() -> None:
 
 
 def test_retraction_releases_without_insert_and_requeues() -> None:
-    sched = build(Setup(tree="radix", hybrid=False, kv_tokens=64, rows=4, chunk=None, max_prefill=64, max_running=4))
+    sched = build(
+        Setup(tree="radix", hybrid=False, kv_tokens=64, rows=4, chunk=None, max_prefill=64, max_running=4)
+    )
     for rid in range(3):
         sched.add_request(rid, [rid * 10 + i for i in range(8)], 20)
     for _ in range(3):
@@ -134,7 +152,9 @@ def test_retraction_releases_without_insert_and_requeues() -> None:
 
 
 def test_decode_pressure_retracts_and_everything_still_finishes() -> None:
-    sched = build(Setup(tree="radix", hybrid=False, kv_tokens=72, rows=6, chunk=None, max_prefill=64, max_running=6))
+    sched = build(
+        Setup(tree="radix", hybrid=False, kv_tokens=72, rows=6, chunk=None, max_prefill=64, max_running=6)
+    )
     for rid in range(6):
         sched.add_request(rid, [rid * 10 + i for i in range(6)], 16)
     sched.run_until_idle(2000)
@@ -145,8 +165,18 @@ def test_decode_pressure_retracts_and_everything_still_finishes() -> None:
 
 def test_overlap_page4_extra_token_is_freed_exactly_once() -> None:
     """B1 (#6888): with overlap a finished request decodes one extra token, here onto a new page."""
-    sched = build(Setup(tree="radix", hybrid=False, page_size=4, kv_tokens=96, rows=4, chunk=None,
-                        max_prefill=64, overlap=True))
+    sched = build(
+        Setup(
+            tree="radix",
+            hybrid=False,
+            page_size=4,
+            kv_tokens=96,
+            rows=4,
+            chunk=None,
+            max_prefill=64,
+            overlap=True,
+        )
+    )
     for rid in range(4):
         sched.add_request(rid, [rid * 10 + i for i in range(8)], 1)  # 8 tokens: the extra one opens a page
     sched.run_until_idle(100)
@@ -224,8 +254,9 @@ def test_ledger_cross_check_names_request_and_slot() -> None:
 @needs_contracts
 def test_row_reassigned_while_in_flight_is_caught() -> None:
     """I-ROW-EXCLUSIVE-WHILE-IN-FLIGHT (B8): releasing a finished request at once instead of deferring it."""
-    sched = build(Setup(tree="none", hybrid=False, kv_tokens=128, rows=1, chunk=None, overlap=True,
-                        max_running=2))
+    sched = build(
+        Setup(tree="none", hybrid=False, kv_tokens=128, rows=1, chunk=None, overlap=True, max_running=2)
+    )
     sched._release_or_defer = sched._release_finished_or_aborted  # the bug: no deferral
     sched.add_request(0, [1, 2, 3], 1)
     sched.add_request(1, [4, 5, 6], 1)

@@ -15,7 +15,12 @@ from __future__ import annotations
 import pytest
 
 from kvledger.contracts.errors import ContractViolation
-from kvledger.contracts.identity import LegacyCounters, LegacyLeakDetected, check_busy_identity, legacy_check_memory
+from kvledger.contracts.identity import (
+    LegacyCounters,
+    LegacyLeakDetected,
+    check_busy_identity,
+    legacy_check_memory,
+)
 from kvledger.contracts.owners import REQ_WAITING, Owner
 from kvledger.reference.pools import MambaPool, ReqToTokenPool, TokenToKVPoolAllocator
 from kvledger.reference.radix import MambaRadixCache
@@ -34,7 +39,7 @@ LOG_MAMBA_EVICTABLE = 138
 def _legacy_counters(sched: Scheduler) -> LegacyCounters:
     tree = sched.tree
     mamba = sched.mamba_pool
-    free_slots = frozenset(mamba._slots.free.tolist())
+    free_slots = frozenset(mamba.free_slots())
     return LegacyCounters(
         full_available_size=sched.kv_allocator.available_size(),
         full_evictable_size=tree.full_evictable_size(),
@@ -112,8 +117,19 @@ def test_seed_16067_legacy_false_positive_ledger_names_holder() -> None:
 def _appended_then_other_setup(policy: str) -> tuple[Scheduler, list[int]]:
     """A cached prefix with a state, then a request whose extend exhausts ``max_prefill_tokens``:
     ``add_one_req`` appends it and ``budget_state`` then answers OTHER (case (e) of the result table)."""
-    sched = build(Setup(tree="mamba_radix", kv_tokens=256, rows=4, mamba_slots=6, max_running=4, chunk=None,
-                        max_prefill=16, cow_release_policy=policy, max_context_len=128))
+    sched = build(
+        Setup(
+            tree="mamba_radix",
+            kv_tokens=256,
+            rows=4,
+            mamba_slots=6,
+            max_running=4,
+            chunk=None,
+            max_prefill=16,
+            cow_release_policy=policy,
+            max_context_len=128,
+        )
+    )
     warm = list(range(100, 110))
     sched.add_request(0, warm, 2)
     sched.run_until_idle(100)
@@ -141,8 +157,18 @@ def test_seed_21404_policy_keeps_the_slot_of_an_appended_request() -> None:
 
 def test_not_appended_stopper_gives_its_cow_slot_back() -> None:
     """#21404's other half: a request matched with COW but not appended frees the slot at once."""
-    sched = build(Setup(tree="mamba_radix", kv_tokens=256, rows=1, mamba_slots=6, max_running=4, chunk=None,
-                        max_prefill=64, max_context_len=128))
+    sched = build(
+        Setup(
+            tree="mamba_radix",
+            kv_tokens=256,
+            rows=1,
+            mamba_slots=6,
+            max_running=4,
+            chunk=None,
+            max_prefill=64,
+            max_context_len=128,
+        )
+    )
     warm = list(range(100, 110))
     sched.add_request(0, warm, 2)
     sched.run_until_idle(100)

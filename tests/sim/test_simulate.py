@@ -15,13 +15,30 @@ from kvledger.cli import main
 from kvledger.sim.simulate import SimOptions, run_simulation
 from kvledger.sim.workload import GSPWorkload
 
-SMALL = ["--gsp-num-groups", "2", "--gsp-prompts-per-group", "4", "--gsp-system-prompt-len", "96",
-         "--gsp-question-len", "24", "--gsp-output-len", "12", "--kv-pool-tokens", "640", "--mamba-slots", "8",
-         "--chunked-prefill-size", "64"]
+SMALL = [
+    "--gsp-num-groups",
+    "2",
+    "--gsp-prompts-per-group",
+    "4",
+    "--gsp-system-prompt-len",
+    "96",
+    "--gsp-question-len",
+    "24",
+    "--gsp-output-len",
+    "12",
+    "--kv-pool-tokens",
+    "640",
+    "--mamba-slots",
+    "8",
+    "--chunked-prefill-size",
+    "64",
+]
 
 
 def test_workload_is_deterministic_and_shares_prefixes() -> None:
-    wl = GSPWorkload(num_groups=3, prompts_per_group=2, system_prompt_len=10, question_len=4, output_len=5, seed=7)
+    wl = GSPWorkload(
+        num_groups=3, prompts_per_group=2, system_prompt_len=10, question_len=4, output_len=5, seed=7
+    )
     reqs = wl.requests()
     assert reqs == wl.requests() and len(reqs) == 6
     systems = {tuple(p[:10]) for _, p, _ in reqs}
@@ -30,9 +47,15 @@ def test_workload_is_deterministic_and_shares_prefixes() -> None:
 
 @pytest.mark.parametrize("overlap", [False, True])
 def test_timeline_stack_always_reaches_pool_size(overlap: bool) -> None:
-    opts = SimOptions(workload=GSPWorkload(num_groups=2, prompts_per_group=4, system_prompt_len=96,
-                                           question_len=24, output_len=12),
-                      kv_pool_tokens=640, mamba_slots=8, chunked_prefill_size=64, overlap=overlap)
+    opts = SimOptions(
+        workload=GSPWorkload(
+            num_groups=2, prompts_per_group=4, system_prompt_len=96, question_len=24, output_len=12
+        ),
+        kv_pool_tokens=640,
+        mamba_slots=8,
+        chunked_prefill_size=64,
+        overlap=overlap,
+    )
     result = run_simulation(opts)
     assert result.violation is None and result.finished == 8
     assert result.prefix_hit_rate > 0
@@ -45,7 +68,15 @@ def test_cli_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     plot = tmp_path / "timeline.png"
     assert main(["simulate", *SMALL, "--json", "--plot", str(plot)]) == 0
     out = json.loads(capsys.readouterr().out)
-    for key in ("requests", "steps", "prefix_hit_rate", "retractions", "peak_use", "contract_checks", "violations"):
+    for key in (
+        "requests",
+        "steps",
+        "prefix_hit_rate",
+        "retractions",
+        "peak_use",
+        "contract_checks",
+        "violations",
+    ):
         assert key in out
     assert out["violations"] == 0 and out["finished"] == out["requests"] == 8
     assert plot.exists() and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -63,14 +94,20 @@ def test_cli_tiny_hybrid_model(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_cli_contracts_off_reexecutes_with_the_switch() -> None:
-    out = subprocess.run([sys.executable, "-m", "kvledger", "simulate", *SMALL, "--contracts", "off", "--json",
-                          "--no-plot"], capture_output=True, text=True, check=True, timeout=300,
-                         env={k: v for k, v in os.environ.items() if k != "KVLEDGER_CONTRACTS"}).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "kvledger", "simulate", *SMALL, "--contracts", "off", "--json", "--no-plot"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+        env={k: v for k, v in os.environ.items() if k != "KVLEDGER_CONTRACTS"},
+    ).stdout
     result = json.loads(out)
     assert result["contracts"] is False and result["contract_checks"] == 0 and result["finished"] == 8
 
 
 def test_version() -> None:
-    out = subprocess.run([sys.executable, "-m", "kvledger", "--version"], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "kvledger", "--version"], capture_output=True, text=True, check=True
+    ).stdout
     assert out.strip() == f"kvledger {__version__}"

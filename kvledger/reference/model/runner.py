@@ -31,8 +31,15 @@ _LAYER = 0  # the model has one attention layer and one Mamba layer
 class TinyHybridRunner:
     """A :class:`~kvledger.reference.scheduler.runner.ModelRunner` backed by the tiny hybrid model."""
 
-    def __init__(self, weights: TinyHybridWeights, *, kv_buffer: Any, req_to_token_pool: Any, mamba_pool: Any,
-                 check_integrity: bool = True) -> None:
+    def __init__(
+        self,
+        weights: TinyHybridWeights,
+        *,
+        kv_buffer: Any,
+        req_to_token_pool: Any,
+        mamba_pool: Any,
+        check_integrity: bool = True,
+    ) -> None:
         self.weights = weights
         self.kv_buffer = kv_buffer
         self.req_to_token_pool = req_to_token_pool
@@ -41,8 +48,9 @@ class TinyHybridRunner:
         self.written: dict[int, tuple[int, int]] = {}  # KV slot -> (token, position) last stored there
         self.tokens_computed = 0
 
-    def forward(self, reqs: Sequence[Req], extend_lens: Sequence[int], out_cache_loc: torch.Tensor,
-                is_decode: bool) -> list[int]:
+    def forward(
+        self, reqs: Sequence[Req], extend_lens: Sequence[int], out_cache_loc: torch.Tensor, is_decode: bool
+    ) -> list[int]:
         out: list[int] = []
         offset = 0
         for req, n in zip(reqs, extend_lens, strict=True):
@@ -58,10 +66,14 @@ class TinyHybridRunner:
         ctx = req.context_ids()
         slots = self.req_to_token_pool.read(row, 0, end)
         if not torch.equal(slots[start:end], new_slots):
-            raise ContractViolation(f"{req.owner!r}: row {row} [{start}, {end}) does not hold the batch's new slots")
+            raise ContractViolation(
+                f"{req.owner!r}: row {row} [{start}, {end}) does not hold the batch's new slots"
+            )
         mslot = req.mamba_pool_idx
         if self.check_integrity and bool(self.mamba_pool.poisoned(mslot).any()):
-            raise ContractViolation(f"I-NO-POISON-READ: {req.owner!r} reads poisoned Mamba slot {int(mslot[0])}")
+            raise ContractViolation(
+                f"I-NO-POISON-READ: {req.owner!r} reads poisoned Mamba slot {int(mslot[0])}"
+            )
         conv_state = self.mamba_pool.conv_state[_LAYER, int(mslot[0])].clone()
         ssm_state = self.mamba_pool.temporal_state[_LAYER, int(mslot[0])].clone()
         # Store the new positions' K/V first: each position attends to itself and everything before it.
@@ -93,7 +105,9 @@ class TinyHybridRunner:
         poisoned = self.kv_buffer.poisoned(slots)
         if bool(poisoned.any()):
             bad = slots[poisoned].tolist()[:8]
-            raise ContractViolation(f"I-NO-POISON-READ: {req.owner!r} reads poisoned (freed) KV slot(s) {bad}")
+            raise ContractViolation(
+                f"I-NO-POISON-READ: {req.owner!r} reads poisoned (freed) KV slot(s) {bad}"
+            )
         for q, s in enumerate(slots.tolist()):
             if self.written.get(s) != (ctx[q], q):
                 raise ContractViolation(

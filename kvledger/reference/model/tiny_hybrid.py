@@ -67,7 +67,9 @@ class TinyHybridWeights:
         self.unembed = w(d, config.vocab_size, scale=d**-0.5)
 
 
-def token_qkv(weights: TinyHybridWeights, token: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def token_qkv(
+    weights: TinyHybridWeights, token: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Embedding and q, k, v (``[H, Dh]`` each) of one token."""
     c = weights.config
     x = weights.embed[token]
@@ -82,8 +84,9 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.T
     return (probs.unsqueeze(-1) * values).sum(0).reshape(-1)
 
 
-def mamba_step(weights: TinyHybridWeights, h: torch.Tensor, conv_state: torch.Tensor,
-               ssm_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def mamba_step(
+    weights: TinyHybridWeights, h: torch.Tensor, conv_state: torch.Tensor, ssm_state: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One token through the Mamba-like layer: returns (output, new conv state, new temporal state)."""
     window = torch.cat((conv_state, h.unsqueeze(0)), dim=0)  # [K, d], oldest first
     u = torch.nn.functional.silu((window * weights.conv).sum(0))
@@ -91,8 +94,13 @@ def mamba_step(weights: TinyHybridWeights, h: torch.Tensor, conv_state: torch.Te
     return new_ssm @ weights.w_state_out, window[1:], new_ssm
 
 
-def head(weights: TinyHybridWeights, x: torch.Tensor, attn_out: torch.Tensor, conv_state: torch.Tensor,
-         ssm_state: torch.Tensor) -> tuple[int, torch.Tensor, torch.Tensor]:
+def head(
+    weights: TinyHybridWeights,
+    x: torch.Tensor,
+    attn_out: torch.Tensor,
+    conv_state: torch.Tensor,
+    ssm_state: torch.Tensor,
+) -> tuple[int, torch.Tensor, torch.Tensor]:
     """Residual stream after both layers, greedy next token, and the new Mamba states."""
     h1 = x + attn_out @ weights.wo
     y, conv_state, ssm_state = mamba_step(weights, h1, conv_state, ssm_state)
@@ -100,8 +108,9 @@ def head(weights: TinyHybridWeights, x: torch.Tensor, attn_out: torch.Tensor, co
     return int(torch.argmax(logits)), conv_state, ssm_state
 
 
-def generate_alone(weights: TinyHybridWeights, prompt: Sequence[int], max_new_tokens: int,
-                   eos_token_id: int | None = None) -> list[int]:
+def generate_alone(
+    weights: TinyHybridWeights, prompt: Sequence[int], max_new_tokens: int, eos_token_id: int | None = None
+) -> list[int]:
     """The oracle: the request run by itself, no pools, no cache, one token at a time."""
     c = weights.config
     keys: list[torch.Tensor] = []

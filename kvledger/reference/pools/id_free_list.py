@@ -96,8 +96,12 @@ class IdFreeList:
             not_held = states != HELD
             if bool(not_held.any()):
                 bad = ids[not_held][:8].tolist()
-                where = ["free" if s == FREE else "pending in a free group" for s in states[not_held][:8].tolist()]
-                raise DoubleFree(f"[{self.name}] {op}: {unit}(s) {bad} already {sorted(set(where))} (I-NODUP-FREE)")
+                where = [
+                    "free" if s == FREE else "pending in a free group" for s in states[not_held][:8].tolist()
+                ]
+                raise DoubleFree(
+                    f"[{self.name}] {op}: {unit}(s) {bad} already {sorted(set(where))} (I-NODUP-FREE)"
+                )
         self.ledger.require_held_by(ids, owner, op)
 
     def release(self, ids: torch.Tensor, owner: Owner, op: str = "free") -> None:

@@ -36,7 +36,12 @@ class KVBufferPool:
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
     ) -> None:
-        for what, v in (("num_slots", num_slots), ("num_layers", num_layers), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
+        for what, v in (
+            ("num_slots", num_slots),
+            ("num_layers", num_layers),
+            ("num_kv_heads", num_kv_heads),
+            ("head_dim", head_dim),
+        ):
             if check_count(v, what) < 1:
                 raise InvalidArgument(f"KVBufferPool: {what} must be >= 1")
         self.num_slots = num_slots
@@ -53,7 +58,11 @@ class KVBufferPool:
         num_slots = (allocator.size // page_size + 1) * page_size
         return cls(num_slots, **kwargs)
 
-    @ensure(lambda self, layer, loc, k: bool((self.k_buffer[layer, as_index_tensor(loc, self.device, "kv")] == k).all()))
+    @ensure(
+        lambda self, layer, loc, k: bool(
+            (self.k_buffer[layer, as_index_tensor(loc, self.device, "kv")] == k).all()
+        )
+    )
     def set_kv_buffer(self, layer: int, loc: Any, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store ``k``/``v`` (``[T, H, D]``) of layer ``layer`` at the token slots ``loc``."""
         check_count(layer, "layer")
@@ -64,9 +73,13 @@ class KVBufferPool:
         check_unique(idx, "kv_buffer", "slot")
         expected = (idx.numel(), *self.k_buffer.shape[2:])
         if tuple(k.shape) != expected or tuple(v.shape) != expected:
-            raise InvalidArgument(f"set_kv_buffer: k/v must have shape {expected}, got {tuple(k.shape)}, {tuple(v.shape)}")
+            raise InvalidArgument(
+                f"set_kv_buffer: k/v must have shape {expected}, got {tuple(k.shape)}, {tuple(v.shape)}"
+            )
         if k.dtype != self.k_buffer.dtype or v.dtype != self.v_buffer.dtype:
-            raise InvalidArgument(f"set_kv_buffer: dtype {k.dtype}/{v.dtype}, buffer is {self.k_buffer.dtype}")
+            raise InvalidArgument(
+                f"set_kv_buffer: dtype {k.dtype}/{v.dtype}, buffer is {self.k_buffer.dtype}"
+            )
         if k.device != self.device or v.device != self.device:
             raise InvalidArgument(f"set_kv_buffer: k/v on {k.device}, buffer on {self.device}")
         kernels.store_kv(self.k_buffer, self.v_buffer, layer, idx, k, v)

@@ -55,7 +55,9 @@ class MambaPool:
         self.name = name
         self.num_layers = num_layers
         self.device = resolve_device(device)
-        self.conv_state = torch.zeros((num_layers, size + 1, *conv_state_shape), dtype=conv_dtype, device=self.device)
+        self.conv_state = torch.zeros(
+            (num_layers, size + 1, *conv_state_shape), dtype=conv_dtype, device=self.device
+        )
         self.temporal_state = torch.zeros(
             (num_layers, size + 1, *temporal_state_shape), dtype=ssm_dtype, device=self.device
         )
@@ -75,6 +77,13 @@ class MambaPool:
 
     def available_size(self) -> int:
         return self._slots.available()
+
+    def pending_free_size(self) -> int:
+        return self._slots.pending_count()
+
+    def free_slots(self) -> list[int]:
+        """The free list, in reuse order (what SGLang's leak diagnostic subtracts)."""
+        return self._slots.free.tolist()
 
     @snapshot(lambda self: self.available_size(), name="available")
     @ensure(lambda self, n, result: result is None or result.numel() == n)
@@ -105,8 +114,10 @@ class MambaPool:
 
     @snapshot(lambda self: self.available_size() + self._slots.pending_count(), name="reclaimable")
     @ensure(
-        lambda self, slots, OLD: self.available_size() + self._slots.pending_count()
-        == OLD.reclaimable + as_index_tensor(slots, self.device, "free").numel()
+        lambda self, slots, OLD: (
+            self.available_size() + self._slots.pending_count()
+            == OLD.reclaimable + as_index_tensor(slots, self.device, "free").numel()
+        )
     )
     def free(self, slots: Any, owner: Owner) -> None:
         """Return ``owner``'s slots."""
@@ -135,8 +146,10 @@ class MambaPool:
         "after the copy each destination's fingerprint equals its source's",
     )
     @require(
-        lambda self, src_index: not self._slots.ledger.enabled
-        or not bool(self.poisoned(as_index_tensor(src_index, self.device, "copy_from")).any()),
+        lambda self, src_index: (
+            not self._slots.ledger.enabled
+            or not bool(self.poisoned(as_index_tensor(src_index, self.device, "copy_from")).any())
+        ),
         "I-NO-POISON-READ: a copy never reads a freed (poisoned) slot",
     )
     def copy_from(self, src_index: Any, dst_index: Any) -> None:
@@ -144,7 +157,9 @@ class MambaPool:
         src = as_index_tensor(src_index, self.device, f"{self.name}.copy_from")
         dst = as_index_tensor(dst_index, self.device, f"{self.name}.copy_from")
         if src.numel() != dst.numel():
-            raise InvalidArgument(f"[{self.name}] copy_from: {src.numel()} sources for {dst.numel()} destinations")
+            raise InvalidArgument(
+                f"[{self.name}] copy_from: {src.numel()} sources for {dst.numel()} destinations"
+            )
         self._check_held(src, "copy_from source")
         self._check_held(dst, "copy_from destination")
         check_unique(dst, self.name, "destination slot")

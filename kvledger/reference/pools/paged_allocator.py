@@ -31,11 +31,15 @@ def _ledger_agrees(ids: IdFreeList) -> bool:
 class PagedTokenToKVPoolAllocator:
     """``size`` token slots in pages of ``page_size``; the KV buffer needs ``(num_pages + 1) * page_size`` rows."""
 
-    def __init__(self, size: int, page_size: int, *, device: str | torch.device = "cpu", name: str = "kv") -> None:
+    def __init__(
+        self, size: int, page_size: int, *, device: str | torch.device = "cpu", name: str = "kv"
+    ) -> None:
         check_count(size, "size")
         check_count(page_size, "page_size")
         if page_size < 1 or size < page_size:
-            raise InvalidArgument(f"need page_size >= 1 and size >= page_size, got size={size}, page_size={page_size}")
+            raise InvalidArgument(
+                f"need page_size >= 1 and size >= page_size, got size={size}, page_size={page_size}"
+            )
         self.page_size = page_size
         self.num_pages = size // page_size
         self.size = self.num_pages * page_size
@@ -53,6 +57,10 @@ class PagedTokenToKVPoolAllocator:
         """Free tokens, i.e. free pages x page_size."""
         return self._pages.available() * self.page_size
 
+    def pending_free_size(self) -> int:
+        """Tokens of the pages freed inside the open free group."""
+        return self._pages.pending_count() * self.page_size
+
     def pages_of(self, token_ids: torch.Tensor) -> torch.Tensor:
         """The distinct pages the token ids fall in, in first-seen order."""
         pages = torch.div(token_ids, self.page_size, rounding_mode="floor")
@@ -60,7 +68,9 @@ class PagedTokenToKVPoolAllocator:
             return pages
         uniq, inverse = torch.unique(pages, return_inverse=True)
         first_seen = torch.full((uniq.numel(),), pages.numel(), dtype=torch.int64, device=pages.device)
-        first_seen.scatter_reduce_(0, inverse, torch.arange(pages.numel(), device=pages.device), reduce="amin")
+        first_seen.scatter_reduce_(
+            0, inverse, torch.arange(pages.numel(), device=pages.device), reduce="amin"
+        )
         return uniq[torch.argsort(first_seen)]
 
     def _tokens_of(self, pages: torch.Tensor) -> torch.Tensor:
@@ -69,24 +79,35 @@ class PagedTokenToKVPoolAllocator:
     # ------------------------------------------------------------------ alloc
     @snapshot(lambda self: self.available_size(), name="available")
     @ensure(lambda self, need_size, result: result is None or result.numel() == need_size)
-    @ensure(lambda self, need_size, OLD, result: result is None or self.available_size() == OLD.available - need_size)
+    @ensure(
+        lambda self, need_size, OLD, result: (
+            result is None or self.available_size() == OLD.available - need_size
+        )
+    )
     @ensure(lambda self, OLD, result: result is not None or self.available_size() == OLD.available)
     def alloc(self, need_size: int, owner: Owner) -> torch.Tensor | None:
         """Whole pages for ``need_size`` tokens (a multiple of page_size), as token ids; None when short."""
         check_count(need_size, "need_size")
         if need_size % self.page_size:
-            raise InvalidArgument(f"[{self.name}] alloc({need_size}) is not a multiple of page_size {self.page_size}")
+            raise InvalidArgument(
+                f"[{self.name}] alloc({need_size}) is not a multiple of page_size {self.page_size}"
+            )
         pages = self._pages.alloc(need_size // self.page_size, owner)
         return None if pages is None else self._tokens_of(pages)
 
     @snapshot(lambda self: self.available_size(), name="available")
     @ensure(lambda self, OLD, result: result is not None or self.available_size() == OLD.available)
     @ensure(
-        lambda self, prefix_lens, seq_lens, result: result is None
-        or result.numel() == sum(s - p for p, s in zip(prefix_lens, seq_lens, strict=True))
+        lambda self, prefix_lens, seq_lens, result: (
+            result is None or result.numel() == sum(s - p for p, s in zip(prefix_lens, seq_lens, strict=True))
+        )
     )
     def alloc_extend(
-        self, prefix_lens: Sequence[int], seq_lens: Sequence[int], last_loc: Sequence[int], owners: Sequence[Owner]
+        self,
+        prefix_lens: Sequence[int],
+        seq_lens: Sequence[int],
+        last_loc: Sequence[int],
+        owners: Sequence[Owner],
     ) -> torch.Tensor | None:
         """Token slots for extending each request ``i`` from ``prefix_lens[i]`` to ``seq_lens[i]``.
 
@@ -114,7 +135,9 @@ class PagedTokenToKVPoolAllocator:
         if total_new > self._pages.available():
             return None
         pieces: list[torch.Tensor] = []
-        for (fill, new_pages), p, s, loc, owner in zip(plans, prefix_lens, seq_lens, last_loc, owners, strict=True):
+        for (fill, new_pages), p, s, loc, owner in zip(
+            plans, prefix_lens, seq_lens, last_loc, owners, strict=True
+        ):
             if fill:
                 pieces.append(torch.arange(loc + 1, loc + 1 + fill, dtype=torch.int64, device=self.device))
             if new_pages:
@@ -180,20 +203,26 @@ class PagedTokenToKVPoolAllocator:
             )
         page = torch.tensor([loc // self.page_size], dtype=torch.int64, device=self.device)
         if int(self._pages.state[page]) != 0:
-            raise InvalidArgument(f"[{self.name}] {op}: the partial page {int(page)} of last_loc {loc} is not held")
+            raise InvalidArgument(
+                f"[{self.name}] {op}: the partial page {int(page)} of last_loc {loc} is not held"
+            )
         self._pages.ledger.require_held_by(page, owner, op)
 
     # ------------------------------------------------------------------ free
     @snapshot(lambda self: self._pages.available() + self._pages.pending_count(), name="reclaimable")
     @ensure(
-        lambda self, ids, OLD: self._pages.available() + self._pages.pending_count()
-        == OLD.reclaimable + self.pages_of(as_index_tensor(ids, self.device, "free")).numel(),
+        lambda self, ids, OLD: (
+            self._pages.available() + self._pages.pending_count()
+            == OLD.reclaimable + self.pages_of(as_index_tensor(ids, self.device, "free")).numel()
+        ),
         "each distinct page is freed exactly once",
     )
     def free(self, ids: Any, owner: Owner) -> None:
         """Free the pages the token ids fall in; a page named by several of its tokens is freed once."""
         tokens = as_index_tensor(ids, self.device, f"{self.name}.free")
-        check_in_range(tokens, self.page_size, (self.num_pages + 1) * self.page_size - 1, self.name, "token slot")
+        check_in_range(
+            tokens, self.page_size, (self.num_pages + 1) * self.page_size - 1, self.name, "token slot"
+        )
         pages = self.pages_of(tokens)
         self._pages.validate_release(pages, owner, "free", "page")
         self._pages.release(pages, owner, "free")

@@ -52,6 +52,9 @@ class ReqToTokenPool:
     def available_size(self) -> int:
         return self._rows.available()
 
+    def pending_free_size(self) -> int:
+        return self._rows.pending_count()
+
     @snapshot(lambda self: self.available_size(), name="available")
     @ensure(lambda self, n, result: result is None or len(result) == n == len(set(result)))
     @ensure(lambda self, n, OLD, result: (result is None) == (n > OLD.available))
@@ -63,7 +66,11 @@ class ReqToTokenPool:
         return None if rows is None else rows.tolist()
 
     @snapshot(lambda self: self.available_size(), name="available")
-    @ensure(lambda self, rows, OLD: self.available_size() == OLD.available + len(as_index_tensor(rows, self.device, "free")))
+    @ensure(
+        lambda self, rows, OLD: (
+            self.available_size() == OLD.available + len(as_index_tensor(rows, self.device, "free"))
+        )
+    )
     def free(self, rows: Any, owner: Owner) -> None:
         """Return ``owner``'s rows (an int or a sequence). Contents are left as they are."""
         t = as_index_tensor(rows, self.device, f"{self.name}.free")
@@ -75,7 +82,9 @@ class ReqToTokenPool:
 
     @ensure(
         lambda self, row, start, values: bool(
-            (self.req_to_token[row, start : start + len(values)] == torch.as_tensor(values).to(self.device)).all()
+            (
+                self.req_to_token[row, start : start + len(values)] == torch.as_tensor(values).to(self.device)
+            ).all()
         )
     )
     def write(self, row: int, start: int, values: torch.Tensor) -> None:

@@ -44,6 +44,10 @@ class TokenToKVPoolAllocator:
         """Free token slots (a free group's buffered slots are not available until it ends)."""
         return self._ids.available()
 
+    def pending_free_size(self) -> int:
+        """Slots freed inside the open free group, back on the free list at ``free_group_end``."""
+        return self._ids.pending_count()
+
     @snapshot(lambda self: self._ids.available(), name="available")
     @ensure(lambda self, n, result: result is None or result.numel() == n)
     @ensure(lambda self, n, OLD, result: (result is None) == (n > OLD.available))
@@ -57,8 +61,10 @@ class TokenToKVPoolAllocator:
 
     @snapshot(lambda self: self._ids.available() + self._ids.pending_count(), name="reclaimable")
     @ensure(
-        lambda self, ids, OLD: self._ids.available() + self._ids.pending_count()
-        == OLD.reclaimable + as_index_tensor(ids, self.device, "free").numel(),
+        lambda self, ids, OLD: (
+            self._ids.available() + self._ids.pending_count()
+            == OLD.reclaimable + as_index_tensor(ids, self.device, "free").numel()
+        ),
         "every freed slot is free or pending exactly once",
     )
     def free(self, ids: Any, owner: Owner) -> None:

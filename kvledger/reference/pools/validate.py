@@ -64,9 +64,15 @@ def as_index_tensor(ids: Any, device: torch.device, what: str) -> torch.Tensor:
             return torch.tensor([ids], dtype=torch.int64, device=device)
         if isinstance(ids, Sequence) and all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
             return torch.tensor(list(ids), dtype=torch.int64, device=device)
-    except (OverflowError, RuntimeError, ValueError) as exc:  # an int beyond int64: certainly not an id of any pool
+    except (
+        OverflowError,
+        RuntimeError,
+        ValueError,
+    ) as exc:  # an int beyond int64: certainly not an id of any pool
         raise SlotOutOfRange(f"{what}: id does not fit in int64 ({exc})") from None
-    raise InvalidArgument(f"{what}: expected a tensor, an int or a sequence of ints, got {type(ids).__name__}")
+    raise InvalidArgument(
+        f"{what}: expected a tensor, an int or a sequence of ints, got {type(ids).__name__}"
+    )
 
 
 def check_in_range(ids: torch.Tensor, low: int, high: int, pool: str, unit: str = "id") -> None:

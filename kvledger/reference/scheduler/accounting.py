@@ -47,24 +47,38 @@ class Accounting:
         tree = s.tree
         terms = [
             PoolTerms(
-                "kv", "tokens", s.kv_allocator.size, s.kv_allocator.available_size(),
+                "kv",
+                "tokens",
+                s.kv_allocator.size,
+                s.kv_allocator.available_size(),
                 evictable=0 if tree is None else tree.evictable_size(),
                 protected=0 if tree is None else tree.protected_size(),
-                pending=_pending_units(s.kv_allocator),
+                pending=s.kv_allocator.pending_free_size(),
                 held=dict(kv_held),
             ),
-            PoolTerms("req", "rows", s.req_to_token_pool.size, s.req_to_token_pool.available_size(),
-                      pending=_pending_units(s.req_to_token_pool), held=dict(rows_held)),
+            PoolTerms(
+                "req",
+                "rows",
+                s.req_to_token_pool.size,
+                s.req_to_token_pool.available_size(),
+                pending=s.req_to_token_pool.pending_free_size(),
+                held=dict(rows_held),
+            ),
         ]
         if s.mamba_pool is not None:
             mamba_tree = tree is not None and hasattr(tree, "mamba_evictable_size")
-            terms.append(PoolTerms(
-                "mamba", "slots", s.mamba_pool.size, s.mamba_pool.available_size(),
-                evictable=tree.mamba_evictable_size() if mamba_tree else 0,
-                protected=tree.mamba_protected_size() if mamba_tree else 0,
-                pending=_pending_units(s.mamba_pool),
-                held=dict(mamba_held),
-            ))
+            terms.append(
+                PoolTerms(
+                    "mamba",
+                    "slots",
+                    s.mamba_pool.size,
+                    s.mamba_pool.available_size(),
+                    evictable=tree.mamba_evictable_size() if mamba_tree else 0,
+                    protected=tree.mamba_protected_size() if mamba_tree else 0,
+                    pending=s.mamba_pool.pending_free_size(),
+                    held=dict(mamba_held),
+                )
+            )
         return terms
 
     # ------------------------------------------------------------------ checks
@@ -107,7 +121,9 @@ class Accounting:
                 if r in b.reqs:
                     continue
                 if r.req_pool_idx in b.ref_rows:
-                    raise ContractViolation(f"{r.owner!r} got row {r.req_pool_idx} that in-flight {b!r} reads")
+                    raise ContractViolation(
+                        f"{r.owner!r} got row {r.req_pool_idx} that in-flight {b!r} reads"
+                    )
                 if r.mamba_pool_idx is not None and int(r.mamba_pool_idx[0]) in b.ref_mamba:
                     raise ContractViolation(
                         f"{r.owner!r} got Mamba slot {int(r.mamba_pool_idx[0])} that in-flight {b!r} advances"
@@ -127,12 +143,20 @@ class Accounting:
             if not ledger.enabled:
                 continue
             unit = ledger.unit
-            expected: dict[str, int] = {FREE.name: t.free, PENDING_FREE.name: t.pending,
-                                        CACHE_EVICTABLE.name: t.evictable, CACHE_PROTECTED.name: t.protected}
+            expected: dict[str, int] = {
+                FREE.name: t.free,
+                PENDING_FREE.name: t.pending,
+                CACHE_EVICTABLE.name: t.evictable,
+                CACHE_PROTECTED.name: t.protected,
+            }
             expected.update(t.held)
             actual = {name: n * unit for name, n in ledger.account_sizes().items()}
             keys = set(expected) | set(actual)
-            diff = {k: (expected.get(k, 0), actual.get(k, 0)) for k in keys if expected.get(k, 0) != actual.get(k, 0)}
+            diff = {
+                k: (expected.get(k, 0), actual.get(k, 0))
+                for k in keys
+                if expected.get(k, 0) != actual.get(k, 0)
+            }
             if diff:
                 raise ContractViolation(self._explain(t, pool, diff))
 
@@ -144,7 +168,9 @@ class Accounting:
             held = set(ledger.holdings(r.owner))
             expected = self._expected_ids(terms.pool, r)
             if held != expected:
-                lines.append(f"  {r!r}: bookkeeping says it holds {sorted(expected)[:8]}, ledger says {sorted(held)[:8]}")
+                lines.append(
+                    f"  {r!r}: bookkeeping says it holds {sorted(expected)[:8]}, ledger says {sorted(held)[:8]}"
+                )
                 lines.append(ledger.describe(sorted(held ^ expected)[:4], f"ids in dispute for {r.owner!r}"))
         return "\n".join(lines)
 
@@ -165,16 +191,12 @@ class Accounting:
         """Per pool, the identity's terms (in the pool's unit) — what the timeline plot stacks."""
         out: dict[str, dict[str, int]] = {}
         for t in self.pool_terms():
-            row = {"size": t.size, "free": t.free + t.pending, "cache.evictable": t.evictable,
-                   "cache.protected": t.protected}
+            row = {
+                "size": t.size,
+                "free": t.free + t.pending,
+                "cache.evictable": t.evictable,
+                "cache.protected": t.protected,
+            }
             row.update(t.held)
             out[t.pool] = row
         return out
-
-
-def _pending_units(pool: Any) -> int:
-    ids = getattr(pool, "_ids", None) or getattr(pool, "_pages", None) or getattr(pool, "_slots", None) \
-        or getattr(pool, "_rows", None)
-    if ids is None:
-        return 0
-    return ids.pending_count() * getattr(ids.ledger, "unit", 1)

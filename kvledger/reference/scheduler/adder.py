@@ -62,7 +62,9 @@ class PrefillAdder:
         self.rem_total_token_offset = 0.0
         self.cur_rem_token_offset = 0
         for r in running:
-            remaining = remaining_new_tokens_clipped(r.max_new_tokens, len(r.output_ids), config.clip_max_new_tokens)
+            remaining = remaining_new_tokens_clipped(
+                r.max_new_tokens, len(r.output_ids), config.clip_max_new_tokens
+            )
             self.rem_total_token_offset += remaining * new_token_ratio
         self.rows_reserved = 0
         self.mamba_reserved = 0
@@ -135,8 +137,10 @@ class PrefillAdder:
     def add_chunked_req(self, req: Req) -> Req | None:
         """The chunked request goes first; returns it again if it is still truncated after this chunk."""
         self.last_appended = False
-        rem = min(self.rem_chunk_tokens if self.rem_chunk_tokens is not None else req.extend_input_len,
-                  int(self.rem_total_tokens))
+        rem = min(
+            self.rem_chunk_tokens if self.rem_chunk_tokens is not None else req.extend_input_len,
+            int(self.rem_total_tokens),
+        )
         truncated = req.extend_input_len > rem
         if truncated:
             rem = floor_to_page(max(rem, 0), self.page_size)
@@ -194,4 +198,6 @@ class PrefillAdder:
         self.last_appended = True
 
     def _clipped_max_new(self, req: Req) -> int:
-        return remaining_new_tokens_clipped(req.max_new_tokens, len(req.output_ids), self.config.clip_max_new_tokens)
+        return remaining_new_tokens_clipped(
+            req.max_new_tokens, len(req.output_ids), self.config.clip_max_new_tokens
+        )

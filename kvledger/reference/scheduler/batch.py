@@ -38,7 +38,9 @@ class ScheduleBatch:
         """Record what the forward reads and writes, at launch."""
         self.ref_rows = frozenset(r.req_pool_idx for r in self.reqs if r.req_pool_idx is not None)
         self.ref_kv = frozenset(self.out_cache_loc.tolist())
-        self.ref_mamba = frozenset(int(r.mamba_pool_idx[0]) for r in self.reqs if r.mamba_pool_idx is not None)
+        self.ref_mamba = frozenset(
+            int(r.mamba_pool_idx[0]) for r in self.reqs if r.mamba_pool_idx is not None
+        )
 
     def __repr__(self) -> str:
         kind = "decode" if self.is_decode else "extend"

@@ -169,7 +169,9 @@ class ReqMemory:
         else:
             fill, new_pages = extend_page_plan(start, end, self.page_size)
             self._evict_kv_for(new_pages * self.page_size)
-            last_loc = int(self.req_to_token_pool.read(req.req_pool_idx, start - 1, start)[0]) if start else -1
+            last_loc = (
+                int(self.req_to_token_pool.read(req.req_pool_idx, start - 1, start)[0]) if start else -1
+            )
             loc = self.kv_allocator.alloc_extend([start], [end], [last_loc], [req.owner])
             new_part = None if loc is None else loc[fill:]
         if loc is None:
@@ -195,7 +197,7 @@ class ReqMemory:
             return None
         self._evict_kv_for(self.decode_demand_tokens(reqs))
         if self.page_size == 1:
-            pieces = []
+            pieces: list[torch.Tensor] = []
             for i, req in enumerate(reqs):
                 loc = self.kv_allocator.alloc(1, req.owner)
                 if loc is None:
@@ -205,10 +207,15 @@ class ReqMemory:
                 pieces.append(loc)
             out = torch.cat(pieces)
         else:
-            last_locs = [int(self.req_to_token_pool.read(r.req_pool_idx, r.kv_allocated_len - 1, r.kv_allocated_len)[0])
-                         for r in reqs]
-            out_or_none = self.kv_allocator.alloc_decode([r.kv_allocated_len + 1 for r in reqs], last_locs,
-                                                         [r.owner for r in reqs])
+            last_locs = [
+                int(
+                    self.req_to_token_pool.read(r.req_pool_idx, r.kv_allocated_len - 1, r.kv_allocated_len)[0]
+                )
+                for r in reqs
+            ]
+            out_or_none = self.kv_allocator.alloc_decode(
+                [r.kv_allocated_len + 1 for r in reqs], last_locs, [r.owner for r in reqs]
+            )
             if out_or_none is None:
                 return None
             out = out_or_none
@@ -235,7 +242,9 @@ class ReqMemory:
             tree_slot = self._fork_for_tree(req)
             if tree_slot is None:
                 return  # every state is locked: skip caching this round, the request keeps its KV
-            res = self.tree.insert(tokens, kv, req.owner, mamba_slot=tree_slot, protected_len=req.cache_protected_len)
+            res = self.tree.insert(
+                tokens, kv, req.owner, mamba_slot=tree_slot, protected_len=req.cache_protected_len
+            )
             if not res.mamba_adopted:
                 self.mamba_pool.free(tree_slot, req.owner)
         else:
@@ -277,8 +286,13 @@ class ReqMemory:
                     self.tree.insert(tokens, kv, req.owner, protected_len=req.cache_protected_len)
                     inserted_len = cache_len
                 elif cache_len == committed and req.mamba_pool_idx is not None:
-                    res = self.tree.insert(tokens, kv, req.owner, mamba_slot=req.mamba_pool_idx,
-                                           protected_len=req.cache_protected_len)
+                    res = self.tree.insert(
+                        tokens,
+                        kv,
+                        req.owner,
+                        mamba_slot=req.mamba_pool_idx,
+                        protected_len=req.cache_protected_len,
+                    )
                     if res.mamba_adopted:
                         req.mamba_pool_idx = None
                     inserted_len = cache_len

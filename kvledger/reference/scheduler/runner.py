@@ -18,8 +18,9 @@ from kvledger.reference.scheduler.request import Req
 
 
 class ModelRunner(Protocol):
-    def forward(self, reqs: Sequence[Req], extend_lens: Sequence[int], out_cache_loc: torch.Tensor,
-                is_decode: bool) -> list[int]:
+    def forward(
+        self, reqs: Sequence[Req], extend_lens: Sequence[int], out_cache_loc: torch.Tensor, is_decode: bool
+    ) -> list[int]:
         """One forward over ``reqs``; returns the next token of each request."""
         ...
 
@@ -44,11 +45,12 @@ class HashTokenRunner:
     def __init__(self, vocab_size: int = 32000) -> None:
         self.vocab_size = vocab_size
 
-    def forward(self, reqs: Sequence[Req], extend_lens: Sequence[int], out_cache_loc: torch.Tensor,
-                is_decode: bool) -> list[int]:
+    def forward(
+        self, reqs: Sequence[Req], extend_lens: Sequence[int], out_cache_loc: torch.Tensor, is_decode: bool
+    ) -> list[int]:
         out: list[int] = []
         for req in reqs:
             ctx = req.context_ids()
             upto = req.kv_committed_len  # positions with KV after this forward
-            out.append(hash_next_token(ctx[: upto] if not is_decode else ctx, self.vocab_size))
+            out.append(hash_next_token(ctx[:upto] if not is_decode else ctx, self.vocab_size))
         return out

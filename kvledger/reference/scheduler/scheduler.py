@@ -20,7 +20,7 @@ from typing import Any
 from kvledger.contracts.arith import ceil_to_page
 from kvledger.contracts.errors import ContractViolation, InvalidArgument, KVLedgerError
 from kvledger.contracts.owners import BATCH_INFLIGHT, REQ_CHUNKED, REQ_WAITING
-from kvledger.contracts.switch import ENABLED, ensure, invariant
+from kvledger.contracts.switch import ensure, invariant
 from kvledger.reference.scheduler.accounting import Accounting
 from kvledger.reference.scheduler.adder import AddReqResult, PrefillAdder
 from kvledger.reference.scheduler.batch import ScheduleBatch
@@ -96,11 +96,15 @@ class Scheduler:
         on_step: Callable[[Scheduler], None] | None = None,
     ) -> None:
         if kv_allocator.page_size != config.page_size:
-            raise InvalidArgument(f"allocator page_size {kv_allocator.page_size} != config {config.page_size}")
+            raise InvalidArgument(
+                f"allocator page_size {kv_allocator.page_size} != config {config.page_size}"
+            )
         if tree is not None and getattr(tree, "page_size", config.page_size) != config.page_size:
             raise InvalidArgument("tree page_size differs from the scheduler's")
         if tree is not None and hasattr(tree, "evict_mamba") and config.page_size != 1:
-            raise InvalidArgument("the Mamba radix cache caches states at token granularity: page_size must be 1")
+            raise InvalidArgument(
+                "the Mamba radix cache caches states at token granularity: page_size must be 1"
+            )
         self.config = config
         self.kv_allocator = kv_allocator
         self.req_to_token_pool = req_to_token_pool
@@ -139,7 +143,9 @@ class Scheduler:
         if not prompt or not all(isinstance(t, int) and t >= 0 for t in prompt):
             raise InvalidArgument(f"request {rid}: prompt must be a non-empty sequence of token ids >= 0")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise InvalidArgument(f"request {rid}: max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+            raise InvalidArgument(
+                f"request {rid}: max_new_tokens must be an int >= 1, got {max_new_tokens!r}"
+            )
         req = Req(rid, list(prompt), max_new_tokens, arrival_step=self.step_no)
         self.requests[rid] = req
         reason = self._never_fits(req)
@@ -202,7 +208,9 @@ class Scheduler:
         taken = 0
         while self.has_work():
             if taken >= max_steps:
-                raise ContractViolation(f"liveness: not drained after {max_steps} steps: {self.describe_queues()}")
+                raise ContractViolation(
+                    f"liveness: not drained after {max_steps} steps: {self.describe_queues()}"
+                )
             self.step()
             taken += 1
         return taken
@@ -215,7 +223,10 @@ class Scheduler:
 
     def get_next_batch_to_run(self) -> ScheduleBatch | None:
         self._merge_last_prefill()
-        if self.chunked_req is not None and self.chunked_req.kv_committed_len > self.chunked_req.cache_protected_len:
+        if (
+            self.chunked_req is not None
+            and self.chunked_req.kv_committed_len > self.chunked_req.cache_protected_len
+        ):
             self.memory.cache_unfinished(self.chunked_req)
         batch = self.get_new_batch_prefill()
         if batch is not None:
@@ -228,7 +239,12 @@ class Scheduler:
         if last is None:
             return
         for req in last.reqs:
-            if req is last.chunked_req or req.state is not ReqState.RUNNING or req.abort_requested or req in self.running:
+            if (
+                req is last.chunked_req
+                or req.state is not ReqState.RUNNING
+                or req.abort_requested
+                or req in self.running
+            ):
                 continue
             self.running.append(req)
 
@@ -260,7 +276,9 @@ class Scheduler:
         for req in list(self.waiting):
             if running_bs + len(adder.can_run_list) >= self.config.max_running_requests:
                 break
-            self.memory.init_next_round_input(req, cow=self.mamba_pool is not None and self.memory.is_mamba_tree)
+            self.memory.init_next_round_input(
+                req, cow=self.mamba_pool is not None and self.memory.is_mamba_tree
+            )
             result = adder.add_one_req(req)
             if result is not AddReqResult.CONTINUE:
                 stopper, stop_result = req, result
@@ -283,8 +301,9 @@ class Scheduler:
                 req.prefix_hit_tokens = req.cache_protected_len
             req.state = ReqState.CHUNKED if req is new_chunked else ReqState.RUNNING
         self.chunked_req = new_chunked
-        return self._new_batch(adder.can_run_list, is_decode=False, out_cache_loc=out_cache_loc,
-                               chunked_req=new_chunked)
+        return self._new_batch(
+            adder.can_run_list, is_decode=False, out_cache_loc=out_cache_loc, chunked_req=new_chunked
+        )
 
     def _cleanup_stopper(self, req: Req, *, appended: bool, result: AddReqResult) -> None:
         """The request that stopped the round: what happens to its copy-on-write slot."""
@@ -325,8 +344,9 @@ class Scheduler:
         if retracted:
             self._reset_ratio_after_retract()
         else:
-            self.new_token_ratio = max(self.new_token_ratio - self.config.new_token_ratio_decay,
-                                       self.config.min_new_token_ratio)
+            self.new_token_ratio = max(
+                self.new_token_ratio - self.config.new_token_ratio_decay, self.config.min_new_token_ratio
+            )
         decode_reqs = [r for r in self.running if not r.abort_requested]
         if not decode_reqs:
             return None
@@ -337,7 +357,9 @@ class Scheduler:
 
     def _decode_fits(self) -> bool:
         evictable = 0 if self.tree is None else self.tree.evictable_size()
-        return self.memory.decode_demand_tokens(self.running) <= self.kv_allocator.available_size() + evictable
+        return (
+            self.memory.decode_demand_tokens(self.running) <= self.kv_allocator.available_size() + evictable
+        )
 
     def _retract_until_decode_fits(self) -> list[Req]:
         retracted: list[Req] = []
@@ -405,19 +427,23 @@ class Scheduler:
             self.new_token_ratio = self.config.init_new_token_ratio
 
     # ------------------------------------------------------------------ launch and results
-    def _new_batch(self, reqs: list[Req], *, is_decode: bool, out_cache_loc: Any,
-                   chunked_req: Req | None = None) -> ScheduleBatch:
+    def _new_batch(
+        self, reqs: list[Req], *, is_decode: bool, out_cache_loc: Any, chunked_req: Req | None = None
+    ) -> ScheduleBatch:
         self._next_batch_id += 1
         extend_lens = [1] * len(reqs) if is_decode else [r.extend_input_len for r in reqs]
-        batch = ScheduleBatch(self._next_batch_id, list(reqs), is_decode, extend_lens, out_cache_loc, chunked_req)
+        batch = ScheduleBatch(
+            self._next_batch_id, list(reqs), is_decode, extend_lens, out_cache_loc, chunked_req
+        )
         self.accounting.check_not_in_flight(batch)
         return batch
 
     def _launch(self, batch: ScheduleBatch) -> None:
         """Run the forward now (stream order); only the bookkeeping of its results may lag."""
         batch.freeze_references()
-        batch.next_token_ids = self.runner.forward(batch.reqs, batch.extend_lens, batch.out_cache_loc,
-                                                   batch.is_decode)
+        batch.next_token_ids = self.runner.forward(
+            batch.reqs, batch.extend_lens, batch.out_cache_loc, batch.is_decode
+        )
         for req, tok in zip(batch.reqs, batch.next_token_ids, strict=True):
             if req is not batch.chunked_req:
                 req.pending_output_ids.append(tok)
@@ -517,11 +543,3 @@ class Scheduler:
         self._finish_state(req, ReqState.ABORTED, reason)
         self.stats.aborts += 1
         self._release_or_defer(req)
-
-
-def drain(scheduler: Scheduler, max_steps: int = 1_000_000) -> int:
-    """Run until quiescent (alias kept for readability in tests and the CLI)."""
-    return scheduler.run_until_idle(max_steps)
-
-
-__all__ = ["ENABLED", "FaultInjector", "Scheduler", "SchedulerStats", "UnknownRequest", "drain"]
