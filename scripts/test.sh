@@ -8,7 +8,7 @@ export KVLEDGER_CONTRACTS="${KVLEDGER_CONTRACTS:-1}"
 echo "== ruff"
 "$PY" -m ruff check kvledger tests scripts benchmarks
 echo "== crosshair (pure arithmetic, bounded per condition)"
-"$PY" scripts/crosshair_gate.py
+"$PY" scripts/crosshair_gate.py kvledger/contracts/arith.py kvledger/contracts/identity.py
 echo "== kernels under the Triton interpreter (own process: TRITON_INTERPRET is read at import)"
 TRITON_INTERPRET=1 "$PY" -m pytest -q -m interp tests/kernels -p no:cacheprovider
 echo "== test suite (contracts on, Hypothesis profile ${HYPOTHESIS_PROFILE:-ci})"

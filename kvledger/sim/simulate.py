@@ -12,23 +12,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvledger.contracts import switch
-from kvledger.contracts.errors import ContractViolation, InvalidArgument
-from kvledger.reference.model import TinyHybridConfig, TinyHybridRunner, TinyHybridWeights
-from kvledger.reference.pools import (
-    KVBufferPool,
-    MambaPool,
-    PagedTokenToKVPoolAllocator,
-    ReqToTokenPool,
-    TokenToKVPoolAllocator,
-)
-from kvledger.reference.scheduler import Scheduler, SchedulerConfig
+from kvledger.contracts.errors import ContractViolation
+from kvledger.reference.engine import EngineSpec, ModelKind, TreeKind, build_engine
 from kvledger.sim.workload import GSPWorkload
 
 
 @dataclass(frozen=True)
 class SimOptions:
     workload: GSPWorkload = field(default_factory=GSPWorkload)
-    kv_pool_tokens: int = 6144
+    kv_pool_tokens: int = 5120
     mamba_slots: int = 24
     max_running_requests: int = 16
     page_size: int = 1
@@ -38,8 +30,30 @@ class SimOptions:
     radix_cache: bool = True
     hybrid: bool = True  # a Mamba pool (and the Mamba radix cache when radix_cache)
     mamba_layers: int = 2
-    model: str = "hash"  # "hash": deterministic token function; "tiny-hybrid": the tiny hybrid model
+    model: ModelKind = "hash"  # or "tiny-hybrid": the tiny hybrid model over the pools
     max_steps: int = 200_000
+
+    def engine_spec(self) -> EngineSpec:
+        wl = self.workload
+        tree: TreeKind = "none"
+        if self.radix_cache:
+            tree = "mamba_radix" if self.hybrid else "radix"
+        return EngineSpec(
+            page_size=self.page_size,
+            tree=tree,
+            hybrid=self.hybrid,
+            kv_tokens=self.kv_pool_tokens,
+            rows=self.max_running_requests + 4,
+            mamba_slots=self.mamba_slots,
+            mamba_layers=self.mamba_layers,
+            max_running=self.max_running_requests,
+            chunk=self.chunked_prefill_size,
+            max_prefill=self.max_prefill_tokens,
+            overlap=self.overlap,
+            max_context_len=wl.system_prompt_len + wl.question_len + wl.output_len + 16,
+            model=self.model,
+            vocab_size=wl.vocab_size,
+        )
 
 
 @dataclass
@@ -74,56 +88,9 @@ class SimResult:
         return out
 
 
-def build_scheduler(opts: SimOptions) -> Scheduler:
-    """The pools, the cache and the scheduler for ``opts`` (CPU tensors)."""
-    from kvledger.reference.radix import MambaRadixCache, RadixCache
-
-    wl = opts.workload
-    max_ctx = wl.system_prompt_len + wl.question_len + wl.output_len + 16
-    if opts.page_size == 1:
-        kv: Any = TokenToKVPoolAllocator(opts.kv_pool_tokens)
-    else:
-        kv = PagedTokenToKVPoolAllocator(opts.kv_pool_tokens, opts.page_size)
-    rows = ReqToTokenPool(opts.max_running_requests + 4, max_ctx)
-    mamba = None
-    model_config = TinyHybridConfig(vocab_size=wl.vocab_size) if opts.model == "tiny-hybrid" else None
-    if opts.model == "tiny-hybrid" and not opts.hybrid:
-        raise InvalidArgument("the tiny hybrid model needs a Mamba pool (drop --no-mamba)")
-    if opts.hybrid:
-        mamba = MambaPool(
-            opts.mamba_slots,
-            num_layers=1 if model_config else opts.mamba_layers,
-            conv_state_shape=model_config.conv_state_shape if model_config else (4, 8),
-            temporal_state_shape=model_config.temporal_state_shape if model_config else (4, 8),
-        )
-    tree: Any = None
-    if opts.radix_cache:
-        tree = MambaRadixCache(kv, mamba) if (opts.hybrid and mamba is not None) else RadixCache(kv)
-    config = SchedulerConfig(
-        page_size=opts.page_size,
-        max_running_requests=opts.max_running_requests,
-        max_prefill_tokens=opts.max_prefill_tokens,
-        chunked_prefill_size=opts.chunked_prefill_size,
-        max_context_len=max_ctx,
-        overlap=opts.overlap,
-    )
-    runner: Any = None
-    if model_config is not None:
-        kv_buffer = KVBufferPool.for_allocator(
-            kv, num_layers=1, num_kv_heads=model_config.num_heads, head_dim=model_config.head_dim
-        )
-        kv.attach_kv_buffer(kv_buffer)
-        runner = TinyHybridRunner(
-            TinyHybridWeights(model_config), kv_buffer=kv_buffer, req_to_token_pool=rows, mamba_pool=mamba
-        )
-    return Scheduler(
-        config, kv_allocator=kv, req_to_token_pool=rows, mamba_pool=mamba, tree=tree, runner=runner
-    )
-
-
 def run_simulation(opts: SimOptions, progress: Callable[[int, int], None] | None = None) -> SimResult:
     """Run the workload to completion; a ContractViolation is caught and reported, not hidden."""
-    sched = build_scheduler(opts)
+    sched = build_engine(opts.engine_spec())
     arrivals = opts.workload.requests()
     total = len(arrivals)
     timeline: list[dict[str, dict[str, int]]] = []

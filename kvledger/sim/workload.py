@@ -18,7 +18,7 @@ class GSPWorkload:
     prompts_per_group: int = 16
     system_prompt_len: int = 512
     question_len: int = 128
-    output_len: int = 64
+    output_len: int = 96
     vocab_size: int = 32000
     arrivals_per_step: int = 4
     seed: int = 0

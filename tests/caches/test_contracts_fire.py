@@ -70,29 +70,31 @@ def test_lock_tree_fires_when_a_count_disagrees_with_the_holders(factory: Any) -
 
 
 # ---------------------------------------------------------------------- I-EVICT-LOCKED
-def test_evict_locked_fires_when_the_victim_search_returns_a_locked_leaf() -> None:
+def test_evict_locked_fires_when_the_victim_search_returns_a_locked_leaf(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     cache = _two_leaves(make_plain())
     node = cache.match_prefix([1, 2, 3, 4]).last_node
     cache.inc_lock_ref(node)
-    cache._oldest_unlocked_leaf = lambda: node  # a victim search that ignores lock_ref
+    monkeypatch.setattr(cache, "_oldest_unlocked_leaf", lambda: node)  # a victim search that ignores lock_ref
     with pytest.raises(ContractViolation, match="I-EVICT-LOCKED"):
         cache.evict(1)
 
 
-def test_evict_locked_fires_for_a_locked_state() -> None:
+def test_evict_locked_fires_for_a_locked_state(monkeypatch: pytest.MonkeyPatch) -> None:
     cache = _two_leaves(make_mamba())
     node = cache.match_prefix([1, 2, 3, 4]).last_node
     cache.inc_lock_ref(node)
-    cache._state_unlocked_from = lambda start: node  # ignores mamba_lock_ref
+    monkeypatch.setattr(cache, "_state_unlocked_from", lambda start: node)  # ignores mamba_lock_ref
     with pytest.raises(ContractViolation, match="I-EVICT-LOCKED"):
         cache.evict_mamba(1)
 
 
-def test_evict_locked_fires_in_the_mamba_leaf_path() -> None:
+def test_evict_locked_fires_in_the_mamba_leaf_path(monkeypatch: pytest.MonkeyPatch) -> None:
     cache = _two_leaves(make_mamba())
     node = cache.match_prefix([1, 2, 3, 4]).last_node
     cache.inc_lock_ref(node)
-    cache._oldest_unlocked_leaf = lambda: node
+    monkeypatch.setattr(cache, "_oldest_unlocked_leaf", lambda: node)
     with pytest.raises(ContractViolation, match="I-EVICT-LOCKED"):
         cache.evict_full(1)
 
@@ -117,7 +119,7 @@ def test_node_nonempty_fires_in_audit_for_an_unaligned_node() -> None:
         cache.audit()
 
 
-def test_keys_fires_for_a_child_under_a_stale_key_36696() -> None:
+def test_keys_fires_for_a_child_under_a_stale_key_36696(monkeypatch: pytest.MonkeyPatch) -> None:
     """#36696: a split that keys the lower child by its old first page."""
     cache = make_plain()
     original_split = RadixCache._split
@@ -128,7 +130,7 @@ def test_keys_fires_for_a_child_under_a_stale_key_36696() -> None:
         upper.children = {old_first: child}
         return upper
 
-    cache._split = stale_split.__get__(cache)
+    monkeypatch.setattr(cache, "_split", stale_split.__get__(cache))
     insert_fresh(cache, [1, 2, 3, 4])
     cache.match_prefix([1, 2, 9])
     with pytest.raises(ContractViolation, match="I-KEYS"):
@@ -195,7 +197,7 @@ def test_mamba_lock_fires_for_a_locked_tombstone() -> None:
 
 
 # ---------------------------------------------------------------------- I-LOCK-SYMMETRY
-def test_lock_symmetry_fires_for_the_b14_rederivation() -> None:
+def test_lock_symmetry_fires_for_the_b14_rederivation(monkeypatch: pytest.MonkeyPatch) -> None:
     """B14: dec re-reads mamba_value instead of the record, after a revival in between."""
     cache = make_mamba()
     insert_fresh(cache, [1, 2, 3, 4], tag=1)
@@ -204,17 +206,19 @@ def test_lock_symmetry_fires_for_the_b14_rederivation() -> None:
     early = cache.inc_lock_ref(tomb)
     insert_fresh(cache, [1, 2], tag=2)
     cache.inc_lock_ref(tomb)  # a later holder takes the state lock
-    cache._mamba_component_to_release = lambda lock: lock.node.mamba_value is not None
+    monkeypatch.setattr(cache, "_mamba_component_to_release", lambda lock: lock.node.mamba_value is not None)
     with pytest.raises(ContractViolation, match="I-LOCK-SYMMETRY"):
         cache.dec_lock_ref(early)
 
 
 # ---------------------------------------------------------------------- I-TOMBSTONE
-def test_tombstone_fires_when_the_cascade_is_skipped() -> None:
+def test_tombstone_fires_when_the_cascade_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
     cache = make_mamba()
     insert_fresh(cache, [1, 2, 3, 4], tag=1)
     cache.match_prefix([1, 2, 9])
-    cache._prune_tombstones = lambda node: (node, 0)  # _iteratively_delete_tombstone_leaf forgotten
+    monkeypatch.setattr(
+        cache, "_prune_tombstones", lambda node: (node, 0)
+    )  # _iteratively_delete_tombstone_leaf forgotten
     cache.evict(2)
     with pytest.raises(ContractViolation, match="I-TOMBSTONE"):
         cache.audit()
@@ -255,10 +259,12 @@ def test_lru_order_fires_for_a_node_missing_from_the_list() -> None:
 
 
 @pytest.mark.parametrize("factory", [make_plain, make_mamba])
-def test_lru_order_fires_when_a_match_does_not_refresh_its_path(factory: Any) -> None:
+def test_lru_order_fires_when_a_match_does_not_refresh_its_path(
+    factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cache = _two_leaves(factory())
     cache.match_prefix([1, 2, 5, 6])  # the shared [1, 2] node is now newer than its [3, 4] child
-    cache._touch_path = lambda nodes: None
+    monkeypatch.setattr(cache, "_touch_path", lambda nodes: None)
     with pytest.raises(ContractViolation, match="I-LRU-ORDER"):
         cache.match_prefix([1, 2, 3, 4])
 
@@ -281,23 +287,27 @@ def test_mamba_value_fires_when_the_ledger_disagrees() -> None:
         cache.audit()
 
 
-def test_mamba_value_fires_when_a_cow_slot_is_the_trees() -> None:
+def test_mamba_value_fires_when_a_cow_slot_is_the_trees(monkeypatch: pytest.MonkeyPatch) -> None:
     cache = _two_leaves(make_mamba())
     node = cache.match_prefix([1, 2, 3, 4]).last_node
-    cache._copy_on_write = lambda src, owner, dst: src.mamba_value  # shares instead of copying
+    monkeypatch.setattr(
+        cache, "_copy_on_write", lambda src, owner, dst: src.mamba_value
+    )  # shares instead of copying
     with pytest.raises(ContractViolation, match="I-MAMBA-VALUE"):
         cache.match_prefix([1, 2, 3, 4], cow_owner=new_owner())
     assert node.mamba_value is not None
 
 
 # ---------------------------------------------------------------------- I-COW-SOURCE
-def test_cow_source_fires_when_the_source_is_not_pinned_during_the_retry() -> None:
+def test_cow_source_fires_when_the_source_is_not_pinned_during_the_retry(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     cache = make_mamba(slots=2)
     insert_fresh(cache, [1, 1], tag=1)
     insert_fresh(cache, [2, 2], tag=2)
     cache.inc_lock_ref(cache.match_prefix([2, 2]).last_node)  # the source is the only evictable state
-    cache._pin_for_cow = lambda node: None
-    cache._unpin = lambda lock: None
+    monkeypatch.setattr(cache, "_pin_for_cow", lambda node: None)
+    monkeypatch.setattr(cache, "_unpin", lambda lock: None)
     with pytest.raises(ContractViolation, match="I-COW-SOURCE"):
         cache.match_prefix([1, 1], cow_owner=new_owner())
 
@@ -309,18 +319,20 @@ def test_cow_source_fires_for_an_empty_source() -> None:
 
 
 # ---------------------------------------------------------------------- I-MATCH-STATE
-def test_match_state_fires_when_a_tombstone_tail_is_returned() -> None:
+def test_match_state_fires_when_a_tombstone_tail_is_returned(monkeypatch: pytest.MonkeyPatch) -> None:
     cache = make_mamba()
     insert_fresh(cache, [1, 2, 3, 4], tag=1)
-    cache._best_prefix = lambda nodes: len(nodes)  # KV-only matching where a state is required
+    monkeypatch.setattr(
+        cache, "_best_prefix", lambda nodes: len(nodes)
+    )  # KV-only matching where a state is required
     with pytest.raises(ContractViolation, match="I-MATCH-STATE"):
         cache.match_prefix([1, 2, 9])
 
 
-def test_match_state_fires_when_the_kv_does_not_end_at_the_node() -> None:
+def test_match_state_fires_when_the_kv_does_not_end_at_the_node(monkeypatch: pytest.MonkeyPatch) -> None:
     cache = make_mamba()
     insert_fresh(cache, [1, 2, 3, 4], tag=1)
-    cache._concat = lambda nodes: torch.arange(3)  # one id short of the node's depth
+    monkeypatch.setattr(cache, "_concat", lambda nodes: torch.arange(3))  # one id short of the node's depth
     with pytest.raises(ContractViolation, match="I-MATCH-STATE"):
         cache.match_prefix([1, 2, 3, 4])
 

@@ -65,8 +65,9 @@ def test_insert_frees_the_callers_duplicates_exactly_once() -> None:
     before = alloc.available_size()
     assert cache.insert([1, 2, 3, 4, 5], kv, owner) == 3
     assert alloc.available_size() == before + 3  # the three duplicates
-    assert alloc.ledger.held_count(owner) == 0  # dups freed, the rest adopted
-    assert all(alloc.ledger.owner_of(i) is FREE_LIST for i in kv[:3].tolist())
+    if alloc.ledger.enabled:
+        assert alloc.ledger.held_count(owner) == 0  # dups freed, the rest adopted
+        assert all(alloc.ledger.owner_of(i) is FREE_LIST for i in kv[:3].tolist())
     assert cache.total_size() == 5
     audit_all(cache)
 
@@ -132,8 +133,10 @@ def test_lock_moves_the_path_between_accounts() -> None:
     assert isinstance(lock, LockRef) and not lock.took_mamba
     assert (cache.evictable_size(), cache.protected_size()) == (0, 5)
     assert all(n.kv_owner.account == CACHE_PROTECTED for n in nodes_of(cache))
-    lock2 = cache.inc_lock_ref(m.last_node.parent)
-    assert m.last_node.parent.lock_ref == 2
+    parent = m.last_node.parent
+    assert parent is not None
+    lock2 = cache.inc_lock_ref(parent)
+    assert parent.lock_ref == 2
     cache.dec_lock_ref(lock)
     assert (cache.evictable_size(), cache.protected_size()) == (2, 3)
     assert m.last_node.kv_owner.account == CACHE_EVICTABLE
@@ -259,6 +262,7 @@ def test_lock_ref_below_zero_is_a_typed_error_not_minus_one(populated: RadixCach
     cache = populated
     node = cache.match_prefix([1, 2, 3, 4]).last_node
     lock = cache.inc_lock_ref(node)
+    assert node.parent is not None
     node.lock_ref = 0  # corrupted by a buggy caller: the next release would go below zero
     node.parent.lock_ref -= 1
     with pytest.raises(LockNotHeld, match="below zero"):

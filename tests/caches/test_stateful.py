@@ -82,7 +82,7 @@ class CacheMachine(RuleBasedStateMachine):
         self.dead_nodes: list[Any] = []
 
     # ------------------------------------------------------------------ helpers
-    def draw_key(self, data: st.DataObject, *, min_pages: int = 0, unaligned: bool = False) -> Prefix:
+    def draw_key(self, data: Any, *, min_pages: int = 0, unaligned: bool = False) -> Prefix:
         ps = self.ps
         fresh_pages = data.draw(st.integers(0, 3))
         fresh = data.draw(st.lists(st.integers(0, 2), min_size=fresh_pages * ps, max_size=fresh_pages * ps))

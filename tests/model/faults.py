@@ -57,7 +57,7 @@ def run_fault(fault: str, *, check_integrity: bool = True) -> dict[str, Any]:
             Setup(
                 tree="mamba_radix",
                 hybrid=True,
-                model=True,
+                model="tiny-hybrid",
                 kv_tokens=160,
                 rows=4,
                 mamba_slots=6,

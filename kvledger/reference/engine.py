@@ -1,0 +1,108 @@
+"""One place that assembles pools, cache, model runner and scheduler from a flat description.
+
+``kvledger simulate``, the tests and the benchmarks all build their engines here, so a configuration
+means the same thing everywhere.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from kvledger.contracts.errors import InvalidArgument
+from kvledger.reference.model import TinyHybridConfig, TinyHybridRunner, TinyHybridWeights
+from kvledger.reference.pools import (
+    KVBufferPool,
+    MambaPool,
+    PagedTokenToKVPoolAllocator,
+    ReqToTokenPool,
+    TokenToKVPoolAllocator,
+)
+from kvledger.reference.radix import MambaRadixCache, RadixCache
+from kvledger.reference.scheduler import HashTokenRunner, Scheduler, SchedulerConfig
+from kvledger.reference.scheduler.config import CowReleasePolicy
+
+TreeKind = Literal["mamba_radix", "radix", "none"]
+ModelKind = Literal["hash", "tiny-hybrid"]
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """Pool sizes, cache, model and scheduler knobs of one engine (CPU tensors)."""
+
+    page_size: int = 1
+    tree: TreeKind = "mamba_radix"
+    hybrid: bool = True  # a Mamba pool; required by the Mamba radix cache and the tiny hybrid model
+    kv_tokens: int = 128
+    rows: int = 4
+    mamba_slots: int = 4
+    mamba_layers: int = 1
+    max_running: int = 4
+    chunk: int | None = 16
+    max_prefill: int = 64
+    overlap: bool = False
+    cow_release_policy: CowReleasePolicy = "if_not_appended"
+    max_context_len: int = 256
+    eos_token_id: int | None = None
+    model: ModelKind = "hash"
+    vocab_size: int = 32000
+
+    def __post_init__(self) -> None:
+        if self.tree == "mamba_radix" and not self.hybrid:
+            raise InvalidArgument("the Mamba radix cache needs a Mamba pool (hybrid=True)")
+        if self.model == "tiny-hybrid" and not self.hybrid:
+            raise InvalidArgument("the tiny hybrid model needs a Mamba pool (hybrid=True)")
+
+
+@functools.lru_cache(maxsize=4)
+def model_weights(vocab_size: int) -> TinyHybridWeights:
+    """The tiny hybrid model's weights for a vocabulary (seeded, so every caller gets the same model)."""
+    return TinyHybridWeights(TinyHybridConfig(vocab_size=vocab_size))
+
+
+def build_engine(spec: EngineSpec) -> Scheduler:
+    kv: Any
+    if spec.page_size == 1:
+        kv = TokenToKVPoolAllocator(spec.kv_tokens)
+    else:
+        kv = PagedTokenToKVPoolAllocator(spec.kv_tokens, spec.page_size)
+    rows = ReqToTokenPool(spec.rows, spec.max_context_len)
+    model = model_weights(spec.vocab_size) if spec.model == "tiny-hybrid" else None
+    mamba = None
+    if spec.hybrid:
+        conv, temporal = (
+            (model.config.conv_state_shape, model.config.temporal_state_shape) if model else ((2,), (2,))
+        )
+        mamba = MambaPool(
+            spec.mamba_slots,
+            num_layers=1 if model else spec.mamba_layers,
+            conv_state_shape=conv,
+            temporal_state_shape=temporal,
+        )
+    tree: Any = None
+    if spec.tree == "mamba_radix":
+        tree = MambaRadixCache(kv, mamba)
+    elif spec.tree == "radix":
+        tree = RadixCache(kv)
+    runner: Any = HashTokenRunner(spec.vocab_size)
+    if model is not None:
+        c = model.config
+        kv_buffer = KVBufferPool.for_allocator(
+            kv, num_layers=1, num_kv_heads=c.num_heads, head_dim=c.head_dim
+        )
+        kv.attach_kv_buffer(kv_buffer)  # debug builds: zero on alloc, poison on free
+        runner = TinyHybridRunner(model, kv_buffer=kv_buffer, req_to_token_pool=rows, mamba_pool=mamba)
+    config = SchedulerConfig(
+        page_size=spec.page_size,
+        max_running_requests=spec.max_running,
+        max_prefill_tokens=spec.max_prefill,
+        chunked_prefill_size=spec.chunk,
+        max_context_len=spec.max_context_len,
+        overlap=spec.overlap,
+        cow_release_policy=spec.cow_release_policy,
+        eos_token_id=spec.eos_token_id,
+    )
+    return Scheduler(
+        config, kv_allocator=kv, req_to_token_pool=rows, mamba_pool=mamba, tree=tree, runner=runner
+    )
