@@ -118,7 +118,7 @@ class ModelOracleMachine(SchedulerMachine):
 
 TestModelOracleMachine = ModelOracleMachine.TestCase
 # The model costs more per token than the hash runner: fewer runs than the hash-runner machine.
-TestModelOracleMachine.settings = settings(max_examples=60, stateful_step_count=30)
+TestModelOracleMachine.settings = settings(max_examples=max(20, settings.default.max_examples // 2))
 
 
 def test_no_fault_no_mismatch() -> None:
