@@ -1,4 +1,4 @@
-"""Each Triton kernel against the torch reference, bit for bit, on Hypothesis-drawn cases.
+"""I-KERNEL-REF: each Triton kernel against the torch reference, bit for bit, on Hypothesis-drawn cases.
 
 Runs where the Triton path is live: under ``TRITON_INTERPRET=1`` (set before import, in its own
 process: ``TRITON_INTERPRET=1 pytest -m interp tests/kernels``) on CPU tensors, or compiled on a

@@ -6,7 +6,7 @@ the plain radix cache or none; tight pools (few Mamba slots, few rows). After ev
 identity per pool (the scheduler checks it itself; the machine calls it again so a disabled switch
 cannot hide it), the ledger cross-check, every pool's and the tree's audit. At drain: every request
 finished, aborted or rejected with a reason (liveness), the strong idle identity, and every finished
-request's output equals the same request run alone with no cache.
+request's output equals the same request run alone with no cache (I-OUTPUT-ORACLE).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The two seed bugs, rebuilt deterministically.
 
-(a) SGLang PR #16067's log: a waiting request holds a copy-on-write Mamba slot; the late-2025 idle
-    check counts it as leaked (``leaked_mamba_pages={191}``) and kills the server. Here the same state at
-    the log's sizes: the legacy checker raises, the ledger's identity holds and names the holder, and
-    aborting the request frees the slot. Fails if the waiting-holder term is dropped from the identity or
-    if abort forgets the COW slot (B5, PR #12693).
+(a) SGLang PR #16067's log (I-LEGACY-FALSE-POSITIVE): a waiting request holds a copy-on-write Mamba
+    slot; the late-2025 idle check counts it as leaked (``leaked_mamba_pages={191}``) and kills the
+    server. Here the same state at the log's sizes: the legacy checker raises, the ledger's identity
+    holds and names the holder, and aborting the request frees the slot. Fails if the waiting-holder
+    term is dropped from the identity or if abort forgets the COW slot (B5, PR #12693).
 (b) #16067's reverted fix: free the COW slot whenever ``add_one_req`` did not return CONTINUE, even when
     the request was appended. Caught as a slot freed while an admitted request owns it. Fails if the
     scheduler's cleanup stops asking "was it appended?" (PR #21404).

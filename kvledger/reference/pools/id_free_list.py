@@ -37,7 +37,7 @@ class FreeListSnapshot:
 class IdFreeList:
     """Ids ``first .. first+count-1`` of pool ``name``; ids below ``first`` are reserved padding.
 
-    ``reuse`` is part of the contract (vLLM #51482 shows reuse order matters): ``"fifo"`` appends freed
+    ``reuse`` is part of the contract (I-REUSE-ORDER) (vLLM #51482 shows reuse order matters): ``"fifo"`` appends freed
     ids at the tail (SGLang's token allocator and Mamba pool), ``"lifo"`` puts them at the head
     (SGLang's paged allocator).
     """
@@ -105,7 +105,10 @@ class IdFreeList:
         self.ledger.require_held_by(ids, owner, op)
 
     def release(self, ids: torch.Tensor, owner: Owner, op: str = "free") -> None:
-        """Return validated ids. The ledger moves first, so a bookkeeping bug leaves the pool as it was."""
+        """Return validated ids. The ledger moves first, so a bookkeeping bug leaves the pool as it was.
+
+        Inside a free group the ids go to the group's pending owner (I-PENDING) until ``free_group_end``.
+        """
         if ids.numel() == 0:
             return
         if self.pending is not None:
@@ -149,7 +152,7 @@ class IdFreeList:
         return FreeListSnapshot(self.free.clone(), self)
 
     def restore(self, snap: FreeListSnapshot) -> None:
-        """Roll back to ``snap``: ids allocated since return to the free list, from whoever holds them.
+        """Roll back to ``snap`` (I-ROLLBACK): ids allocated since go back to the free list from their holders.
 
         Only allocations may have happened since the backup (the speculative-decoding use): an id freed
         since then would have to be taken back from the free list, which no owner asked for, so that

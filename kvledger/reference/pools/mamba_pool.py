@@ -91,7 +91,7 @@ class MambaPool:
     @ensure(lambda self, n, OLD, result: result is None or self.available_size() == OLD.available - n)
     @ensure(
         lambda self, result: result is None or all(bool((s[:, result] == 0).all()) for s in self.states),
-        "a slot handed out is zeroed",
+        "I-ZERO-ON-ALLOC: a slot handed out is zeroed",
     )
     def alloc(self, n: int, owner: Owner) -> torch.Tensor | None:
         """``n`` zeroed slots for ``owner``, or None when fewer are free."""
@@ -143,7 +143,7 @@ class MambaPool:
             )
             for s in self.states
         ),
-        "after the copy each destination's fingerprint equals its source's",
+        "I-COPY: after the copy each destination's fingerprint equals its source's",
     )
     @require(
         lambda self, src_index: (

@@ -215,7 +215,7 @@ class PagedTokenToKVPoolAllocator:
             self._pages.available() + self._pages.pending_count()
             == OLD.reclaimable + self.pages_of(as_index_tensor(ids, self.device, "free")).numel()
         ),
-        "each distinct page is freed exactly once",
+        "I-PAGE-UNIT: each distinct page is freed exactly once",
     )
     def free(self, ids: Any, owner: Owner) -> None:
         """Free the pages the token ids fall in; a page named by several of its tokens is freed once."""

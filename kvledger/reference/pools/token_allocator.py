@@ -53,7 +53,10 @@ class TokenToKVPoolAllocator:
     @ensure(lambda self, n, OLD, result: (result is None) == (n > OLD.available))
     @ensure(lambda self, n, OLD, result: result is None or self.available_size() == OLD.available - n)
     @ensure(lambda self, result: result is None or bool(((result >= 1) & (result <= self.size)).all()))
-    @ensure(lambda self, OLD, result: result is not None or self.available_size() == OLD.available)
+    @ensure(
+        lambda self, OLD, result: result is not None or self.available_size() == OLD.available,
+        "I-NO-PARTIAL: a refused allocation changes nothing",
+    )
     def alloc(self, n: int, owner: Owner) -> torch.Tensor | None:
         """``n`` slots for ``owner`` (int64, on the pool's device), or None if fewer than ``n`` are free."""
         check_count(n)

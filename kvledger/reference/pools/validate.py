@@ -1,4 +1,8 @@
-"""Input validation shared by the pools: bad input becomes a typed error before anything changes."""
+"""Input validation shared by the pools: bad input becomes a typed error before anything changes.
+
+I-TYPED-INPUT: a ``KVLedgerError`` subclass, never a bare torch error; I-NO-PARTIAL: raised before any
+mutation, so a rejected call leaves the pool and its ledger exactly as they were.
+"""
 
 from __future__ import annotations
 

@@ -136,6 +136,7 @@ class Accounting:
         return pools
 
     def _cross_check_ledgers(self, terms: list[PoolTerms]) -> None:
+        """I-LEDGER-AGREES: every identity term equals the ledger account of the same name."""
         by_name = {"kv": self.s.kv_allocator, "req": self.s.req_to_token_pool, "mamba": self.s.mamba_pool}
         for t in terms:
             pool = by_name[t.pool]

@@ -91,7 +91,11 @@ class ReqMemory:
         req.extend_input_len = len(req.fill_ids) - req.kv_committed_len
 
     def release_cow_slot(self, req: Req) -> None:
-        """A waiting request gives back its copy-on-write slot (not admitted, or aborted while waiting)."""
+        """A waiting request gives back its copy-on-write slot (not admitted, or aborted while waiting).
+
+        I-COW-STOPPER: only a request that is still waiting may do this; for an admitted one the slot is
+        its working slot, and freeing it is the #16067 reverted bug.
+        """
         if req.mamba_pool_idx is None:
             return
         if req.owner.account is not REQ_WAITING or req.req_pool_idx is not None:

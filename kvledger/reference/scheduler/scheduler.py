@@ -137,7 +137,8 @@ class Scheduler:
     # ------------------------------------------------------------------ requests in
     @ensure(lambda self, result: result.state in (ReqState.WAITING, ReqState.REJECTED))
     def add_request(self, rid: int, prompt: Sequence[int], max_new_tokens: int) -> Req:
-        """Queue a request; one that can never fit is rejected with a reason instead of blocking the queue."""
+        """Queue a request; one that can never fit is rejected with a reason instead of blocking the queue
+        (I-LIVENESS)."""
         if isinstance(rid, bool) or not isinstance(rid, int) or rid in self.requests:
             raise InvalidArgument(f"request id {rid!r} is not a fresh int")
         if not prompt or not all(isinstance(t, int) and t >= 0 for t in prompt):
@@ -209,7 +210,7 @@ class Scheduler:
         while self.has_work():
             if taken >= max_steps:
                 raise ContractViolation(
-                    f"liveness: not drained after {max_steps} steps: {self.describe_queues()}"
+                    f"I-LIVENESS: not drained after {max_steps} steps: {self.describe_queues()}"
                 )
             self.step()
             taken += 1
