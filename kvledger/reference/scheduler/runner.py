@@ -48,9 +48,5 @@ class HashTokenRunner:
     def forward(
         self, reqs: Sequence[Req], extend_lens: Sequence[int], out_cache_loc: torch.Tensor, is_decode: bool
     ) -> list[int]:
-        out: list[int] = []
-        for req in reqs:
-            ctx = req.context_ids()
-            upto = req.kv_committed_len  # positions with KV after this forward
-            out.append(hash_next_token(ctx[:upto] if not is_decode else ctx, self.vocab_size))
-        return out
+        # After this forward the request has KV for kv_committed_len positions; the next token follows them.
+        return [hash_next_token(req.context_ids()[: req.kv_committed_len], self.vocab_size) for req in reqs]
