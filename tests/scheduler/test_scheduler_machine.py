@@ -113,8 +113,12 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert req.state.is_done, f"liveness: {req!r} never ended"
             assert req.finish_reason, f"{req!r} ended without a reason"
             if req.state is ReqState.FINISHED:
-                want = expected_output(req.origin_input_ids, req.max_new_tokens, self.setup.eos_token_id)
+                want = self.expected(req.origin_input_ids, req.max_new_tokens)
                 assert req.output_ids == want, f"{req!r}: output differs from the request run alone"
+
+    def expected(self, prompt: list[int], max_new_tokens: int) -> list[int]:
+        """The oracle: what the request generates when run alone with no cache."""
+        return expected_output(prompt, max_new_tokens, self.setup.eos_token_id)
 
 
 TestSchedulerMachine = SchedulerMachine.TestCase

@@ -284,3 +284,23 @@ def test_check_quiescent_refuses_outside_quiescence() -> None:
     sched.add_request(0, [1, 2], 2)
     with pytest.raises(ContractViolation, match="outside quiescence"):
         sched.accounting.check_quiescent()
+
+
+def test_cow_of_a_later_request_cannot_starve_an_earlier_reservation() -> None:
+    """I-ATOMIC-ADMISSION / I-LIVENESS: a livelock the oracle machine found.
+
+    A is appended with a Mamba slot promised; B then copy-on-writes the last free slot at match time and
+    its lock protects the only evictable state. Admitting B too would make A's allocation fail every
+    round (admit, roll back, repeat). B must be refused instead, and both finish.
+    """
+    sched = build(Setup(tree="mamba_radix", kv_tokens=96, rows=4, mamba_slots=2, max_running=4, chunk=None,
+                        max_prefill=64, max_context_len=64))
+    warm = list(range(1, 9))
+    sched.add_request(0, warm, 1)
+    sched.run_until_idle(20)
+    assert sched.mamba_pool.available_size() == 1 and sched.tree.mamba_evictable_size() == 1
+    a = sched.add_request(1, [50], 3)
+    b = sched.add_request(2, [*warm, 9], 3)
+    sched.run_until_idle(100)
+    assert sched.stats.rollbacks == 0
+    assert a.output_ids == expected_output([50], 3) and b.output_ids == expected_output([*warm, 9], 3)

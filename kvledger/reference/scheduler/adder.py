@@ -110,10 +110,17 @@ class PrefillAdder:
         return self.mamba_pool.available_size() + evictable - self.mamba_reserved
 
     def _side_demand_fits(self, req: Req) -> bool:
-        """Row and Mamba demand of ``req`` against what this round has not yet promised."""
+        """Row and Mamba demand of ``req`` against what this round has not yet promised.
+
+        Checked even when ``req`` needs no new Mamba slot: its copy-on-write slot came off the free list
+        at match time and its lock protects a state, so admitting it may eat into slots already promised
+        to requests appended before it (a livelock of admit-and-roll-back found by the oracle machine).
+        """
         if req.req_pool_idx is None and self.req_to_token_pool.available_size() - self.rows_reserved < 1:
             return False
-        return not (self.mamba_pool is not None and req.mamba_pool_idx is None and self._mamba_headroom() < 1)
+        if self.mamba_pool is None:
+            return True
+        return self._mamba_headroom() >= (1 if req.mamba_pool_idx is None else 0)
 
     def _reserve_side_demand(self, req: Req) -> None:
         if req.req_pool_idx is None:
