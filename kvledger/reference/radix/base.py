@@ -364,3 +364,16 @@ class RadixTreeBase:
             tree_checks.check_no_alias(nodes, lambda n: n.value.tolist())
         tree_checks.check_lru("full", self._full_lru.oldest_first(), nodes)
         return nodes, own_mamba
+
+    # ------------------------------------------------------------------ sizes (SGLang's names)
+    def evictable_size(self) -> int:
+        """KV tokens of unlocked nodes."""
+        return self._evictable
+
+    def protected_size(self) -> int:
+        """KV tokens of locked nodes (root excluded)."""
+        return self._protected
+
+    def total_size(self) -> int:
+        """KV tokens in the tree."""
+        return self._evictable + self._protected

@@ -456,18 +456,6 @@ class MambaRadixCache(RadixTreeBase):
     def mamba_protected_size(self) -> int:
         return self._m_protected
 
-    def evictable_size(self) -> int:
-        """KV tokens of unlocked nodes (= :meth:`full_evictable_size`)."""
-        return self._evictable
-
-    def protected_size(self) -> int:
-        """KV tokens of locked nodes (= :meth:`full_protected_size`)."""
-        return self._protected
-
-    def total_size(self) -> int:
-        """KV tokens in the tree."""
-        return self._evictable + self._protected
-
     def mamba_total_size(self) -> int:
         """State slots in the tree."""
         return self._m_evictable + self._m_protected

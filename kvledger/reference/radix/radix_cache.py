@@ -182,19 +182,7 @@ class RadixCache(RadixTreeBase):
     def _evict_leaf(self, node: TreeNode) -> int:
         return self._unlink_leaf(node)
 
-    # ------------------------------------------------------------------ sizes and audit
-    def evictable_size(self) -> int:
-        """Tokens of unlocked nodes."""
-        return self._evictable
-
-    def protected_size(self) -> int:
-        """Tokens of locked nodes (root excluded)."""
-        return self._protected
-
-    def total_size(self) -> int:
-        """Tokens in the tree."""
-        return self._evictable + self._protected
-
+    # ------------------------------------------------------------------ audit
     def audit(self) -> None:
         """The O(tree) recounts of §5.2 (I-NODE-NONEMPTY/I-KEYS, I-LOCK-TREE, I-PROTECTED-DEF,
         I-NO-TREE-ALIAS, I-LRU-ORDER).
