@@ -21,7 +21,7 @@ import pytest
 import torch
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import initialize
+from hypothesis.stateful import initialize, run_state_machine_as_test
 
 from kvledger.contracts import switch
 from kvledger.contracts.errors import ContractViolation
@@ -104,6 +104,7 @@ class ModelOracleMachine(SchedulerMachine):
     def expected(self, prompt: list[int], max_new_tokens: int) -> list[int]:
         return model_expected_output(prompt, max_new_tokens, self.setup.eos_token_id, vocab_size=TEST_VOCAB)
 
+
 TestModelOracleMachine = ModelOracleMachine.TestCase
 # The model costs more per token than the hash runner: fewer runs than the hash-runner machine.
 TestModelOracleMachine.settings = settings(max_examples=max(20, settings.default.max_examples // 2))
@@ -156,8 +157,18 @@ def test_oracle_alone_catches_each_fault_with_contracts_off(fault: str) -> None:
 @pytest.mark.skipif(not switch.ENABLED, reason="contracts are off")
 def test_row_pointing_at_another_tokens_slot_is_caught_at_the_read() -> None:
     """I-KV-ROW-CONTENT: a row entry that names a slot written for another token fires before any output."""
-    sched = build(Setup(tree="none", hybrid=True, model="tiny-hybrid", kv_tokens=96, rows=2, mamba_slots=3, chunk=None,
-                        max_context_len=64))
+    sched = build(
+        Setup(
+            tree="none",
+            hybrid=True,
+            model="tiny-hybrid",
+            kv_tokens=96,
+            rows=2,
+            mamba_slots=3,
+            chunk=None,
+            max_context_len=64,
+        )
+    )
     a = sched.add_request(0, [1, 2, 3, 4], 6)
     b = sched.add_request(1, [9, 8, 7, 6], 6)
     sched.step()
@@ -166,3 +177,19 @@ def test_row_pointing_at_another_tokens_slot_is_caught_at_the_read() -> None:
     sched.req_to_token_pool.write(a.req_pool_idx, 0, torch.tensor([other]))
     with pytest.raises(ContractViolation, match="I-KV-ROW-CONTENT"):
         sched.step()
+
+
+@pytest.mark.deep
+def test_model_oracle_long_fuzz() -> None:
+    """Nightly-style fuzzing of the oracle machine: ``pytest -m deep``."""
+    run_state_machine_as_test(
+        ModelOracleMachine,
+        settings=settings(
+            max_examples=1000,
+            stateful_step_count=60,
+            deadline=None,
+            derandomize=False,
+            database=None,
+            print_blob=True,
+        ),
+    )

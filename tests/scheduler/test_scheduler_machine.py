@@ -11,9 +11,17 @@ request's output equals the same request run alone with no cache (I-OUTPUT-ORACL
 
 from __future__ import annotations
 
-from hypothesis import event
+import pytest
+from hypothesis import event, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from kvledger.contracts.identity import check_busy_identity
 from kvledger.reference.scheduler import ReqState
@@ -122,3 +130,19 @@ class SchedulerMachine(RuleBasedStateMachine):
 
 
 TestSchedulerMachine = SchedulerMachine.TestCase
+
+
+@pytest.mark.deep
+def test_scheduler_machine_long_fuzz() -> None:
+    """Nightly-style fuzzing: ``pytest -m deep`` (excluded from the default run)."""
+    run_state_machine_as_test(
+        SchedulerMachine,
+        settings=settings(
+            max_examples=3000,
+            stateful_step_count=120,
+            deadline=None,
+            derandomize=False,
+            database=None,
+            print_blob=True,
+        ),
+    )
