@@ -38,6 +38,20 @@ MODES = ("plain_p1", "plain_p16", "mamba_p1")
 SGLANG_REFERENCE = {"plain_p1": 7400, "plain_p16": 4600, "mamba_p1": [2100, 2900]}
 
 
+def _lock_and_alloc(cache: Any, alloc: Any, m: Any, tokens: list[int], owner: Any) -> tuple[Any, int, Any]:
+    """lock the matched node -> evict the shortfall -> alloc the rest: the per-request middle of both runs."""
+    lock = cache.inc_lock_ref(m.last_node)
+    cached = int(m.device_indices.numel())
+    need = len(tokens) - cached
+    short = need - alloc.available_size()
+    if short > 0:
+        cache.evict(short)
+    kv = alloc.alloc(need, owner)
+    if kv is None:
+        raise RuntimeError("allocation failed after eviction")
+    return lock, cached, kv
+
+
 def make_requests(n: int, seed: int = 0) -> list[list[int]]:
     rng = random.Random(seed)
     prefixes = [[rng.randrange(1, 50_000) for _ in range(PREFIX_LEN)] for _ in range(PREFIXES)]
@@ -67,16 +81,8 @@ def run_plain(page_size: int, requests: list[list[int]]) -> dict[str, Any]:
     for i, tokens in enumerate(requests):
         owner = Owner("req", i, REQ_RUNNING)
         m = cache.match_prefix(tokens)
-        lock = cache.inc_lock_ref(m.last_node)
-        cached = m.device_indices.numel()
+        lock, cached, kv = _lock_and_alloc(cache, alloc, m, tokens, owner)
         hit += cached
-        need = len(tokens) - cached
-        short = need - alloc.available_size()
-        if short > 0:
-            cache.evict(short)
-        kv = alloc.alloc(need, owner)
-        if kv is None:
-            raise RuntimeError("allocation failed after eviction")
         cache.insert(tokens, torch.cat((m.device_indices, kv)), owner, protected_len=cached)
         cache.dec_lock_ref(lock)
     elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
@@ -118,16 +124,8 @@ def run_mamba(requests: list[list[int]]) -> dict[str, Any]:
             working = take_slot(owner)
             if working is None:
                 raise RuntimeError("no Mamba slot after eviction")
-        lock = cache.inc_lock_ref(m.last_node)
-        cached = m.device_indices.numel()
+        lock, cached, kv = _lock_and_alloc(cache, alloc, m, tokens, owner)
         hit += cached
-        need = len(tokens) - cached
-        short = need - alloc.available_size()
-        if short > 0:
-            cache.evict(short)
-        kv = alloc.alloc(need, owner)
-        if kv is None:
-            raise RuntimeError("allocation failed after eviction")
         value = torch.cat((m.device_indices, kv))
         protected = cached
         if cached < PREFIX_LEN:

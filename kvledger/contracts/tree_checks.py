@@ -104,26 +104,37 @@ def check_lock_tree(root: Any, nodes: Sequence[Any], own: Mapping[int, int]) -> 
             )
 
 
-def check_size_counters(nodes: Iterable[Any], evictable: int, protected: int) -> None:
-    """I-PROTECTED-DEF: token counters equal a recount; each node's KV owner sits in the right account."""
+def _recount_accounts(
+    inv: str, entries: Iterable[tuple[Any, int, int, Any]], evictable: int, protected: int
+) -> None:
+    """Recount ``(node, size, lock_count, owner)`` entries into evictable/protected and compare.
+
+    Shared by the KV (I-PROTECTED-DEF) and state (I-MAMBA-DEF) recounts: an entry is protected iff its
+    lock count is positive, and its ledger owner must sit in the matching account.
+    """
     rec_e = rec_p = 0
-    for node in nodes:
-        locked = node.lock_ref > 0
+    for node, size, lock_count, owner in entries:
+        locked = lock_count > 0
         if locked:
-            rec_p += len(node.value)
+            rec_p += size
         else:
-            rec_e += len(node.value)
+            rec_e += size
         expected = CACHE_PROTECTED if locked else CACHE_EVICTABLE
-        if node.kv_owner.account != expected:
+        if owner.account != expected:
             raise ContractViolation(
-                f"I-PROTECTED-DEF: {_name(node)} has lock_ref {node.lock_ref}"
-                f" but its KV owner is in {node.kv_owner.account!r}"
+                f"{inv}: {_name(node)} has lock count {lock_count} but its owner is in {owner.account!r}"
             )
     if (rec_e, rec_p) != (evictable, protected):
         raise ContractViolation(
-            f"I-PROTECTED-DEF: counters evictable={evictable}, protected={protected};"
+            f"{inv}: counters evictable={evictable}, protected={protected};"
             f" recount evictable={rec_e}, protected={rec_p}"
         )
+
+
+def check_size_counters(nodes: Iterable[Any], evictable: int, protected: int) -> None:
+    """I-PROTECTED-DEF: token counters equal a recount; each node's KV owner sits in the right account."""
+    entries = ((n, len(n.value), n.lock_ref, n.kv_owner) for n in nodes)
+    _recount_accounts("I-PROTECTED-DEF", entries, evictable, protected)
 
 
 def check_no_alias(
@@ -190,27 +201,8 @@ def check_path_recency(root: Any, node: Any) -> bool:
 
 def check_mamba_counters(nodes: Iterable[Any], evictable: int, protected: int) -> None:
     """I-MAMBA-DEF: state counters equal a recount over non-tombstone nodes; owners in the right account."""
-    rec_e = rec_p = 0
-    for node in nodes:
-        if node.mamba_value is None:
-            continue
-        locked = node.mamba_lock_ref > 0
-        if locked:
-            rec_p += 1
-        else:
-            rec_e += 1
-        expected = CACHE_PROTECTED if locked else CACHE_EVICTABLE
-        if node.mamba_owner.account != expected:
-            raise ContractViolation(
-                f"I-MAMBA-DEF: {_name(node)} has mamba_lock_ref {node.mamba_lock_ref}"
-                f" but its state owner is in"
-                f" {node.mamba_owner.account!r}"
-            )
-    if (rec_e, rec_p) != (evictable, protected):
-        raise ContractViolation(
-            f"I-MAMBA-DEF: counters evictable={evictable}, protected={protected};"
-            f" recount evictable={rec_e}, protected={rec_p}"
-        )
+    entries = ((n, 1, n.mamba_lock_ref, n.mamba_owner) for n in nodes if n.mamba_value is not None)
+    _recount_accounts("I-MAMBA-DEF", entries, evictable, protected)
 
 
 def check_mamba_lock(nodes: Iterable[Any], own_mamba: Mapping[int, int]) -> None:

@@ -28,7 +28,7 @@ from kvledger.contracts.errors import ContractViolation
 from kvledger.reference.engine import model_weights
 from kvledger.reference.model import generate_alone
 from tests.model.faults import run_fault
-from tests.scheduler.harness import Setup, build, model_expected_output
+from tests.scheduler.harness import Setup, build, long_fuzz_settings, model_expected_output
 from tests.scheduler.test_scheduler_machine import SchedulerMachine
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -184,12 +184,5 @@ def test_model_oracle_long_fuzz() -> None:
     """Nightly-style fuzzing of the oracle machine: ``pytest -m deep``."""
     run_state_machine_as_test(
         ModelOracleMachine,
-        settings=settings(
-            max_examples=1000,
-            stateful_step_count=60,
-            deadline=None,
-            derandomize=False,
-            database=None,
-            print_blob=True,
-        ),
+        settings=long_fuzz_settings(1000, 60),
     )

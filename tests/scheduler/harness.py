@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from hypothesis import settings
+
 from kvledger.reference.engine import EngineSpec, build_engine, model_weights
 from kvledger.reference.model import generate_alone
 from kvledger.reference.scheduler import hash_next_token
@@ -30,3 +32,15 @@ def model_expected_output(
 ) -> list[int]:
     """What the tiny hybrid model generates for ``prompt`` run alone with no cache."""
     return generate_alone(model_weights(vocab_size), prompt, max_new_tokens, eos)
+
+
+def long_fuzz_settings(max_examples: int, stateful_step_count: int) -> settings:
+    """Settings for the ``deep``-marked nightly fuzz runs: randomised, no database, blob printed."""
+    return settings(
+        max_examples=max_examples,
+        stateful_step_count=stateful_step_count,
+        deadline=None,
+        derandomize=False,
+        database=None,
+        print_blob=True,
+    )

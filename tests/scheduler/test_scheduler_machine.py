@@ -12,7 +12,7 @@ request's output equals the same request run alone with no cache (I-OUTPUT-ORACL
 from __future__ import annotations
 
 import pytest
-from hypothesis import event, settings
+from hypothesis import event
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -25,7 +25,7 @@ from hypothesis.stateful import (
 
 from kvledger.contracts.identity import check_busy_identity
 from kvledger.reference.scheduler import ReqState
-from tests.scheduler.harness import Setup, build, expected_output
+from tests.scheduler.harness import Setup, build, expected_output, long_fuzz_settings
 
 FAMILIES = [
     [],
@@ -137,12 +137,5 @@ def test_scheduler_machine_long_fuzz() -> None:
     """Nightly-style fuzzing: ``pytest -m deep`` (excluded from the default run)."""
     run_state_machine_as_test(
         SchedulerMachine,
-        settings=settings(
-            max_examples=3000,
-            stateful_step_count=120,
-            deadline=None,
-            derandomize=False,
-            database=None,
-            print_blob=True,
-        ),
+        settings=long_fuzz_settings(3000, 120),
     )

@@ -293,8 +293,18 @@ def test_cow_of_a_later_request_cannot_starve_an_earlier_reservation() -> None:
     its lock protects the only evictable state. Admitting B too would make A's allocation fail every
     round (admit, roll back, repeat). B must be refused instead, and both finish.
     """
-    sched = build(Setup(tree="mamba_radix", kv_tokens=96, rows=4, mamba_slots=2, max_running=4, chunk=None,
-                        max_prefill=64, max_context_len=64))
+    sched = build(
+        Setup(
+            tree="mamba_radix",
+            kv_tokens=96,
+            rows=4,
+            mamba_slots=2,
+            max_running=4,
+            chunk=None,
+            max_prefill=64,
+            max_context_len=64,
+        )
+    )
     warm = list(range(1, 9))
     sched.add_request(0, warm, 1)
     sched.run_until_idle(20)
