@@ -23,7 +23,11 @@ import platform
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _figures import ratio
 
 QUICK_PAIRS = 2000
 
@@ -59,9 +63,9 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
         out[name] = {
             "ledger": type(pool.ledger).__name__,
             "tokens_per_alloc": n,
-            "total_s": round(best, 4),
-            "us_per_pair": round(best / args.pairs * 1e6, 2),
-            "cpu_s": round(best_cpu, 4),
+            "total_s": best,
+            "us_per_pair": best / args.pairs * 1e6,
+            "cpu_s": best_cpu,
         }
     return out
 
@@ -120,9 +124,9 @@ def main(argv: list[str] | None = None) -> int:
             "tokens_per_alloc": on[name]["tokens_per_alloc"],
             "off": {k: off[name][k] for k in ("ledger", "total_s", "us_per_pair", "cpu_s")},
             "on": {k: on[name][k] for k in ("ledger", "total_s", "us_per_pair", "cpu_s")},
-            "ratio_on_off": round(on[name]["total_s"] / off[name]["total_s"], 2),
+            "ratio_on_off": ratio(on[name]["total_s"], off[name]["total_s"]),
             # process CPU time: less sensitive than wall time to other load on a shared machine
-            "cpu_ratio_on_off": round(on[name]["cpu_s"] / off[name]["cpu_s"], 2),
+            "cpu_ratio_on_off": ratio(on[name]["cpu_s"], off[name]["cpu_s"]),
         }
     result["python"] = platform.python_version()
     result["cpus"] = os.cpu_count()

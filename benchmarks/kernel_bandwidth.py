@@ -38,6 +38,9 @@ except ImportError:  # run from a checkout without an editable install
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import kvledger.kernels as K
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _figures import per_second
+
 
 def _seconds_per_call(fn: Callable[[], None], device: torch.device, warmup: int, iters: int) -> float:
     for _ in range(warmup):
@@ -58,8 +61,10 @@ def _seconds_per_call(fn: Callable[[], None], device: torch.device, warmup: int,
     return (time.perf_counter() - t0) / iters
 
 
-def _gbps(nbytes: int, seconds: float) -> float:
-    return round(nbytes / seconds / 1e9, 2)
+def _gbps(nbytes: int, seconds: float) -> float | None:
+    """GB/s, unrounded (a rounded figure reads 0.0 on a slow or loaded machine); None if unmeasurable."""
+    rate = per_second(nbytes, seconds)
+    return None if rate is None else rate / 1e9
 
 
 def _time_variants(

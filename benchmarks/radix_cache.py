@@ -26,7 +26,11 @@ import random
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _figures import per_second
 
 PREFIXES = 20
 PREFIX_LEN = 512
@@ -89,8 +93,8 @@ def run_plain(page_size: int, requests: list[list[int]]) -> dict[str, Any]:
     cache.audit()
     alloc.audit()
     return {
-        "req_s": len(requests) / elapsed,
-        "req_s_cpu": len(requests) / cpu,
+        "req_s": per_second(len(requests), elapsed),
+        "req_s_cpu": per_second(len(requests), cpu),
         "hit_rate": hit / sum(map(len, requests)),
     }
 
@@ -154,8 +158,8 @@ def run_mamba(requests: list[list[int]]) -> dict[str, Any]:
     alloc.audit()
     pool.audit()
     return {
-        "req_s": len(requests) / elapsed,
-        "req_s_cpu": len(requests) / cpu,
+        "req_s": per_second(len(requests), elapsed),
+        "req_s_cpu": per_second(len(requests), cpu),
         "hit_rate": hit / sum(map(len, requests)),
         "cow_rate": cow / len(requests),
     }
@@ -174,9 +178,10 @@ def run_child(mode: str, n: int, repeats: int) -> dict[str, Any]:
             runs.append(run_mamba(requests))
         else:
             raise SystemExit(f"unknown mode {mode}")
-    best = max(runs, key=lambda r: r["req_s"])
-    best_cpu = max(r["req_s_cpu"] for r in runs)
-    return {**best, "req_s_cpu": best_cpu, "req_s_runs": [round(r["req_s"]) for r in runs]}
+    best = max(runs, key=lambda r: r["req_s"] or 0.0)
+    cpu_rates = [r["req_s_cpu"] for r in runs if r["req_s_cpu"] is not None]
+    best_cpu = max(cpu_rates) if cpu_rates else None
+    return {**best, "req_s_cpu": best_cpu, "req_s_runs": [r["req_s"] for r in runs]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -206,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
                 sys.stderr.write(proc.stderr)
                 return proc.returncode
             child = json.loads(proc.stdout.strip().splitlines()[-1])
-            results[label][mode] = {k: round(v, 3) if isinstance(v, float) else v for k, v in child.items()}
+            results[label][mode] = child  # raw figures: rounding would turn a slow run's rate into 0
     line = {
         "benchmark": "radix_cache",
         "requests": n,

@@ -13,6 +13,10 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _figures import ratio
 
 
 def _child(quick: bool, overlap: bool) -> dict[str, object]:
@@ -53,7 +57,6 @@ def main() -> None:
         ).stdout
         figures[label] = json.loads(out.strip().splitlines()[-1])
     off, on = figures["contracts_off"], figures["contracts_on"]
-    ratio = float(on["wall_s"]) / float(off["wall_s"]) if float(off["wall_s"]) else None  # type: ignore[arg-type]
     print(
         json.dumps(
             {
@@ -61,7 +64,7 @@ def main() -> None:
                 "quick": ns.quick,
                 "overlap": ns.overlap,
                 **figures,
-                "on_off_time_ratio": round(ratio, 2) if ratio else None,
+                "on_off_time_ratio": ratio(float(on["wall_s"]), float(off["wall_s"])),  # type: ignore[arg-type]
             }
         )
     )

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.clock_figures import assert_clock_figure
+
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "radix_cache.py"
 
 
@@ -31,5 +33,8 @@ def test_quick_benchmark_prints_one_json_line_with_every_key() -> None:
     for switch in ("contracts_off", "contracts_on"):
         assert set(out[switch]) == {"plain_p1", "plain_p16", "mamba_p1"}
         for mode in out[switch].values():
-            assert mode["req_s"] > 0 and mode["req_s_cpu"] > 0 and 0 <= mode["hit_rate"] <= 1
+            for figure in ("req_s", "req_s_cpu"):
+                assert_clock_figure(mode[figure], f"{switch}.{figure}")
+            assert len(mode["req_s_runs"]) == out["repeats"]
+            assert 0 <= mode["hit_rate"] <= 1
         assert 0 <= out[switch]["mamba_p1"]["cow_rate"] <= 1
