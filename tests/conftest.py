@@ -42,3 +42,7 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+
+# ``@pytest.mark.fires("I-...")``: verified during the run (tests/fires_plugin.py).
+from tests.fires_plugin import pytest_configure, pytest_runtest_call  # noqa: E402, F401

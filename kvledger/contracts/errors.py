@@ -5,13 +5,34 @@
   anything changes, so every pool, tree and queue is exactly as it was. Callers may catch them.
 * :class:`ContractViolation` is a *bug*: an invariant of the model does not hold. It carries the
   evidence (pool, slot, owner, recent history) and is never meant to be caught in production code.
+
+Both name the invariant they are about (``I-...``, see ``kvledger.contracts.invariants``): a violation's
+message starts with or contains its ID; an operating error names the invariant its refusal protects,
+appended from the class attribute ``invariant`` unless the message already names one.
 """
 
 from __future__ import annotations
 
+import re
+
+INVARIANT_ID = re.compile(r"(?<![A-Za-z0-9_-])I-[A-Z][A-Z0-9]*(?:-[A-Z0-9]+)*(?![A-Za-z0-9])")
+"""How an invariant ID looks wherever it is written: ``I-`` then upper-case words joined by ``-``."""
+
 
 class KVLedgerError(Exception):
-    """Base class of every operating error kvledger raises on bad input."""
+    """Base class of every operating error kvledger raises on bad input.
+
+    ``invariant`` is the ID of the rule the refusal protects; ``str()`` appends it as ``[I-...]`` when
+    the message names no invariant itself, so every operating error says which rule it enforces.
+    """
+
+    invariant = "I-TYPED-INPUT"
+
+    def __str__(self) -> str:
+        message = super().__str__()
+        if INVARIANT_ID.search(message):
+            return message
+        return f"{message} [{self.invariant}]"
 
 
 class InvalidArgument(KVLedgerError, ValueError):
@@ -21,9 +42,13 @@ class InvalidArgument(KVLedgerError, ValueError):
 class SlotOutOfRange(KVLedgerError, IndexError):
     """An id lies outside the pool's domain, or is a reserved id (slot 0, page 0)."""
 
+    invariant = "I-DIAG-DOMAIN"
+
 
 class DoubleFree(KVLedgerError):
     """An id passed to ``free`` is already free (or already queued in an open free group)."""
+
+    invariant = "I-NODUP-FREE"
 
 
 class DuplicateIds(KVLedgerError):
@@ -33,25 +58,37 @@ class DuplicateIds(KVLedgerError):
 class ForeignSlot(KVLedgerError):
     """An id is held by an owner other than the one that claims to release or hand it over."""
 
+    invariant = "I-EXCLUSIVE"
+
 
 class StaleSnapshot(KVLedgerError):
     """``restore_state`` was given a snapshot that ownership moves since ``backup_state`` have made invalid."""
+
+    invariant = "I-ROLLBACK"
 
 
 class FreeGroupError(KVLedgerError):
     """``free_group_begin``/``free_group_end`` called out of order."""
 
+    invariant = "I-PENDING"
+
 
 class InvalidKey(KVLedgerError, ValueError):
     """A radix key is malformed: not page-aligned, or its length differs from its value's."""
+
+    invariant = "I-NODE-NONEMPTY"
 
 
 class PrefixMismatch(KVLedgerError):
     """The ids a caller claims as its locked, tree-owned prefix are not the tree's ids on that path."""
 
+    invariant = "I-NO-TREE-ALIAS"
+
 
 class LockNotHeld(KVLedgerError):
     """A lock release that matches no live lock: released twice, forged, or a count would go below zero."""
+
+    invariant = "I-LOCK-TREE"
 
 
 class ForeignNode(KVLedgerError):

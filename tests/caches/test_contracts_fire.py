@@ -34,6 +34,7 @@ def _two_leaves(cache: Any) -> Any:
 
 
 # ---------------------------------------------------------------------- I-PROTECTED-DEF
+@pytest.mark.fires("I-PROTECTED-DEF")
 def test_protected_def_cheap_form_fires_on_the_next_call() -> None:
     cache = _two_leaves(make_plain())
     cache._protected += 2  # a lock path that forgot to move the node's KV between accounts
@@ -41,6 +42,7 @@ def test_protected_def_cheap_form_fires_on_the_next_call() -> None:
         cache.evictable_size()
 
 
+@pytest.mark.fires("I-PROTECTED-DEF")
 def test_protected_def_recount_fires_in_audit() -> None:
     cache = _two_leaves(_no_ledger(make_plain))
     cache._evictable -= 2
@@ -49,6 +51,7 @@ def test_protected_def_recount_fires_in_audit() -> None:
         cache.audit()
 
 
+@pytest.mark.fires("I-PROTECTED-DEF")
 def test_protected_def_owner_account_fires_in_audit() -> None:
     cache = _two_leaves(_no_ledger(make_plain))
     node = cache.match_prefix([1, 2, 3, 4]).last_node
@@ -60,6 +63,7 @@ def test_protected_def_owner_account_fires_in_audit() -> None:
 
 # ---------------------------------------------------------------------- I-LOCK-TREE
 @pytest.mark.parametrize("factory", [make_plain, make_mamba])
+@pytest.mark.fires("I-LOCK-TREE")
 def test_lock_tree_fires_when_a_count_disagrees_with_the_holders(factory: Any) -> None:
     cache = _two_leaves(factory())
     node = cache.match_prefix([1, 2, 3, 4]).last_node
@@ -70,6 +74,7 @@ def test_lock_tree_fires_when_a_count_disagrees_with_the_holders(factory: Any) -
 
 
 # ---------------------------------------------------------------------- I-EVICT-LOCKED
+@pytest.mark.fires("I-EVICT-LOCKED")
 def test_evict_locked_fires_when_the_victim_search_returns_a_locked_leaf(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -81,6 +86,7 @@ def test_evict_locked_fires_when_the_victim_search_returns_a_locked_leaf(
         cache.evict(1)
 
 
+@pytest.mark.fires("I-EVICT-LOCKED")
 def test_evict_locked_fires_for_a_locked_state(monkeypatch: pytest.MonkeyPatch) -> None:
     cache = _two_leaves(make_mamba())
     node = cache.match_prefix([1, 2, 3, 4]).last_node
@@ -90,6 +96,7 @@ def test_evict_locked_fires_for_a_locked_state(monkeypatch: pytest.MonkeyPatch) 
         cache.evict_mamba(1)
 
 
+@pytest.mark.fires("I-EVICT-LOCKED")
 def test_evict_locked_fires_in_the_mamba_leaf_path(monkeypatch: pytest.MonkeyPatch) -> None:
     cache = _two_leaves(make_mamba())
     node = cache.match_prefix([1, 2, 3, 4]).last_node
@@ -101,6 +108,7 @@ def test_evict_locked_fires_in_the_mamba_leaf_path(monkeypatch: pytest.MonkeyPat
 
 # ---------------------------------------------------------------------- I-NODE-NONEMPTY / I-KEYS
 @pytest.mark.parametrize("factory", [make_plain, make_mamba])
+@pytest.mark.fires("I-NODE-NONEMPTY")
 def test_node_nonempty_refuses_to_create_a_ghost_node(factory: Any) -> None:
     """B16 / #35821: an empty-key insert path that reaches leaf creation."""
     cache = factory()
@@ -109,6 +117,7 @@ def test_node_nonempty_refuses_to_create_a_ghost_node(factory: Any) -> None:
         cache._new_leaf(cache.root, (), empty, new_owner())
 
 
+@pytest.mark.fires("I-NODE-NONEMPTY")
 def test_node_nonempty_fires_in_audit_for_an_unaligned_node() -> None:
     cache = make_plain(page_size=2, pages=16)
     insert_fresh(cache, [1, 2, 3, 4])
@@ -119,6 +128,7 @@ def test_node_nonempty_fires_in_audit_for_an_unaligned_node() -> None:
         cache.audit()
 
 
+@pytest.mark.fires("I-KEYS")
 def test_keys_fires_for_a_child_under_a_stale_key_36696(monkeypatch: pytest.MonkeyPatch) -> None:
     """#36696: a split that keys the lower child by its old first page."""
     cache = make_plain()
@@ -139,6 +149,7 @@ def test_keys_fires_for_a_child_under_a_stale_key_36696(monkeypatch: pytest.Monk
 
 # ---------------------------------------------------------------------- I-NO-TREE-ALIAS
 @pytest.mark.parametrize("ledger", [True, False])
+@pytest.mark.fires("I-NO-TREE-ALIAS")
 def test_no_tree_alias_fires_when_two_nodes_share_ids(ledger: bool) -> None:
     with override_ledgers(ledger):
         cache = make_plain()
@@ -150,6 +161,7 @@ def test_no_tree_alias_fires_when_two_nodes_share_ids(ledger: bool) -> None:
         cache.audit()
 
 
+@pytest.mark.fires("I-NO-TREE-ALIAS")
 def test_no_tree_alias_fires_when_a_request_owns_a_tree_id() -> None:
     cache = _two_leaves(make_plain())
     node = cache.match_prefix([1, 2, 3, 4]).last_node
@@ -161,6 +173,7 @@ def test_no_tree_alias_fires_when_a_request_owns_a_tree_id() -> None:
 
 
 # ---------------------------------------------------------------------- I-MAMBA-DEF
+@pytest.mark.fires("I-MAMBA-DEF")
 def test_mamba_def_cheap_form_fires() -> None:
     cache = _two_leaves(make_mamba())
     cache._m_evictable += 1
@@ -168,6 +181,7 @@ def test_mamba_def_cheap_form_fires() -> None:
         cache.mamba_evictable_size()
 
 
+@pytest.mark.fires("I-MAMBA-DEF")
 def test_mamba_def_recount_fires_in_audit() -> None:
     cache = _two_leaves(_no_ledger(make_mamba))
     cache._m_evictable -= 1
@@ -177,6 +191,7 @@ def test_mamba_def_recount_fires_in_audit() -> None:
 
 
 # ---------------------------------------------------------------------- I-MAMBA-LOCK
+@pytest.mark.fires("I-MAMBA-LOCK")
 def test_mamba_lock_fires_for_a_state_lock_without_a_holder() -> None:
     cache = _two_leaves(make_mamba())
     node = cache.match_prefix([1, 2, 3, 4]).last_node
@@ -186,6 +201,7 @@ def test_mamba_lock_fires_for_a_state_lock_without_a_holder() -> None:
         cache.audit()
 
 
+@pytest.mark.fires("I-MAMBA-LOCK")
 def test_mamba_lock_fires_for_a_locked_tombstone() -> None:
     cache = _two_leaves(_no_ledger(make_mamba))
     tomb = cache.root.children[(1,)]
@@ -197,6 +213,7 @@ def test_mamba_lock_fires_for_a_locked_tombstone() -> None:
 
 
 # ---------------------------------------------------------------------- I-LOCK-SYMMETRY
+@pytest.mark.fires("I-LOCK-SYMMETRY")
 def test_lock_symmetry_fires_for_the_b14_rederivation(monkeypatch: pytest.MonkeyPatch) -> None:
     """B14: dec re-reads mamba_value instead of the record, after a revival in between."""
     cache = make_mamba()
@@ -212,6 +229,7 @@ def test_lock_symmetry_fires_for_the_b14_rederivation(monkeypatch: pytest.Monkey
 
 
 # ---------------------------------------------------------------------- I-TOMBSTONE
+@pytest.mark.fires("I-TOMBSTONE")
 def test_tombstone_fires_when_the_cascade_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
     cache = make_mamba()
     insert_fresh(cache, [1, 2, 3, 4], tag=1)
@@ -224,6 +242,7 @@ def test_tombstone_fires_when_the_cascade_is_skipped(monkeypatch: pytest.MonkeyP
         cache.audit()
 
 
+@pytest.mark.fires("I-TOMBSTONE")
 def test_tombstone_fires_for_a_root_with_a_state() -> None:
     cache = make_mamba()
     cache.root.mamba_value = torch.tensor([1])
@@ -233,6 +252,7 @@ def test_tombstone_fires_for_a_root_with_a_state() -> None:
 
 # ---------------------------------------------------------------------- I-LRU-ORDER
 @pytest.mark.parametrize("factory", [make_plain, make_mamba])
+@pytest.mark.fires("I-LRU-ORDER")
 def test_lru_order_fires_when_time_and_position_disagree(factory: Any) -> None:
     """B3: the list order drifted from last_access_time."""
     cache = _two_leaves(factory())
@@ -242,6 +262,7 @@ def test_lru_order_fires_when_time_and_position_disagree(factory: Any) -> None:
         cache.audit()
 
 
+@pytest.mark.fires("I-LRU-ORDER")
 def test_lru_order_fires_for_the_mamba_list() -> None:
     cache = _two_leaves(make_mamba())
     node = cache._mamba_lru.oldest()
@@ -250,6 +271,7 @@ def test_lru_order_fires_for_the_mamba_list() -> None:
         cache.audit()
 
 
+@pytest.mark.fires("I-LRU-ORDER")
 def test_lru_order_fires_for_a_node_missing_from_the_list() -> None:
     cache = _two_leaves(make_mamba())
     node = cache._mamba_lru.oldest()
@@ -259,6 +281,7 @@ def test_lru_order_fires_for_a_node_missing_from_the_list() -> None:
 
 
 @pytest.mark.parametrize("factory", [make_plain, make_mamba])
+@pytest.mark.fires("I-LRU-ORDER")
 def test_lru_order_fires_when_a_match_does_not_refresh_its_path(
     factory: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -270,6 +293,7 @@ def test_lru_order_fires_when_a_match_does_not_refresh_its_path(
 
 
 # ---------------------------------------------------------------------- I-MAMBA-VALUE
+@pytest.mark.fires("I-MAMBA-VALUE")
 def test_mamba_value_fires_for_a_shared_state_slot() -> None:
     cache = _two_leaves(_no_ledger(make_mamba))
     a = cache.match_prefix([1, 2, 3, 4]).last_node
@@ -279,6 +303,7 @@ def test_mamba_value_fires_for_a_shared_state_slot() -> None:
         cache.audit()
 
 
+@pytest.mark.fires("I-MAMBA-VALUE")
 def test_mamba_value_fires_when_the_ledger_disagrees() -> None:
     cache = _two_leaves(make_mamba())
     a = cache.match_prefix([1, 2, 3, 4]).last_node
@@ -287,6 +312,7 @@ def test_mamba_value_fires_when_the_ledger_disagrees() -> None:
         cache.audit()
 
 
+@pytest.mark.fires("I-MAMBA-VALUE")
 def test_mamba_value_fires_when_a_cow_slot_is_the_trees(monkeypatch: pytest.MonkeyPatch) -> None:
     cache = _two_leaves(make_mamba())
     node = cache.match_prefix([1, 2, 3, 4]).last_node
@@ -299,6 +325,7 @@ def test_mamba_value_fires_when_a_cow_slot_is_the_trees(monkeypatch: pytest.Monk
 
 
 # ---------------------------------------------------------------------- I-COW-SOURCE
+@pytest.mark.fires("I-COW-SOURCE")
 def test_cow_source_fires_when_the_source_is_not_pinned_during_the_retry(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -312,6 +339,7 @@ def test_cow_source_fires_when_the_source_is_not_pinned_during_the_retry(
         cache.match_prefix([1, 1], cow_owner=new_owner())
 
 
+@pytest.mark.fires("I-COW-SOURCE")
 def test_cow_source_fires_for_an_empty_source() -> None:
     cache = make_mamba()
     with pytest.raises(ContractViolation, match="I-COW-SOURCE"):
@@ -319,6 +347,7 @@ def test_cow_source_fires_for_an_empty_source() -> None:
 
 
 # ---------------------------------------------------------------------- I-MATCH-STATE
+@pytest.mark.fires("I-MATCH-STATE")
 def test_match_state_fires_when_a_tombstone_tail_is_returned(monkeypatch: pytest.MonkeyPatch) -> None:
     cache = make_mamba()
     insert_fresh(cache, [1, 2, 3, 4], tag=1)
@@ -329,6 +358,7 @@ def test_match_state_fires_when_a_tombstone_tail_is_returned(monkeypatch: pytest
         cache.match_prefix([1, 2, 9])
 
 
+@pytest.mark.fires("I-MATCH-STATE")
 def test_match_state_fires_when_the_kv_does_not_end_at_the_node(monkeypatch: pytest.MonkeyPatch) -> None:
     cache = make_mamba()
     insert_fresh(cache, [1, 2, 3, 4], tag=1)

@@ -250,6 +250,7 @@ def test_evict_rejects_negative_and_non_int(populated: RadixCache) -> None:
     assert_rejected(populated, InvalidArgument, lambda: populated.evict(1.5))  # type: ignore[arg-type]
 
 
+@pytest.mark.fires("I-LOCK-TREE")
 def test_double_release_is_lock_not_held(populated: RadixCache) -> None:
     cache = populated
     lock = cache.inc_lock_ref(cache.match_prefix([1, 2, 3, 4]).last_node)

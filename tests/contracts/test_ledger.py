@@ -123,6 +123,7 @@ def test_wrong_transfer_is_a_violation_and_changes_nothing(ids: list[int], why: 
     ledger.audit(range(4, 8))
 
 
+@pytest.mark.fires("I-EXCLUSIVE")
 def test_violation_message_names_owner_and_history() -> None:
     ledger = Ledger("kv", range(1, 9))
     holder, culprit = req(7), req(8)
@@ -138,6 +139,7 @@ def test_violation_message_names_owner_and_history() -> None:
     assert len(lines) == 4
 
 
+@pytest.mark.fires("I-EXCLUSIVE")
 def test_require_held_by_is_a_typed_error() -> None:
     ledger = Ledger("rows", range(0, 4))
     a, b = req(1), req(2)
@@ -269,6 +271,7 @@ def test_audit_detects_owner_table_and_holdings_disagreeing() -> None:
         ledger.audit([4, 5, 6], pending_ids=[3])
 
 
+@pytest.mark.fires("I-PARTITION")
 def test_audit_detects_holdings_beyond_the_domain() -> None:
     ledger, a = _busy()
     ledger._holdings[a].add(99)

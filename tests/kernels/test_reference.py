@@ -14,6 +14,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import kvledger.kernels as K
+from kvledger.contracts.errors import ContractViolation
+from kvledger.contracts.oracle import check_same_bits
 from kvledger.kernels import reference as R
 from kvledger.kernels._checks import nan_rule
 
@@ -400,3 +402,26 @@ def test_public_api_agrees_with_reference_on_cpu(case, seed):
     assert torch.equal(K.fingerprint_slots(a, every), R.fingerprint_slots(b, every))
     assert torch.equal(K.poisoned_mask(a, every), R.poisoned_mask(b, every))
     assert torch.equal(K.any_poisoned(a, every), R.any_poisoned(b, every))
+
+
+# ----------------------------------------------------------------------------- the comparison is not vacuous
+@pytest.mark.fires("I-KERNEL-REF")
+@pytest.mark.parametrize("what", ["a dropped slot", "a flipped NaN payload", "a wrong dtype"])
+def test_kernel_ref_check_catches_a_kernel_that_differs(what: str) -> None:
+    """The bit-for-bit comparison the Triton tests run (``check_same_bits``) names every kind of drift."""
+    state = random_bits((2, 5, 3), torch.float32, 3)
+    reference = state.clone()
+    src, dst = torch.tensor([0, 1]), torch.tensor([3, 4])
+    R.copy_slots(reference, src, dst)
+    got = state.clone()
+    if what == "a dropped slot":
+        R.copy_slots(got, src[:1], dst[:1])
+    elif what == "a flipped NaN payload":
+        R.copy_slots(got, src, dst)
+        got.view(torch.int32)[0, 3, 0] ^= 1  # one bit: a different value, or a NaN with another payload
+    else:
+        R.copy_slots(got, src, dst)
+        got = got.to(torch.float64)
+    check_same_bits("reference vs itself", reference, reference.clone())
+    with pytest.raises(ContractViolation, match=r"I-KERNEL-REF: copy_slots: "):
+        check_same_bits("copy_slots", got, reference)

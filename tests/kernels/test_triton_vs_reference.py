@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kvledger.kernels as K
+from kvledger.contracts.oracle import check_same_bits
 from kvledger.kernels import reference as R
 from kvledger.kernels._checks import poison_bits
 
@@ -76,7 +77,7 @@ def test_copy_slots(device, case, seed, data):
     b = a.clone()
     K.copy_slots(a, _idx(src, idx_dtype, device), _idx(dst, idx_dtype, device))
     R.copy_slots(b, _idx(src, idx_dtype, device), _idx(dst, idx_dtype, device))
-    assert bits_equal(a, b)
+    check_same_bits("copy_slots", a, b)
 
 
 @FAST
@@ -92,7 +93,7 @@ def test_zero_and_poison_slots(device, case, seed, poison):
     else:
         K.zero_slots(a, idx)
         R.zero_slots(b, idx)
-    assert bits_equal(a, b)
+    check_same_bits("poison_slots" if poison else "zero_slots", a, b)
 
 
 @FAST
@@ -184,7 +185,8 @@ def test_store_kv(device, layers, slots, heads, dims, dtype, idx_dtype, strided_
     loc_t = _idx(loc, idx_dtype, device)
     K.store_kv(kb, vb, layer, loc_t, k, v)
     R.store_kv(kr, vr, layer, loc_t, k, v)
-    assert bits_equal(kb, kr) and bits_equal(vb, vr)
+    check_same_bits("store_kv (K)", kb, kr)
+    check_same_bits("store_kv (V)", vb, vr)
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -202,11 +204,11 @@ def test_multi_block_masking(device, layers, slots, features, dtype, seed):
     src, dst = _idx([0], torch.int64, device), _idx([2], torch.int32, device)
     T.copy_slots(state, src, dst, block=8)
     R.copy_slots(ref, src, dst)
-    assert bits_equal(state, ref)
+    check_same_bits("copy_slots, block 8", state, ref)
     one = _idx([1], torch.int64, device)
     T.fill_slots(state, one, poison_bits(dtype), block=8)
     R.poison_slots(ref, one)
-    assert bits_equal(state, ref)
+    check_same_bits("fill_slots (poison), block 8", state, ref)
     state[layers - 1, 1, features - 1] = 0.0  # the one clean element sits in the last partial block
     ref[layers - 1, 1, features - 1] = 0.0
     both = _idx([1, 2], torch.int64, device)
@@ -250,4 +252,4 @@ def test_non_contiguous_slot_window(device):
     ref = big.clone()
     K.copy_slots(big[:, 2:9], _idx([0, 1], torch.int64, device), _idx([5, 6], torch.int64, device))
     R.copy_slots(ref[:, 2:9], _idx([0, 1], torch.int64, device), _idx([5, 6], torch.int64, device))
-    assert bits_equal(big, ref)
+    check_same_bits("copy_slots on a slot window", big, ref)

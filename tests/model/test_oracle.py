@@ -114,6 +114,7 @@ def test_no_fault_no_mismatch() -> None:
     assert run_fault("none") == {"fault": "none", "mismatched": [], "caught": None}
 
 
+@pytest.mark.fires("I-OUTPUT-ORACLE")
 def test_skipped_cow_copy_is_caught_by_the_oracle() -> None:
     result = run_fault("skip_cow_copy")
     assert result["mismatched"], result  # no counting contract can see a copy that never happened
@@ -126,6 +127,7 @@ def test_stale_tombstone_state_is_caught_by_match_state_contract() -> None:
 
 
 @pytest.mark.skipif(not switch.ENABLED, reason="contracts are off")
+@pytest.mark.fires("I-NO-POISON-READ")
 def test_poisoned_slot_read_is_caught_by_the_read_contract() -> None:
     result = run_fault("read_poisoned_slot")
     assert result["caught"] and "I-NO-POISON-READ" in result["caught"], result
@@ -155,6 +157,7 @@ def test_oracle_alone_catches_each_fault_with_contracts_off(fault: str) -> None:
 
 
 @pytest.mark.skipif(not switch.ENABLED, reason="contracts are off")
+@pytest.mark.fires("I-KV-ROW-CONTENT")
 def test_row_pointing_at_another_tokens_slot_is_caught_at_the_read() -> None:
     """I-KV-ROW-CONTENT: a row entry that names a slot written for another token fires before any output."""
     sched = build(

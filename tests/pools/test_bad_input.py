@@ -284,9 +284,23 @@ def test_bad_call_is_typed_and_changes_nothing(pool_kind: str, what: str, case: 
     scene.pool.audit()
 
 
+# ---------------------------------------------------------------------- the id domain
+@pytest.mark.fires("I-DIAG-DOMAIN")
+@pytest.mark.parametrize("pool_kind", ["token", "paged", "mamba"])
+def test_the_reserved_id_is_refused_and_named(pool_kind: str) -> None:
+    """Slot 0 / page 0 is padding: never handed out, so never taken back; the refusal names the rule."""
+    scene = SCENES[pool_kind]()
+    err = expect_rejected(
+        scene.pool, SlotOutOfRange, lambda: scene.pool.free([scene.reserved[0]], scene.a), "reserved id"
+    )
+    assert "outside the usable range" in str(err) and str(err).endswith("[I-DIAG-DOMAIN]")
+    assert scene.reserved[0] not in id_list_of(scene.pool).free.tolist()
+
+
 # ---------------------------------------------------------------------- double free, every pool
 @pytest.mark.parametrize("ledgers", [True, False], ids=["ledger", "null-ledger"])
 @pytest.mark.parametrize("pool_kind", sorted(SCENES))
+@pytest.mark.fires("I-NODUP-FREE")
 def test_double_free_is_refused(pool_kind: str, ledgers: bool) -> None:
     """Free, free again: DoubleFree, and the pool is as after the first free (with or without a ledger)."""
     scene = SCENES[pool_kind](ledgers)
@@ -321,6 +335,7 @@ def test_double_free_inside_a_free_group(pool_kind: str) -> None:
 
 
 @pytest.mark.parametrize("size", [1024])
+@pytest.mark.fires("I-NODUP-FREE")
 def test_sglang_double_free_scenario(size: int) -> None:
     """SGLang's allocator reports 1026 free slots of 1024 after alloc(2), free, free; here the second free
     is refused and available_size() stays what the first free left (the whole pool)."""
@@ -341,6 +356,7 @@ def test_sglang_double_free_scenario(size: int) -> None:
 
 
 # ---------------------------------------------------------------------- group / backup misuse
+@pytest.mark.fires("I-PENDING")
 def test_nested_free_group_begin() -> None:
     scene = token_scene()
     scene.pool.free_group_begin()
@@ -349,6 +365,7 @@ def test_nested_free_group_begin() -> None:
 
 
 @pytest.mark.parametrize("pool_kind", ["token", "paged"])
+@pytest.mark.fires("I-ROLLBACK")
 def test_restore_misuse(pool_kind: str) -> None:
     scene = SCENES[pool_kind]()
     pool = scene.pool
@@ -365,6 +382,7 @@ def test_restore_misuse(pool_kind: str) -> None:
 # ---------------------------------------------------------------------- bugs found writing this suite
 # Each test below pins a bug in kvledger/ found while writing this suite. Those marked BUG fail until the
 # fix described in the docstring is applied; the others are regression tests for fixed ones.
+@pytest.mark.fires("I-TYPED-INPUT")
 def test_copy_from_a_slot_onto_itself_is_a_typed_error() -> None:
     """Was: ``MambaPool.copy_from(s, s)`` leaked the kernels' plain ValueError (not a KVLedgerError)."""
     scene = mamba_scene()
@@ -402,6 +420,7 @@ def test_free_of_an_int_beyond_int64_is_a_typed_error() -> None:
 
 @pytest.mark.parametrize("ledgers", [True, False], ids=["ledger", "null-ledger"])
 @pytest.mark.parametrize("pool_cls", [TokenToKVPoolAllocator, ReqToTokenPool])
+@pytest.mark.fires("I-TYPED-INPUT")
 def test_a_zero_size_pool_is_a_typed_error(pool_cls: type, ledgers: bool) -> None:
     """BUG: size 0 raises a plain ValueError from the Ledger constructor with ledgers on, and builds a
     pool with them off; MambaPool already refuses it with InvalidArgument. Fix: ``if size < 1: raise

@@ -22,9 +22,11 @@ import kvledger.kernels
 from kvledger.contracts import switch
 from kvledger.contracts.errors import ContractViolation, KVLedgerError
 from kvledger.contracts.ledger import Ledger
+from kvledger.contracts.oracle import check_free_list_order
 from kvledger.contracts.owners import CACHE_EVICTABLE, FREE_LIST, REQ_RUNNING, REQ_WAITING, Owner
 from kvledger.contracts.switch import override_ledgers
 from kvledger.reference.pools import (
+    KVBufferPool,
     MambaPool,
     PagedTokenToKVPoolAllocator,
     ReqToTokenPool,
@@ -33,6 +35,7 @@ from kvledger.reference.pools import (
 from kvledger.reference.pools.id_free_list import IdFreeList
 
 from ._helpers import id_list_of, snapshot
+from ._model import FreeListModel
 
 PAGE = 4
 needs_contracts = pytest.mark.skipif(
@@ -69,6 +72,7 @@ POOLS = ["token", "paged", "req", "mamba"]
 
 
 @pytest.mark.parametrize("kind", POOLS)
+@pytest.mark.fires("I-EXCLUSIVE")
 def test_free_unchecked_of_a_waiting_requests_slot_names_holder_and_history(kind: str) -> None:
     pool = _make(kind)
     holder = Owner("req", 7, REQ_RUNNING)
@@ -97,6 +101,7 @@ def test_free_unchecked_of_a_waiting_requests_slot_names_holder_and_history(kind
 
 
 @pytest.mark.parametrize("kind", POOLS)
+@pytest.mark.fires("I-NODUP-FREE")
 def test_double_free_through_free_unchecked(kind: str) -> None:
     pool = _make(kind)
     owner = Owner("req", 3, REQ_RUNNING)
@@ -155,6 +160,7 @@ def test_free_unchecked_of_a_cache_nodes_slot_names_the_node() -> None:
     assert re.search(r"step \d+: insert: req#1\[req\.running\] -> node#12\[cache\.evictable\]", message)
 
 
+@pytest.mark.fires("I-CAP")
 def test_without_a_ledger_audit_still_catches_a_double_free() -> None:
     """With ledgers off ``_free_unchecked`` is unguarded (that is the price), but the free list and the
     state mask then disagree, and ``audit()`` says so."""
@@ -171,6 +177,7 @@ def test_without_a_ledger_audit_still_catches_a_double_free() -> None:
         id_list_of(pool).audit()
 
 
+@pytest.mark.fires("I-PARTITION")
 def test_audit_catches_a_free_list_tampered_behind_the_ledger() -> None:
     pool = _make("token")
     owner = Owner("req", 1, REQ_RUNNING)
@@ -199,7 +206,7 @@ def test_alloc_postcondition_catches_a_short_allocation(monkeypatch: pytest.Monk
 
 
 @needs_contracts
-@pytest.mark.parametrize("kind", ["token", "paged", "mamba"])
+@pytest.mark.parametrize("kind", ["token", pytest.param("paged", marks=pytest.mark.fires("I-PAGE-UNIT")), "mamba"])
 def test_free_postcondition_catches_a_lost_free(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The ledger moved the ids to the free list but the pool forgot them: free's postcondition fires."""
     pool = _make(kind)
@@ -211,6 +218,7 @@ def test_free_postcondition_catches_a_lost_free(kind: str, monkeypatch: pytest.M
 
 
 @needs_contracts
+@pytest.mark.fires("I-COUNT")
 def test_class_invariant_catches_a_corrupted_free_list() -> None:
     pool = _make("token")
     owner = Owner("req", 1, REQ_RUNNING)
@@ -221,6 +229,7 @@ def test_class_invariant_catches_a_corrupted_free_list() -> None:
 
 
 @needs_contracts
+@pytest.mark.fires("I-ZERO-ON-ALLOC")
 def test_mamba_alloc_postcondition_catches_an_unzeroed_slot(monkeypatch: pytest.MonkeyPatch) -> None:
     """A new request must never inherit a previous request's state (llama.cpp/ik_llama #1696)."""
     pool = _make("mamba")
@@ -235,6 +244,7 @@ def test_mamba_alloc_postcondition_catches_an_unzeroed_slot(monkeypatch: pytest.
 
 
 @needs_contracts
+@pytest.mark.fires("I-COPY")
 def test_mamba_copy_postcondition_catches_a_lost_copy(monkeypatch: pytest.MonkeyPatch) -> None:
     pool = _make("mamba")
     owner = Owner("req", 1, REQ_RUNNING)
@@ -246,9 +256,63 @@ def test_mamba_copy_postcondition_catches_a_lost_copy(monkeypatch: pytest.Monkey
 
 
 @needs_contracts
+@pytest.mark.fires("I-COUNT")
 def test_ledger_invariant_catches_a_miscounted_account() -> None:
     ledger = Ledger("t", range(1, 5))
     owner = Owner("req", 1, REQ_RUNNING)
     ledger._count[REQ_RUNNING] += 1  # an account count that no transfer made
     with pytest.raises(ContractViolation, match="I-COUNT"):
         ledger.transfer([1], FREE_LIST, owner, "alloc")
+
+
+@needs_contracts
+@pytest.mark.fires("I-NO-PARTIAL")
+@pytest.mark.parametrize("ledgers", [True, False], ids=["ledger", "null-ledger"])
+def test_a_refused_allocation_that_took_an_id_is_caught(monkeypatch: pytest.MonkeyPatch, ledgers: bool) -> None:
+    """All or nothing: an allocation that answers None must not have taken anything on the way."""
+    pool = _make("token", ledgers)
+    owner = Owner("req", 1, REQ_RUNNING)
+    real = IdFreeList.alloc
+
+    def leaky(self: IdFreeList, n: int, who: Owner, op: str = "alloc") -> torch.Tensor | None:
+        if n > self.free.numel():
+            real(self, 1, who, op)  # takes one id, then refuses the whole request
+            return None
+        return real(self, n, who, op)
+
+    monkeypatch.setattr(IdFreeList, "alloc", leaky)
+    with pytest.raises(ContractViolation, match="I-NO-PARTIAL"):
+        pool.alloc(pool.size + 1, owner)
+
+
+@pytest.mark.fires("I-REUSE-ORDER")
+def test_reuse_order_check_catches_a_pool_that_reuses_in_the_wrong_order() -> None:
+    """The check the state machines run after every step: a FIFO pool that reuses LIFO is named."""
+    pool = _make("token")
+    owner = Owner("req", 1, REQ_RUNNING)
+    model = FreeListModel(range(1, 9), [owner], "fifo")
+    ids = _alloc(pool, 3, owner)
+    assert ids.tolist() == model.take(3, owner)
+    id_list_of(pool).reuse = "lifo"  # the bug: freed slots go to the head of the free list
+    pool.free(ids[:1], owner)
+    model.release(ids[:1].tolist(), owner)
+    assert sorted(id_list_of(pool).free.tolist()) == sorted(model.free)  # same ids, other order
+    with pytest.raises(ContractViolation, match=r"I-REUSE-ORDER: \[kv\] the free list differs"):
+        check_free_list_order(pool.name, id_list_of(pool).free.tolist(), model.free)
+
+
+@needs_contracts
+@pytest.mark.fires("I-POISON-ON-FREE")
+@pytest.mark.parametrize("kind", ["mamba", "kv", "kv_paged"])
+def test_a_free_that_skips_the_poison_is_caught(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Debug builds poison what comes back, so a stale read shows in the data; skipping it is a bug."""
+    if kind == "mamba":
+        pool = _make("mamba")
+    else:
+        pool = _make("token" if kind == "kv" else "paged")
+        pool.attach_kv_buffer(KVBufferPool.for_allocator(pool, num_layers=1, num_kv_heads=1, head_dim=2))
+    owner = Owner("req", 1, REQ_RUNNING)
+    ids = _alloc(pool, 2, owner)
+    monkeypatch.setattr(kvledger.kernels, "poison_slots", lambda state, slots: None)
+    with pytest.raises(ContractViolation, match="I-POISON-ON-FREE"):
+        pool.free(ids, owner)

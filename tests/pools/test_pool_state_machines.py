@@ -32,6 +32,7 @@ from kvledger.contracts.errors import (
     StaleSnapshot,
 )
 from kvledger.contracts.ledger import Ledger
+from kvledger.contracts.oracle import check_free_list_order
 from kvledger.contracts.owners import FREE, FREE_LIST, PENDING_FREE, Owner
 from kvledger.contracts.switch import override_ledgers
 from kvledger.reference.pools import (
@@ -139,7 +140,7 @@ class PoolMachine(RuleBasedStateMachine):
         model, ledger = self.model, self.pool.ledger
         model.check_partition()
         ids = id_list_of(self.pool)
-        assert ids.free.tolist() == model.free, "free list (reuse order) differs from the model"
+        check_free_list_order(ids.name, ids.free.tolist(), model.free)
         assert self.pool.available_size() == len(model.free) * self.unit
         assert ids.pending_count() == len(model.pending or ())
         assert ledger.holdings(FREE_LIST) == frozenset(model.free)

@@ -24,6 +24,7 @@ from hypothesis.stateful import (
 )
 
 from kvledger.contracts.identity import check_busy_identity
+from kvledger.contracts.oracle import check_output_oracle
 from kvledger.reference.scheduler import ReqState
 from tests.scheduler.harness import Setup, build, expected_output, long_fuzz_settings
 
@@ -121,8 +122,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert req.state.is_done, f"liveness: {req!r} never ended"
             assert req.finish_reason, f"{req!r} ended without a reason"
             if req.state is ReqState.FINISHED:
-                want = self.expected(req.origin_input_ids, req.max_new_tokens)
-                assert req.output_ids == want, f"{req!r}: output differs from the request run alone"
+                check_output_oracle(req, req.output_ids, self.expected(req.origin_input_ids, req.max_new_tokens))
 
     def expected(self, prompt: list[int], max_new_tokens: int) -> list[int]:
         """The oracle: what the request generates when run alone with no cache."""

@@ -8,6 +8,7 @@ from kvledger.contracts import switch
 from kvledger.contracts.errors import ContractViolation, InvalidArgument
 from kvledger.contracts.owners import BATCH_INFLIGHT, REQ_CHUNKED, REQ_WAITING, Owner
 from kvledger.reference.scheduler import ReqState, UnknownRequest
+from kvledger.reference.scheduler.memory import ReqMemory
 from tests.scheduler.harness import Setup, build, expected_output
 
 needs_contracts = pytest.mark.skipif(not switch.ENABLED, reason="contracts are off (KVLEDGER_CONTRACTS=0)")
@@ -106,6 +107,7 @@ def test_abort_unknown_request_is_a_typed_error() -> None:
         sched.abort(99)
 
 
+@pytest.mark.fires("I-TYPED-INPUT")
 def test_bad_requests_are_typed_errors_and_change_nothing() -> None:
     sched = build(Setup())
     before = _pool_state(sched)
@@ -201,6 +203,47 @@ def test_atomic_admission_rolls_back_on_an_injected_failure() -> None:
 
 
 @needs_contracts
+@pytest.mark.fires("I-ATOMIC-ADMISSION")
+def test_a_rollback_that_forgets_an_allocation_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """I-ATOMIC-ADMISSION put back wrong: the row and Mamba slot taken before the KV failure are not undone."""
+    sched = build(Setup(tree="mamba_radix", kv_tokens=128, rows=3, mamba_slots=4, chunk=None))
+    sched.add_request(0, [1, 2, 3, 4], 3)
+    real = ReqMemory._extend_one
+    monkeypatch.setattr(ReqMemory, "_extend_one", lambda self, req, undo: real(self, req, []))
+    sched.faults.fail_next("kv")
+    with pytest.raises(ContractViolation, match="I-ATOMIC-ADMISSION"):
+        sched.step()
+
+
+@needs_contracts
+@pytest.mark.fires("I-IDLE-IDENTITY")
+def test_a_lock_left_at_quiescence_is_caught() -> None:
+    """Quiescent (no request, no batch) but a tree node still locked: protected must be 0 there."""
+    sched = build(Setup(tree="radix", hybrid=False, kv_tokens=64))
+    sched.add_request(0, [1, 2, 3, 4, 5], 2)
+    sched.run_until_idle(50)
+    leaked = sched.tree.inc_lock_ref(sched.tree.match_prefix([1, 2, 3, 4]).last_node)  # nobody releases it
+    assert sched.is_quiescent() and sched.tree.protected_size() > 0
+    with pytest.raises(ContractViolation, match=r"I-IDLE-IDENTITY: quiescent but .*protected=4"):
+        sched.accounting.check_quiescent()
+    sched.tree.dec_lock_ref(leaked)
+    sched.accounting.check_quiescent()
+
+
+@pytest.mark.fires("I-LIVENESS")
+def test_a_request_that_can_never_fit_blocks_the_queue_without_the_arrival_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """I-LIVENESS put back wrong: without the rejection at arrival the big request waits forever."""
+    sched = build(Setup(kv_tokens=64, max_context_len=256))
+    monkeypatch.setattr(sched, "_never_fits", lambda req: None)
+    sched.add_request(0, list(range(70)), 4)  # 74 tokens can never fit in 64 slots
+    with pytest.raises(ContractViolation, match="I-LIVENESS: not drained after 30 steps"):
+        sched.run_until_idle(30)
+
+
+@needs_contracts
+@pytest.mark.fires("I-OWNER-RELEASE")
 def test_double_release_is_a_contract_violation() -> None:
     sched = build(Setup())
     req = sched.add_request(0, [1, 2, 3], 1)
@@ -210,6 +253,7 @@ def test_double_release_is_a_contract_violation() -> None:
 
 
 @needs_contracts
+@pytest.mark.fires("I-REQ-LADDER")
 def test_ladder_violation_fires() -> None:
     """I-REQ-LADDER: the class invariant catches a request whose bookkeeping is out of order."""
     sched = build(Setup())
@@ -221,6 +265,7 @@ def test_ladder_violation_fires() -> None:
 
 
 @needs_contracts
+@pytest.mark.fires("I-COUNT")
 def test_busy_identity_names_the_request_whose_bookkeeping_lies() -> None:
     """I-COUNT: a request that forgets a KV slot it holds is named, with the slot's history."""
     sched = build(Setup(tree="none", hybrid=False, kv_tokens=64))
@@ -236,6 +281,7 @@ def test_busy_identity_names_the_request_whose_bookkeeping_lies() -> None:
 
 
 @needs_contracts
+@pytest.mark.fires("I-LEDGER-AGREES")
 def test_ledger_cross_check_names_request_and_slot() -> None:
     sched = build(Setup(tree="none", hybrid=False, kv_tokens=64))
     req = sched.add_request(0, [1, 2, 3, 4], 5)
@@ -252,6 +298,7 @@ def test_ledger_cross_check_names_request_and_slot() -> None:
 
 
 @needs_contracts
+@pytest.mark.fires("I-ROW-EXCLUSIVE-WHILE-IN-FLIGHT")
 def test_row_reassigned_while_in_flight_is_caught() -> None:
     """I-ROW-EXCLUSIVE-WHILE-IN-FLIGHT (B8): releasing a finished request at once instead of deferring it."""
     sched = build(
@@ -279,6 +326,7 @@ def test_deferred_release_is_accounted_to_the_inflight_batch() -> None:
 
 
 @needs_contracts
+@pytest.mark.fires("I-QUIESCENT")
 def test_check_quiescent_refuses_outside_quiescence() -> None:
     sched = build(Setup())
     sched.add_request(0, [1, 2], 2)

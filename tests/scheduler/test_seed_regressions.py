@@ -1,7 +1,7 @@
 """The two seed bugs, rebuilt deterministically.
 
-(a) SGLang PR #16067's log (I-LEGACY-FALSE-POSITIVE): a waiting request holds a copy-on-write Mamba
-    slot; the late-2025 idle check counts it as leaked (``leaked_mamba_pages={191}``) and kills the
+(a) SGLang PR #16067's log (the legacy checker's false positive): a waiting request holds a
+    copy-on-write Mamba slot; the late-2025 idle check counts it as leaked (``leaked_mamba_pages={191}``) and kills the
     server. Here the same state at the log's sizes: the legacy checker raises, the ledger's identity
     holds and names the holder, and aborting the request frees the slot. Fails if the waiting-holder
     term is dropped from the identity or if abort forgets the COW slot (B5, PR #12693).
@@ -137,6 +137,7 @@ def _appended_then_other_setup(policy: str) -> tuple[Scheduler, list[int]]:
     return sched, prompt
 
 
+@pytest.mark.fires("I-COW-STOPPER")
 def test_seed_16067_reverted_variant_is_caught() -> None:
     sched, prompt = _appended_then_other_setup("on_failure")
     req = sched.add_request(1, prompt, 3)

@@ -89,6 +89,10 @@ class KVBufferPool:
         kernels.zero_slots(self.k_buffer, slots)
         kernels.zero_slots(self.v_buffer, slots)
 
+    @ensure(
+        lambda self, slots: bool(self.poisoned(slots).all()),
+        "I-POISON-ON-FREE: every freed slot holds the poison value",
+    )
     def poison_slots(self, slots: torch.Tensor) -> None:
         """Poison K and V of ``slots`` (NaN): a later read of a freed slot shows in the data."""
         kernels.poison_slots(self.k_buffer, slots)

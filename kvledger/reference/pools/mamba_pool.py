@@ -104,6 +104,10 @@ class MambaPool:
         kernels.zero_slots(self.conv_state, slots)
         kernels.zero_slots(self.temporal_state, slots)
 
+    @ensure(
+        lambda self, slots: bool(self.poisoned(slots).all()),
+        "I-POISON-ON-FREE: every freed slot holds the poison value",
+    )
     def _poison(self, slots: torch.Tensor) -> None:
         kernels.poison_slots(self.conv_state, slots)
         kernels.poison_slots(self.temporal_state, slots)

@@ -97,7 +97,7 @@ class Accounting:
     def check_quiescent(self, terms: list[PoolTerms] | None = None) -> None:
         """The strong identity and the full recounts; only meaningful at quiescence (I-QUIESCENT)."""
         if not self.s.is_quiescent():
-            raise ContractViolation(f"check_quiescent outside quiescence: {self.s.describe_queues()}")
+            raise ContractViolation(f"I-QUIESCENT: check_quiescent outside quiescence: {self.s.describe_queues()}")
         for t in terms if terms is not None else self.pool_terms():
             check_idle_identity(t)
         for pool in self._pools():
@@ -122,11 +122,13 @@ class Accounting:
                     continue
                 if r.req_pool_idx in b.ref_rows:
                     raise ContractViolation(
-                        f"{r.owner!r} got row {r.req_pool_idx} that in-flight {b!r} reads"
+                        f"I-ROW-EXCLUSIVE-WHILE-IN-FLIGHT: {r.owner!r} got row {r.req_pool_idx}"
+                        f" that in-flight {b!r} reads"
                     )
                 if r.mamba_pool_idx is not None and int(r.mamba_pool_idx[0]) in b.ref_mamba:
                     raise ContractViolation(
-                        f"{r.owner!r} got Mamba slot {int(r.mamba_pool_idx[0])} that in-flight {b!r} advances"
+                        f"I-ROW-EXCLUSIVE-WHILE-IN-FLIGHT: {r.owner!r} got Mamba slot"
+                        f" {int(r.mamba_pool_idx[0])} that in-flight {b!r} advances"
                     )
 
     def _pools(self) -> list[Any]:
@@ -164,7 +166,10 @@ class Accounting:
     def _explain(self, terms: PoolTerms, pool: Any, diff: dict[str, tuple[int, int]]) -> str:
         """Name the request(s) whose bookkeeping disagrees with the ledger, and the ids in question."""
         ledger = pool.ledger
-        lines = [f"[{terms.pool}] counters and ledger disagree (counted, ledger): {diff}", terms.table()]
+        lines = [
+            f"I-LEDGER-AGREES: [{terms.pool}] counters and ledger disagree (counted, ledger): {diff}",
+            terms.table(),
+        ]
         for r in self.s.requests.values():
             held = set(ledger.holdings(r.owner))
             expected = self._expected_ids(terms.pool, r)

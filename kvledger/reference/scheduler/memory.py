@@ -28,6 +28,7 @@ import torch
 from kvledger.contracts.arith import ceil_to_page, extend_page_plan, floor_to_page, pages_needed
 from kvledger.contracts.errors import ContractViolation
 from kvledger.contracts.owners import REQ_CHUNKED, REQ_RUNNING, REQ_WAITING
+from kvledger.contracts.switch import ensure, snapshot
 from kvledger.reference.scheduler.request import Req
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
@@ -103,7 +104,7 @@ class ReqMemory:
             slot = int(req.mamba_pool_idx[0])
             detail = ledger.describe([slot], "") if ledger.enabled else ""
             raise ContractViolation(
-                f"COW slot {slot} released while {req.owner!r} holds it as an admitted request"
+                f"I-COW-STOPPER: COW slot {slot} released while {req.owner!r} holds it as an admitted request"
                 f" (the #16067 reverted bug){detail}"
             )
         self.mamba_pool.free(req.mamba_pool_idx, req.owner)
@@ -124,6 +125,26 @@ class ReqMemory:
         if short > 0 and self.is_mamba_tree:
             self.tree.evict_mamba(short)
 
+    def holdings(self, reqs: Sequence[Req]) -> list[tuple[Any, ...]]:
+        """Per request: row, Mamba slot, allocated length and its ledger holdings in every pool."""
+        pools = [self.kv_allocator, self.req_to_token_pool]
+        if self.mamba_pool is not None:
+            pools.append(self.mamba_pool)
+        return [
+            (
+                r.req_pool_idx,
+                None if r.mamba_pool_idx is None else int(r.mamba_pool_idx[0]),
+                r.kv_allocated_len,
+                tuple(p.ledger.held_count(r.owner) for p in pools),
+            )
+            for r in reqs
+        ]
+
+    @snapshot(lambda self, reqs: self.holdings(reqs), name="held")
+    @ensure(
+        lambda self, reqs, result, OLD: result is not None or self.holdings(reqs) == OLD.held,
+        "I-ATOMIC-ADMISSION: a failed admission leaves every request holding exactly what it held",
+    )
     def prepare_extend(self, reqs: Sequence[Req], chunked: Req | None) -> torch.Tensor | None:
         """Rows, working slots and KV for this round's extends, all or none; returns ``out_cache_loc``.
 
