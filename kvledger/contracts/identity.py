@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvledger.contracts.arith import MAX_TERMS
 from kvledger.contracts.errors import ContractViolation
 from kvledger.contracts.switch import ensure, require
 
@@ -51,7 +52,7 @@ class PoolTerms:
         return f"[{self.pool}] " + " + ".join(parts) + f" = {self.total()} vs size {self.size} ({self.unit})"
 
 
-@require(lambda parts: all(p >= 0 for p in parts))
+@require(lambda parts: len(parts) <= MAX_TERMS)
 @ensure(lambda parts, size, result: result == sum(parts) - size)
 def identity_gap(parts: list[int], size: int) -> int:
     """How far the terms are from the size: > 0 means counted twice (over-free), < 0 means a leak."""

@@ -1,7 +1,7 @@
 """The CrossHair gate fails on counterexamples and on vacuous passes, and passes on the real arithmetic.
 
 Each run starts ``scripts/crosshair_gate.py`` as a subprocess (about a second each with the small
-targets used here). The whole of ``kvledger/contracts/arith.py`` at the CI budget (~30 s) is run by
+targets used here). The registry's proof targets at the CI budget (~15 s) are run by
 ``scripts/test.sh`` itself, so here the real functions are checked one by one.
 
 Every counterexample CrossHair reports is re-run in plain Python (tooling-notes §5: CrossHair 0.0.113
@@ -21,6 +21,7 @@ from types import ModuleType
 import pytest
 
 from kvledger.contracts import arith
+from kvledger.contracts.invariants.proofs import PROOFS
 
 REPO = Path(__file__).resolve().parents[2]
 GATE = REPO / "scripts" / "crosshair_gate.py"
@@ -103,6 +104,40 @@ def test_real_functions_pass() -> None:
     assert confirmed >= 8, summary  # every postcondition of these five is proved, not just explored
 
 
+# ---------------------------------------------------------------------- proved means confirmed
+def test_a_condition_declared_proved_but_not_confirmed_fails() -> None:
+    """A loop over an unbounded list is only explored: fine as "bounded", a failure when called proved."""
+    fixture = str(FIXTURES / "unbounded_loop.py")
+    explored = run_gate("-t", "2", fixture)
+    assert explored.returncode == 0, explored.stdout
+    assert "1 not confirmed" in summary_of(explored)
+    claimed = run_gate("-t", "2", "--require-proof", fixture)
+    assert claimed.returncode == 1, claimed.stdout
+    summary = summary_of(claimed)
+    assert "1 condition(s) declared proved are not confirmed: total (line 13): not confirmed" in summary
+    assert "0 of 1 postconditions declared proved (1 functions) are" in summary
+
+
+def test_every_registry_proof_maps_to_its_postconditions() -> None:
+    """The gate matches each verdict line to an ``@ensure``; every proof target has at least one."""
+    conditions = gate.conditions_of([p.target for p in PROOFS])
+    by_function = {c.function for c in conditions}
+    assert by_function == {p.function for p in PROOFS}
+    assert gate.declared_proved() == {(c.path, c.function) for c in conditions}
+    assert len(conditions) == 17
+
+
+def test_verdict_matches_lines_to_conditions() -> None:
+    path = FIXTURES / "unbounded_loop.py"
+    conditions = gate.postconditions(path)
+    assert [(c.function, c.first_line) for c in conditions] == [("total", 13)]
+    required = {(conditions[0].path, "total")}
+    ok = gate.summarize([f"{path}:13: info: Confirmed over all paths."], 0, conditions, required)
+    assert ok.passed and ok.results == {conditions[0]: "confirmed"}
+    missing = gate.summarize([f"{path}:99: info: Confirmed over all paths."], 0, conditions, required)
+    assert not missing.passed and missing.unproved() == ["total (line 13): no verdict"]
+
+
 def test_gate_forces_contracts_on() -> None:
     """With ``KVLEDGER_CONTRACTS=0`` CrossHair would see no contracts and exit 0; the gate overrides it."""
     done = run_gate("kvledger.contracts.arith.pages_needed", contracts="0")
@@ -176,4 +211,4 @@ def test_gate_runs_crosshair_the_documented_way() -> None:
         "--report_all",
         "kvledger/contracts/arith.py",
     ]
-    assert gate.DEFAULT_TARGETS == ("kvledger/contracts/arith.py",) and gate.DEFAULT_TIMEOUT == 5.0
+    assert gate.DEFAULT_TIMEOUT == 5.0
