@@ -1,4 +1,9 @@
-"""The ``kvledger`` command: ``kvledger --version`` and ``kvledger simulate``."""
+"""The ``kvledger`` command: ``kvledger --version`` and ``kvledger simulate``.
+
+Every option is checked before anything runs: a bad value, a combination the engine cannot run, a
+workload that could only be rejected, or a plot path that cannot be written ends in one line on stderr
+and exit status 2, never a traceback. Exit status 1 means the run found a contract violation.
+"""
 
 from __future__ import annotations
 
@@ -6,70 +11,279 @@ import argparse
 import json
 import os
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 from kvledger import __version__
 from kvledger.contracts import switch
 
+USAGE_ERROR = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a one-line error (argparse prints the whole usage block first)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(USAGE_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _int_at_least(low: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kvledger", description=__doc__)
+    p = _Parser(prog="kvledger", description=__doc__.split("\n\n")[0])
     p.add_argument("--version", action="version", version=f"kvledger {__version__}")
-    sub = p.add_subparsers(dest="command")
-    s = sub.add_parser("simulate", help="run a generated-shared-prefix workload through the scheduler")
+    sub = p.add_subparsers(dest="command", parser_class=_Parser)
+    s = sub.add_parser(
+        "simulate",
+        help="run a generated-shared-prefix workload through the scheduler",
+        description=(
+            "Run a generated-shared-prefix workload (after SGLang's bench_serving) through the scheduler"
+            " with the ledger on every pool; print a summary and write the ledger timeline."
+        ),
+    )
     g = s.add_argument_group("workload (after bench_serving --dataset generated-shared-prefix)")
-    g.add_argument("--gsp-num-groups", type=int, default=8)
-    g.add_argument("--gsp-prompts-per-group", type=int, default=16)
-    g.add_argument("--gsp-system-prompt-len", type=int, default=512)
-    g.add_argument("--gsp-question-len", type=int, default=128)
-    g.add_argument("--gsp-output-len", type=int, default=96)
-    g.add_argument("--arrivals-per-step", type=int, default=4)
+    g.add_argument(
+        "--gsp-num-groups",
+        metavar="N",
+        type=_int_at_least(1),
+        default=8,
+        help="groups sharing a system prompt (default: %(default)s)",
+    )
+    g.add_argument(
+        "--gsp-prompts-per-group",
+        metavar="N",
+        type=_int_at_least(1),
+        default=16,
+        help="requests per group (default: %(default)s)",
+    )
+    g.add_argument(
+        "--gsp-system-prompt-len",
+        metavar="TOKENS",
+        type=_int_at_least(0),
+        default=512,
+        help="tokens of the shared system prompt (default: %(default)s)",
+    )
+    g.add_argument(
+        "--gsp-question-len",
+        metavar="TOKENS",
+        type=_int_at_least(0),
+        default=128,
+        help="tokens of each request's own question (default: %(default)s)",
+    )
+    g.add_argument(
+        "--gsp-output-len",
+        metavar="TOKENS",
+        type=_int_at_least(1),
+        default=96,
+        help="new tokens per request (default: %(default)s)",
+    )
+    g.add_argument(
+        "--arrivals-per-step",
+        metavar="N",
+        type=_int_at_least(1),
+        default=4,
+        help="requests arriving per scheduler step (default: %(default)s)",
+    )
     m = s.add_argument_group("memory and scheduling")
-    m.add_argument("--kv-pool-tokens", type=int, default=5120)
-    m.add_argument("--mamba-slots", type=int, default=24)
-    m.add_argument("--max-running-requests", type=int, default=16)
-    m.add_argument("--page-size", type=int, default=1)
-    m.add_argument("--chunked-prefill-size", type=int, default=256, help="0 disables chunking")
-    m.add_argument("--max-prefill-tokens", type=int, default=2048)
+    m.add_argument(
+        "--kv-pool-tokens",
+        metavar="TOKENS",
+        type=_int_at_least(1),
+        default=5120,
+        help="KV pool size in tokens, a multiple of --page-size (default: %(default)s)",
+    )
+    m.add_argument(
+        "--mamba-slots",
+        metavar="SLOTS",
+        type=_int_at_least(1),
+        default=24,
+        help="Mamba state pool size in slots (default: %(default)s)",
+    )
+    m.add_argument(
+        "--req-pool-rows",
+        metavar="ROWS",
+        type=_int_at_least(1),
+        default=None,
+        help="request-to-token pool size in rows (default: --max-running-requests + 4)",
+    )
+    m.add_argument(
+        "--max-running-requests",
+        metavar="N",
+        type=_int_at_least(1),
+        default=16,
+        help="requests decoding at once (default: %(default)s)",
+    )
+    m.add_argument(
+        "--page-size",
+        metavar="TOKENS",
+        type=_int_at_least(1),
+        default=1,
+        help="tokens per KV page; > 1 needs --no-mamba or --no-radix-cache (default: %(default)s)",
+    )
+    m.add_argument(
+        "--chunked-prefill-size",
+        metavar="TOKENS",
+        type=_int_at_least(0),
+        default=256,
+        help="tokens per prefill chunk, 0 disables chunking (default: %(default)s)",
+    )
+    m.add_argument(
+        "--max-prefill-tokens",
+        metavar="TOKENS",
+        type=_int_at_least(1),
+        default=2048,
+        help="tokens per prefill batch (default: %(default)s)",
+    )
     m.add_argument("--overlap", action="store_true", help="process results one step late (overlap scheduler)")
-    m.add_argument("--no-radix-cache", action="store_true")
+    m.add_argument("--no-radix-cache", action="store_true", help="no prefix cache")
     m.add_argument("--no-mamba", action="store_true", help="attention-only model: no Mamba pool")
     m.add_argument(
         "--model",
         choices=["hash", "tiny-hybrid"],
         default="hash",
-        help="next-token source: a deterministic hash, or the tiny hybrid model over the pools",
+        help=(
+            "next-token source: a deterministic hash, or the tiny hybrid model reading KV and states"
+            " through the pools (about 40x slower; needs the Mamba pool) (default: %(default)s)"
+        ),
     )
     o = s.add_argument_group("run")
     o.add_argument(
         "--contracts",
         choices=["on", "off"],
         default=None,
-        help="override KVLEDGER_CONTRACTS (re-executes the process with it set)",
+        help="override KVLEDGER_CONTRACTS, re-executing the process with it set (default: the env var, on)",
     )
-    o.add_argument("--seed", type=int, default=0)
-    o.add_argument("--json", action="store_true", help="print the summary as one JSON object")
-    o.add_argument("--plot", type=Path, default=Path("out/ledger_timeline.png"), help="timeline PNG path")
-    o.add_argument("--no-plot", action="store_true")
-    o.add_argument("--no-progress", action="store_true")
+    o.add_argument("--seed", metavar="N", type=_int, default=0, help="workload seed (default: %(default)s)")
+    o.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
+    o.add_argument(
+        "--plot",
+        metavar="PATH",
+        type=Path,
+        default=Path("out/ledger_timeline.png"),
+        help="ledger timeline image; the suffix picks the format: .png, .svg, .pdf, ... (default: %(default)s)",
+    )
+    o.add_argument("--no-plot", action="store_true", help="do not write the timeline")
+    o.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
 
-def _reexec_with_contracts(value: str) -> None:
+# ---------------------------------------------------------------------- checks before the run
+def _kv_tokens_needed(ns: argparse.Namespace) -> int:
+    """KV slots one request needs alone, with a spare page (the scheduler's rejection rule)."""
+    total = ns.gsp_system_prompt_len + ns.gsp_question_len + ns.gsp_output_len
+    pages = -(-total // ns.page_size)
+    return (pages + 1) * ns.page_size
+
+
+def _plot_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be written as an image, or None."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    if path.is_dir():
+        return f"--plot {path}: is a directory"
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if path.suffix.lstrip(".").lower() not in formats:
+        kind = repr(path.suffix) if path.suffix else "no suffix"
+        return f"--plot {path}: unsupported image format ({kind}); use one of {', '.join(sorted(formats))}"
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"--plot {path}: {ancestor} is not a directory"
+    try:  # the run writes here at the end: find out now, not after minutes of simulation
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            with open(path, "ab"):
+                pass
+        else:
+            with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".kvledger-probe-"):
+                pass
+    except OSError as exc:
+        return f"--plot {path}: cannot be written ({exc.strerror or exc})"
+    return None
+
+
+def check_options(ns: argparse.Namespace) -> str | None:
+    """The first reason the options cannot make a meaningful run, or None. One line, no traceback."""
+    if ns.gsp_system_prompt_len + ns.gsp_question_len < 1:
+        return "--gsp-system-prompt-len plus --gsp-question-len must be >= 1: prompts would be empty"
+    if ns.no_mamba and ns.model == "tiny-hybrid":
+        return "--model tiny-hybrid needs the Mamba pool: drop --no-mamba or use --model hash"
+    if ns.page_size > 1 and not ns.no_mamba and not ns.no_radix_cache:
+        return (
+            f"--page-size {ns.page_size} with the Mamba radix cache: the scheduler caches Mamba states per"
+            " token and needs --page-size 1; add --no-mamba or --no-radix-cache"
+        )
+    if ns.kv_pool_tokens % ns.page_size:
+        return f"--kv-pool-tokens {ns.kv_pool_tokens} is not a multiple of --page-size {ns.page_size}"
+    if ns.chunked_prefill_size and ns.chunked_prefill_size < ns.page_size:
+        return f"--chunked-prefill-size {ns.chunked_prefill_size} must be 0 or >= --page-size {ns.page_size}"
+    needed = _kv_tokens_needed(ns)
+    if needed > ns.kv_pool_tokens:
+        return (
+            f"every request needs {needed} KV tokens alone (prompt + output, one spare page) but --kv-pool-tokens"
+            f" is {ns.kv_pool_tokens}: all {ns.gsp_num_groups * ns.gsp_prompts_per_group} requests would be"
+            f" rejected; use --kv-pool-tokens {needed} or more"
+        )
+    if not ns.no_plot:
+        return _plot_problem(ns.plot)
+    return None
+
+
+# ---------------------------------------------------------------------- the run
+def _reexec_with_contracts(value: str) -> NoReturn:
     """Contracts are fixed at import: switching them means a new process with the env var set."""
     env = dict(os.environ, **{switch.ENV_VAR: "1" if value == "on" else "0"})
-    args = [a for a in sys.argv[1:]]
+    args = list(sys.argv[1:])
     i = args.index("--contracts")
     del args[i : i + 2]
     os.execvpe(sys.executable, [sys.executable, "-m", "kvledger", *args], env)
 
 
+def _fail(message: str) -> int:
+    print(f"kvledger simulate: error: {message}", file=sys.stderr)
+    return USAGE_ERROR
+
+
 def _simulate(ns: argparse.Namespace) -> int:
+    problem = check_options(ns)
+    if problem is not None:
+        return _fail(problem)
     if ns.contracts is not None and (ns.contracts == "on") != switch.ENABLED:
         _reexec_with_contracts(ns.contracts)
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
+    from kvledger.contracts.errors import KVLedgerError
+    from kvledger.sim.estimate import LONG_RUN_S, describe_duration, predicted_seconds, total_tokens
     from kvledger.sim.report import plot_timeline, print_summary
     from kvledger.sim.simulate import SimOptions, run_simulation
     from kvledger.sim.workload import GSPWorkload
@@ -88,6 +302,7 @@ def _simulate(ns: argparse.Namespace) -> int:
         kv_pool_tokens=ns.kv_pool_tokens,
         mamba_slots=ns.mamba_slots,
         max_running_requests=ns.max_running_requests,
+        rows=ns.req_pool_rows,
         page_size=ns.page_size,
         chunked_prefill_size=ns.chunked_prefill_size or None,
         max_prefill_tokens=ns.max_prefill_tokens,
@@ -97,16 +312,41 @@ def _simulate(ns: argparse.Namespace) -> int:
         model=ns.model,
     )
     console = Console(stderr=ns.json)
+    predicted = predicted_seconds(workload, ns.model, switch.ENABLED)
+    if predicted > LONG_RUN_S:
+        print(
+            f"kvledger simulate: warning: this run may take about {describe_duration(predicted)}"
+            f" ({total_tokens(workload):,} tokens, --model {ns.model}, contracts"
+            f" {'on' if switch.ENABLED else 'off'}); fewer --gsp-num-groups or --gsp-prompts-per-group"
+            " shorten it",
+            file=sys.stderr,
+        )
     show_progress = not ns.no_progress and not ns.json
-    if show_progress:
-        with Progress(
-            TextColumn("simulate"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
-        ) as bar:
-            task = bar.add_task("requests", total=workload.num_groups * workload.prompts_per_group)
-            result = run_simulation(opts, progress=lambda done, total: bar.update(task, completed=done))
-    else:
-        result = run_simulation(opts)
-    plot_path = None if ns.no_plot else plot_timeline(result, ns.plot)
+    try:
+        if show_progress:
+            with Progress(
+                TextColumn("simulate"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("requests"),
+                TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                console=console,
+            ) as bar:
+                task = bar.add_task("requests", total=workload.num_groups * workload.prompts_per_group)
+                result = run_simulation(opts, progress=lambda done, total: bar.update(task, completed=done))
+        else:
+            result = run_simulation(opts)
+    except KVLedgerError as exc:  # a combination the checks above did not foresee: still a user error
+        return _fail(str(exc).splitlines()[0])
+    plot_path = None
+    plot_error = None
+    if not ns.no_plot:
+        try:
+            plot_path = plot_timeline(result, ns.plot)
+        except (OSError, ValueError) as exc:
+            plot_error = f"could not write the plot {ns.plot}: {exc}"
     if ns.json:
         out = result.summary()
         out["plot"] = str(plot_path) if plot_path else None
@@ -115,14 +355,18 @@ def _simulate(ns: argparse.Namespace) -> int:
         print_summary(result, console)
         if plot_path:
             console.print(f"ledger timeline written to {plot_path}")
+    if plot_error is not None:
+        print(f"kvledger simulate: error: {plot_error}", file=sys.stderr)
+        return 1
     return 1 if result.violations else 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    ns = _parser().parse_args(argv)
+    parser = _parser()
+    ns = parser.parse_args(argv)
     if ns.command == "simulate":
         return _simulate(ns)
-    _parser().print_help()
+    parser.print_help()
     return 0
 
 

@@ -23,6 +23,7 @@ class SimOptions:
     kv_pool_tokens: int = 5120
     mamba_slots: int = 24
     max_running_requests: int = 16
+    rows: int | None = None  # rows of the request-to-token pool; None: max_running_requests + 4
     page_size: int = 1
     chunked_prefill_size: int | None = 256
     max_prefill_tokens: int = 2048
@@ -43,7 +44,7 @@ class SimOptions:
             tree=tree,
             hybrid=self.hybrid,
             kv_tokens=self.kv_pool_tokens,
-            rows=self.max_running_requests + 4,
+            rows=self.rows if self.rows is not None else self.max_running_requests + 4,
             mamba_slots=self.mamba_slots,
             mamba_layers=self.mamba_layers,
             max_running=self.max_running_requests,
@@ -67,6 +68,7 @@ class SimResult:
     finished: int
     aborted: int
     rejected: int
+    reject_reasons: dict[str, int]
     prompt_tokens: int
     cached_prompt_tokens: int
     prefix_hit_rate: float
@@ -127,6 +129,7 @@ def run_simulation(opts: SimOptions, progress: Callable[[int, int], None] | None
         finished=states.count("finished"),
         aborted=states.count("aborted"),
         rejected=states.count("rejected"),
+        reject_reasons=dict(st.reject_reasons),
         prompt_tokens=st.prompt_tokens,
         cached_prompt_tokens=st.cached_prompt_tokens,
         prefix_hit_rate=round(st.cached_prompt_tokens / st.prompt_tokens, 4) if st.prompt_tokens else 0.0,

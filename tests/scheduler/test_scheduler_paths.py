@@ -47,6 +47,23 @@ def test_requests_finish_with_the_outputs_they_would_have_alone(tree: str, overl
         assert sched.stats.cached_prompt_tokens > 0
 
 
+def test_a_chunked_and_retracted_prompt_counts_once_and_whole() -> None:
+    """Prompt-token statistics: a 30-token prompt in chunks of 8, then retracted and re-admitted, is 30."""
+    sched = build(Setup(tree="radix", hybrid=False, kv_tokens=200, rows=2, chunk=8, max_prefill=8))
+    req = sched.add_request(0, list(range(30)), 6)
+    while req not in sched.running:  # four chunks, then merged into the running batch
+        sched.step()
+    assert sched.stats.prompt_tokens == 30 and sched.stats.cached_prompt_tokens == 0
+    assert sched.force_retract(1) == 1
+    sched.run_until_idle(100)
+    assert req.state is ReqState.FINISHED and req.retract_count == 1
+    assert sched.stats.prompt_tokens == 30 and sched.stats.cached_prompt_tokens == 0
+    other = sched.add_request(1, [*range(24), 99], 2)  # 24 tokens cached by request 0
+    sched.run_until_idle(100)
+    assert other.prefix_hit_tokens == 24
+    assert sched.stats.prompt_tokens == 55 and sched.stats.cached_prompt_tokens == 24
+
+
 def test_chunked_request_keeps_row_and_working_slot_across_chunks() -> None:
     sched = build(Setup(tree="mamba_radix", kv_tokens=200, rows=2, mamba_slots=4, chunk=8, max_prefill=8))
     req = sched.add_request(0, list(range(30)), 2)

@@ -111,3 +111,45 @@ def test_version() -> None:
         [sys.executable, "-m", "kvledger", "--version"], capture_output=True, text=True, check=True
     ).stdout
     assert out.strip() == f"kvledger {__version__}"
+
+
+@pytest.mark.parametrize(
+    ("chunk", "kv_pool_tokens", "overlap"),
+    [(None, 640, False), (64, 640, False), (32, 320, True)],
+    ids=["unchunked", "chunked", "chunked-tight-overlap"],
+)
+def test_prompt_token_totals_equal_the_sum_of_the_prompts(
+    chunk: int | None, kv_pool_tokens: int, overlap: bool
+) -> None:
+    """Every prompt counts once and whole, however it was chunked or retracted; the hit rate is the
+    cached share of all prompt tokens."""
+    wl = GSPWorkload(num_groups=2, prompts_per_group=4, system_prompt_len=96, question_len=24, output_len=12)
+    opts = SimOptions(
+        workload=wl,
+        kv_pool_tokens=kv_pool_tokens,
+        mamba_slots=8,
+        chunked_prefill_size=chunk,
+        overlap=overlap,
+        radix_cache=True,
+        hybrid=chunk is not None,  # without chunking the Mamba cache only caches whole prompts
+    )
+    result = run_simulation(opts)
+    assert result.violation is None and result.finished == 8
+    assert result.prompt_tokens == sum(len(p) for _, p, _ in wl.requests()) == 8 * 120
+    assert 0 < result.cached_prompt_tokens < result.prompt_tokens
+    assert result.prefix_hit_rate == round(result.cached_prompt_tokens / result.prompt_tokens, 4)
+
+
+def test_reject_reasons_reach_the_table_and_the_json(capsys: pytest.CaptureFixture[str]) -> None:
+    from kvledger.sim.report import print_summary
+
+    wl = GSPWorkload(num_groups=1, prompts_per_group=3, system_prompt_len=40, question_len=8, output_len=8)
+    result = run_simulation(
+        SimOptions(workload=wl, kv_pool_tokens=32, mamba_slots=4, chunked_prefill_size=16)
+    )
+    assert result.rejected == 3 and result.finished == 0 and result.prompt_tokens == 0
+    assert result.reject_reasons == {"prompt + max_new_tokens exceeds the KV pool": 3}
+    assert result.summary()["reject_reasons"] == result.reject_reasons
+    print_summary(result)
+    table = capsys.readouterr().out
+    assert "rejected: prompt + max_new_tokens exceeds the KV pool" in table

@@ -75,6 +75,7 @@ class Req:
     first_token_step: int | None = None
     finish_step: int | None = None
     prefix_hit_tokens: int = 0  # tokens served from the cache at admission (for the hit-rate report)
+    prompt_counted: bool = False  # its prompt is in the statistics (once, at the first admission)
 
     def __post_init__(self) -> None:
         self.owner = Owner("req", self.rid, REQ_WAITING)

@@ -40,8 +40,8 @@ class SchedulerStats:
     prefill_batches: int = 0
     decode_batches: int = 0
     idle_steps: int = 0
-    prompt_tokens: int = 0
-    cached_prompt_tokens: int = 0
+    prompt_tokens: int = 0  # every admitted request's whole prompt, counted once
+    cached_prompt_tokens: int = 0  # of those, the tokens served from the cache at first admission
     generated_tokens: int = 0
     retractions: int = 0
     aborts: int = 0
@@ -296,8 +296,11 @@ class Scheduler:
             self._rollback_admission(adder.can_run_list)
             return None
         for req in adder.can_run_list:
-            if req is not self.chunked_req:
-                self.stats.prompt_tokens += len(req.fill_ids)
+            if not req.prompt_counted:
+                # Each prompt counts once, whole, at its first admission: later chunks are computed, not
+                # served from the cache, and a retracted request's re-prefill is not a new prompt.
+                req.prompt_counted = True
+                self.stats.prompt_tokens += len(req.origin_input_ids)
                 self.stats.cached_prompt_tokens += req.cache_protected_len
                 req.prefix_hit_tokens = req.cache_protected_len
             req.state = ReqState.CHUNKED if req is new_chunked else ReqState.RUNNING
