@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -34,28 +35,25 @@ def pytest_configure(config: pytest.Config) -> None:
 def recording_errors() -> Iterator[list[BaseException]]:
     """Record every ContractViolation and KVLedgerError constructed inside the block."""
     seen: list[BaseException] = []
-    patched: list[tuple[type, object]] = []
+    patched: list[tuple[type[BaseException], Any]] = []
     for cls in RECORDED:
         own = cls.__dict__.get("__init__")
-        original = cls.__init__
+        original: Any = cls.__init__
 
-        def recording(
-            self: BaseException, *args: object, _original: object = original, **kwargs: object
-        ) -> None:
-            _original(self, *args, **kwargs)  # type: ignore[operator]
+        def recording(self: BaseException, *args: Any, _original: Any = original, **kwargs: Any) -> None:
+            _original(self, *args, **kwargs)
             seen.append(self)
 
-        cls.__init__ = recording  # type: ignore[method-assign]
+        setattr(cls, "__init__", recording)  # noqa: B010  (mypy refuses assigning to a method)
         patched.append((cls, own))
     try:
         yield seen
     finally:
         for cls, own in reversed(patched):
             if own is None:
-                del cls.__init__  # type: ignore[misc]
+                delattr(cls, "__init__")
             else:
-                cls.__init__ = own  # type: ignore[method-assign]
-
+                setattr(cls, "__init__", own)  # noqa: B010
 
 def missing_ids(wanted: list[str], seen: list[BaseException]) -> list[str]:
     """The declared IDs that no recorded error names."""
