@@ -19,8 +19,8 @@ from kvledger.contracts.errors import ContractViolation, DoubleFree, InvalidArgu
 from kvledger.contracts.invariants import PROOFS, Origin, Severity, all_areas, all_invariants, by_id
 from kvledger.contracts.invariants.model import Invariant, contract, proof
 from kvledger.contracts.invariants.proofs import Proof
-from kvledger.contracts.invariants.render import proof_domain, render_spec
-from kvledger.contracts.invariants.trace import check, resolve, scan_fires
+from kvledger.contracts.invariants.render import proof_domain, render_invariant_page, render_spec
+from kvledger.contracts.invariants.trace import check, fired_by, resolve, scan_fires
 from tests.fires_plugin import missing_ids, recording_errors
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,6 +42,16 @@ def test_the_spec_lists_every_invariant_once_and_marks_its_origin() -> None:
     origins = {inv.origin for inv in all_invariants()}
     assert origins == {Origin.SGLANG, Origin.KVLEDGER}
     assert {inv.severity for inv in all_invariants()} == {Severity.BUG, Severity.OPERATING_ERROR}
+
+
+def test_one_invariant_renders_as_a_page_of_its_own() -> None:
+    inv = by_id()["I-LOCK-SYMMETRY"]
+    page = render_invariant_page(inv, fired_by(ROOT)[inv.id])
+    assert page.startswith("# I-LOCK-SYMMETRY: a release undoes exactly what its lock took\n")
+    assert "* severity: **bug**" in page and "B14, fixed by SGLang PR #27147" in page
+    assert (
+        "* `tests/caches/test_contracts_fire.py::test_lock_symmetry_fires_for_the_b14_rederivation`" in page
+    )
 
 
 def test_proof_domains_come_from_the_preconditions() -> None:

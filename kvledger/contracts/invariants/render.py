@@ -106,6 +106,29 @@ def render_area(area: Area, firing: dict[str, list[FiringTest]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_invariant_page(inv: Invariant, tests: list[FiringTest]) -> str:
+    """One invariant on a page of its own (for a documentation site): the same facts as its table row."""
+    lines = [
+        f"# {inv.id}: {inv.title}",
+        "",
+        render_statement(inv),
+        "",
+        f"* severity: **{inv.severity.value}**",
+        f"* origin: {inv.origin.value}",
+        f"* parts: {', '.join(inv.parts)}",
+        "",
+        "## Checked by",
+        "",
+        *(f"* {render_check(c)}" for c in inv.checks),
+        "",
+        "## Made to fire by",
+        "",
+        *(f"* `{t.node}`" + (" (some parameters)" if t.some_parameters else "") for t in tests),
+        *(f"* checked on every step by `{loc}`" for loc in inv.exercised_by),
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def proof_domain(root: Path, proof: Proof) -> Domain:
     """The preconditions (source text) and the postcondition count of a proof target."""
     tree = ast.parse((root / proof.path).read_text(encoding="utf-8"))
