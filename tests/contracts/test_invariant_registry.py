@@ -57,7 +57,7 @@ def test_one_invariant_renders_as_a_page_of_its_own() -> None:
 def test_proof_domains_come_from_the_preconditions() -> None:
     gap = next(p for p in PROOFS if p.function == "identity_gap")
     domain = proof_domain(ROOT, gap)
-    assert domain.preconditions == ("len(parts) <= MAX_TERMS",) and domain.postconditions == 1
+    assert domain.preconditions == ("len(parts) <= 32",) and domain.postconditions == 1  # MAX_TERMS, imported
 
 
 # ---------------------------------------------------------------------- each rule, broken on purpose

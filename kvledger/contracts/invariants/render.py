@@ -8,6 +8,7 @@ generator can lay them out differently.
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,10 +130,35 @@ def render_invariant_page(inv: Invariant, tests: list[FiringTest]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _int_constants(root: Path, path: str, follow_imports: bool = True) -> dict[str, int]:
+    """Module-level ``NAME = <int>`` of ``path``, and of the kvledger modules it imports names from."""
+    tree = ast.parse((root / path).read_text(encoding="utf-8"))
+    out: dict[str, int] = {}
+    for node in tree.body:
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and isinstance(node.value, ast.Constant)
+            and type(node.value.value) is int
+        ):
+            out[node.targets[0].id] = node.value.value
+        elif (
+            follow_imports
+            and isinstance(node, ast.ImportFrom)
+            and (node.module or "").startswith("kvledger.")
+        ):
+            module_path = str(node.module).replace(".", "/") + ".py"
+            imported = _int_constants(root, module_path, follow_imports=False)
+            out.update({a.name: imported[a.name] for a in node.names if a.name in imported})
+    return out
+
+
 def proof_domain(root: Path, proof: Proof) -> Domain:
-    """The preconditions (source text) and the postcondition count of a proof target."""
+    """The preconditions (source text, named constants replaced by their values) and the postcondition count."""
     tree = ast.parse((root / proof.path).read_text(encoding="utf-8"))
     source = (root / proof.path).read_text(encoding="utf-8")
+    constants = _int_constants(root, proof.path)
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and node.name == proof.function:
             pre: list[str] = []
@@ -141,7 +167,10 @@ def proof_domain(root: Path, proof: Proof) -> Domain:
                 if not isinstance(dec, ast.Call) or not isinstance(dec.func, ast.Name):
                     continue
                 if dec.func.id == "require" and dec.args and isinstance(dec.args[0], ast.Lambda):
-                    pre.append(ast.get_source_segment(source, dec.args[0].body) or "?")
+                    text = ast.get_source_segment(source, dec.args[0].body) or "?"
+                    for name, value in constants.items():
+                        text = re.sub(rf"\b{name}\b", str(value), text)
+                    pre.append(text)
                 elif dec.func.id == "ensure":
                     post += 1
             return Domain(tuple(pre), post)
@@ -161,9 +190,11 @@ def render_proofs(root: Path, proofs: tuple[Proof, ...]) -> str:
         " inline. `scripts/crosshair_gate.py` runs `crosshair check --analysis_kind=icontract` on every"
         " function below and fails on a counterexample, on a vacuous run, and on any postcondition of a"
         ' *proved* function that is not "Confirmed over all paths". A proof holds within the function\'s'
-        " preconditions (its domain); lengths are bounded where CrossHair needs it to exhaust a loop, far"
-        " above what callers pass. A *bounded* function would be one explored without a counterexample but"
-        " not exhaustively, checked only as far as its bound says.",
+        " preconditions (its domain). List lengths are bounded where CrossHair needs a bound to exhaust a"
+        " loop: identities of up to 32 terms (the pools have about a dozen), and keys of up to 8 tokens for"
+        " `matched_prefix_len`, which states the page-granular match and is not called by the implementation."
+        " A *bounded* function would be one explored without a counterexample but not exhaustively, checked"
+        " only as far as its bound says; there is none today.",
         "",
         f"{proved} of {total} postconditions are proved over all paths.",
         "",
