@@ -92,7 +92,13 @@ def build_engine(spec: EngineSpec) -> Scheduler:
             kv, num_layers=1, num_kv_heads=c.num_heads, head_dim=c.head_dim
         )
         kv.attach_kv_buffer(kv_buffer)  # debug builds: zero on alloc, poison on free
-        runner = TinyHybridRunner(model, kv_buffer=kv_buffer, req_to_token_pool=rows, mamba_pool=mamba)
+        runner = TinyHybridRunner(
+            model,
+            kv_buffer=kv_buffer,
+            req_to_token_pool=rows,
+            mamba_pool=mamba,
+            check_integrity=kv.ledger.enabled,  # debug builds check what the reads see; release builds don't
+        )
     config = SchedulerConfig(
         page_size=spec.page_size,
         max_running_requests=spec.max_running,

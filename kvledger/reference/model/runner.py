@@ -1,11 +1,15 @@
 """``TinyHybridRunner``: the tiny hybrid model run against the pools, with data-integrity contracts.
 
 The scheduler hands it each launched batch. For every request it computes the extend positions
-``[kv_committed_len - extend_len, kv_committed_len)`` one token at a time: K/V stored at the token's
-slot (``KVBufferPool.set_kv_buffer``), attention over the K/V of positions ``0..p`` read back through
-the request's ``req_to_token`` row, the Mamba-like layer advancing the request's working slot.
+``[kv_committed_len - extend_len, kv_committed_len)``, all requests and tokens of the batch at once:
+K/V of the new tokens stored at their slots (``KVBufferPool.set_kv_buffer``, one call per batch),
+attention over the K/V of positions ``0..p`` read back through each request's ``req_to_token`` row,
+the Mamba-like layer advancing each request's working slot. The arithmetic is the very same as
+:func:`~kvledger.reference.model.tiny_hybrid.generate_alone`'s (:func:`project` and
+:func:`extend_after_store`), so a correct memory system yields the same tokens bit for bit.
 
-Debug builds (a ledger on the KV pool) also check what the reads see:
+Debug builds (``check_integrity``, on when the pools keep a ledger) also check what the reads see,
+vectorised over the batch (:mod:`~kvledger.reference.model.read_checks`):
 
 * I-NO-POISON-READ: no KV slot or Mamba slot read for a live request holds the poison the pools write
   on free;
@@ -22,7 +26,14 @@ from typing import Any
 import torch
 
 from kvledger.contracts.errors import ContractViolation
-from kvledger.reference.model.tiny_hybrid import TinyHybridWeights, attend, head, token_qkv
+from kvledger.reference.model.read_checks import KVWriteShadow, check_no_poison_read, check_row_content
+from kvledger.reference.model.tiny_hybrid import (
+    Extend,
+    TinyHybridWeights,
+    compute_mode,
+    extend_after_store,
+    project,
+)
 from kvledger.reference.scheduler.request import Req
 
 _LAYER = 0  # the model has one attention layer and one Mamba layer
@@ -45,72 +56,111 @@ class TinyHybridRunner:
         self.req_to_token_pool = req_to_token_pool
         self.mamba_pool = mamba_pool
         self.check_integrity = check_integrity
-        self.written: dict[int, tuple[int, int]] = {}  # KV slot -> (token, position) last stored there
+        self.written = KVWriteShadow(kv_buffer.num_slots, kv_buffer.device)
         self.tokens_computed = 0
 
     def forward(
         self, reqs: Sequence[Req], extend_lens: Sequence[int], out_cache_loc: torch.Tensor, is_decode: bool
     ) -> list[int]:
-        out: list[int] = []
-        offset = 0
-        for req, n in zip(reqs, extend_lens, strict=True):
-            out.append(self._extend(req, n, out_cache_loc[offset : offset + n]))
-            offset += n
+        if not reqs:
+            return []
+        with compute_mode():
+            return self._extend(reqs, extend_lens, out_cache_loc)
+
+    def _extend(self, reqs: Sequence[Req], extend_lens: Sequence[int], new_slots: torch.Tensor) -> list[int]:
+        device = self.kv_buffer.device
+        ends = [req.kv_committed_len for req in reqs]
+        starts = [end - n for end, n in zip(ends, extend_lens, strict=True)]
+        contexts = [req.context_ids() for req in reqs]
+        ext = Extend.build(starts, extend_lens, device)
+        tokens = torch.tensor(
+            [t for ctx, s, e in zip(contexts, starts, ends, strict=True) for t in ctx[s:e]],
+            dtype=torch.int64,
+            device=device,
+        )
+        slot_table = self._slot_table(reqs, ends)
+        if not torch.equal(
+            slot_table[ext.seq, ext.positions], new_slots.to(device=device, dtype=torch.int64)
+        ):
+            raise ContractViolation(self._which_row_disagrees(reqs, ext, slot_table, new_slots))
+        mslots = torch.cat([self._mamba_slot(req) for req in reqs])
+
+        x, q, k, v = project(self.weights, tokens)
+        self.kv_buffer.set_kv_buffer(_LAYER, new_slots, k, v)
+        self.written.record(new_slots.to(device), tokens, ext.positions)
+        if self.check_integrity:
+            self._check_reads(reqs, slot_table, ends, contexts, mslots)
+
+        conv_state, ssm_state = self.mamba_pool.conv_state, self.mamba_pool.temporal_state
+        out, new_conv, new_ssm = extend_after_store(
+            self.weights,
+            x,
+            q,
+            ext,
+            slot_table,
+            self.kv_buffer.k_buffer[_LAYER],
+            self.kv_buffer.v_buffer[_LAYER],
+            conv_state[_LAYER, mslots],
+            ssm_state[_LAYER, mslots],
+        )
+        conv_state[_LAYER, mslots] = new_conv
+        ssm_state[_LAYER, mslots] = new_ssm
+        self.tokens_computed += len(tokens)
         return out
 
-    def _extend(self, req: Req, n: int, new_slots: torch.Tensor) -> int:
-        end = req.kv_committed_len
-        start = end - n
-        row = req.req_pool_idx
-        assert row is not None and req.mamba_pool_idx is not None
-        ctx = req.context_ids()
-        slots = self.req_to_token_pool.read(row, 0, end)
-        if not torch.equal(slots[start:end], new_slots):
-            raise ContractViolation(
-                f"{req.owner!r}: row {row} [{start}, {end}) does not hold the batch's new slots"
-            )
-        mslot = req.mamba_pool_idx
-        if self.check_integrity and bool(self.mamba_pool.poisoned(mslot).any()):
-            raise ContractViolation(
-                f"I-NO-POISON-READ: {req.owner!r} reads poisoned Mamba slot {int(mslot[0])}"
-            )
-        conv_state = self.mamba_pool.conv_state[_LAYER, int(mslot[0])].clone()
-        ssm_state = self.mamba_pool.temporal_state[_LAYER, int(mslot[0])].clone()
-        # Store the new positions' K/V first: each position attends to itself and everything before it.
-        embeds, queries, keys, values = [], [], [], []
-        for p in range(start, end):
-            x, q, k, v = token_qkv(self.weights, ctx[p])
-            embeds.append(x)
-            queries.append(q)
-            keys.append(k)
-            values.append(v)
-        if n:
-            self.kv_buffer.set_kv_buffer(_LAYER, new_slots, torch.stack(keys), torch.stack(values))
-            for p, s in zip(range(start, end), new_slots.tolist(), strict=True):
-                self.written[s] = (ctx[p], p)
-        if self.check_integrity:
-            self._check_reads(req, slots, ctx)
-        k_all = self.kv_buffer.k_buffer[_LAYER, slots]
-        v_all = self.kv_buffer.v_buffer[_LAYER, slots]
-        nxt = -1
-        for i, p in enumerate(range(start, end)):
-            attn = attend(queries[i], k_all[: p + 1], v_all[: p + 1])
-            nxt, conv_state, ssm_state = head(self.weights, embeds[i], attn, conv_state, ssm_state)
-        self.mamba_pool.conv_state[_LAYER, int(mslot[0])] = conv_state
-        self.mamba_pool.temporal_state[_LAYER, int(mslot[0])] = ssm_state
-        self.tokens_computed += n
-        return nxt
+    def _slot_table(self, reqs: Sequence[Req], ends: Sequence[int]) -> torch.Tensor:
+        """``[B, max end]`` int64: each request's row, positions at or past its end set to padding slot 0."""
+        rows = torch.tensor([self._row(req) for req in reqs], dtype=torch.int64)
+        width = max(ends)
+        table = self.req_to_token_pool.req_to_token[rows.to(self.req_to_token_pool.device), :width]
+        table = table.to(device=self.kv_buffer.device, dtype=torch.int64)
+        live = torch.arange(width, device=table.device) < torch.tensor(ends, device=table.device)[:, None]
+        return torch.where(live, table, 0)
 
-    def _check_reads(self, req: Req, slots: torch.Tensor, ctx: list[int]) -> None:
-        poisoned = self.kv_buffer.poisoned(slots)
-        if bool(poisoned.any()):
-            bad = slots[poisoned].tolist()[:8]
-            raise ContractViolation(
-                f"I-NO-POISON-READ: {req.owner!r} reads poisoned (freed) KV slot(s) {bad}"
-            )
-        for q, s in enumerate(slots.tolist()):
-            if self.written.get(s) != (ctx[q], q):
-                raise ContractViolation(
-                    f"I-KV-ROW-CONTENT: {req.owner!r} position {q} (token {ctx[q]}) reads slot {s}, "
-                    f"which holds {self.written.get(s)} (token, position)"
-                )
+    def _check_reads(
+        self,
+        reqs: Sequence[Req],
+        slot_table: torch.Tensor,
+        ends: Sequence[int],
+        contexts: Sequence[list[int]],
+        mslots: torch.Tensor,
+    ) -> None:
+        """I-NO-POISON-READ (Mamba and KV slots) and I-KV-ROW-CONTENT over every slot the batch reads."""
+        owners = [req.owner for req in reqs]
+        every = torch.arange(len(reqs), device=mslots.device)
+        check_no_poison_read(owners, "Mamba", self.mamba_pool.poisoned(mslots), mslots, every)
+        live = (
+            torch.arange(slot_table.shape[1], device=slot_table.device)
+            < torch.tensor(ends, device=slot_table.device)[:, None]
+        )
+        read_by, positions = torch.nonzero(live, as_tuple=True)  # request-major, positions increasing
+        slots = slot_table[live]
+        check_no_poison_read(owners, "KV", self.kv_buffer.poisoned(slots), slots, read_by)
+        tokens = torch.tensor(
+            [t for ctx, e in zip(contexts, ends, strict=True) for t in ctx[:e]],
+            dtype=torch.int64,
+            device=slots.device,
+        )
+        check_row_content(owners, self.written, slots, tokens, positions, read_by)
+
+    @staticmethod
+    def _row(req: Req) -> int:
+        if req.req_pool_idx is None:
+            raise ContractViolation(f"{req.owner!r} is in a forward batch without a req_to_token row")
+        return req.req_pool_idx
+
+    @staticmethod
+    def _mamba_slot(req: Req) -> torch.Tensor:
+        if req.mamba_pool_idx is None:
+            raise ContractViolation(f"{req.owner!r} is in a forward batch without a Mamba slot")
+        return req.mamba_pool_idx.reshape(1)
+
+    @staticmethod
+    def _which_row_disagrees(
+        reqs: Sequence[Req], ext: Extend, slot_table: torch.Tensor, new_slots: torch.Tensor
+    ) -> str:
+        wrong = slot_table[ext.seq, ext.positions] != new_slots.to(slot_table.device)
+        b = int(ext.seq[torch.nonzero(wrong)[0, 0]])
+        n = int(ext.extend_lens[b])
+        end = reqs[b].kv_committed_len
+        return f"{reqs[b].owner!r}: row {reqs[b].req_pool_idx} [{end - n}, {end}) does not hold the batch's new slots"
