@@ -5,17 +5,18 @@ of a prefill, next to other requests in a decode batch, or after a prefix-cache 
 sums and transcendental functions do not promise that: a BLAS picks kernels (and accumulation orders)
 by shape and alignment, a vectorised reduction groups its terms by the tensor's length, and torch's
 CPU ``exp`` runs a SIMD polynomial on full vectors but the C library's ``expf`` on the tail, so the same
-input can round differently at a different offset in the tensor.
+input can round differently at another offset in the tensor.
 
-Everything here is therefore built only from elementwise IEEE-754 operations that are correctly
-rounded (``+ - * /``, ``max``, ``round``, selection, integer bit operations): their result for an element
-depends on that element's inputs alone, whatever the shape, the layout or the SIMD lane. Every
-reduction is spelled out in a fixed order:
+So every value is computed in one of three ways whose result depends on its own inputs only:
 
-* :func:`linear`: ``x @ w`` accumulated term by term over the (small, fixed) input dimension;
-* :func:`tree_sum`: a sum over a variable-length axis as a tree of adjacent pairs, zeros appended on
-  the right. Padding the axis with more zeros does not change the result (see the function), so a
-  query may be computed against any number of masked trailing positions.
+* elementwise operations that IEEE-754 rounds correctly (``+ - * /``, ``max``, ``round``, selection,
+  integer bit operations): the same bits whatever the shape, the layout or the SIMD lane;
+* reductions over small, fixed dimensions accumulated term by term in a fixed order (:func:`linear`);
+* reductions over long or variable dimensions (positions, the head) as *exact* integer arithmetic:
+  both operands hold integers on a bounded grid (:func:`to_grid`), so every product and every partial
+  sum is an integer the float format represents exactly (:func:`exact_bound_ok`). No rounding ever
+  happens, so any summation order, blocking, FMA or BLAS kernel gives the same bits, and zeros added
+  for masked or padded positions change nothing.
 """
 
 from __future__ import annotations
@@ -28,6 +29,19 @@ _LN2_LO = 1.4286068203094173e-06
 _EXP_COEFFS = (1 / 720, 1 / 120, 1 / 24, 1 / 6, 1 / 2, 1.0, 1.0)  # e**r on |r| <= ln(2)/2, Horner order
 _EXP_MIN, _EXP_MAX = -87.0, 88.0  # 2**n stays a normal float32 and e**x finite
 
+EXACT_INTEGERS = {torch.float32: 2**24, torch.float64: 2**53}  # every integer below is representable
+
+
+def exact_bound_ok(terms: int, bound_a: float, bound_b: float, dtype: torch.dtype) -> bool:
+    """Whether ``terms`` products of integers bounded by ``bound_a`` and ``bound_b`` sum exactly in
+    ``dtype`` in any order: every partial sum is then an integer of magnitude below 2**mantissa."""
+    return terms * bound_a * bound_b < EXACT_INTEGERS[dtype]
+
+
+def to_grid(x: torch.Tensor, scale: float | torch.Tensor, bound: int) -> torch.Tensor:
+    """``round(x * scale)`` clamped to ``[-bound, bound]``: integers held in ``x``'s float dtype."""
+    return torch.round(x * scale).clamp(-bound, bound)
+
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """``x [..., n] @ w [n, m]``, accumulated in the order ``k = 0, 1, ..., n - 1`` for every output."""
@@ -35,25 +49,6 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     for k in range(1, w.shape[0]):
         acc = acc + x[..., k, None] * w[k]
     return acc
-
-
-def tree_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
-    """Sum over ``dim`` by adjacent pairs ``(0, 1), (2, 3), ...``, level by level; ``dim`` is removed.
-
-    An odd level gets a ``+0.0`` appended. Each partial sum covers an aligned block of positions, so
-    appending zeros to the input changes only blocks made entirely of zeros, which add ``+0.0`` at the
-    top levels; the final ``+ 0.0`` turns a ``-0.0`` into ``+0.0`` so that even that cannot show. Hence
-    the sum of a row with values at ``[0, n)`` is the same bits for every padded length ``>= n``.
-    """
-    dim = dim % x.dim()
-    while x.shape[dim] > 1:
-        if x.shape[dim] % 2:
-            pad_shape = list(x.shape)
-            pad_shape[dim] = 1
-            x = torch.cat((x, x.new_zeros(pad_shape)), dim)
-        pairs = x.unflatten(dim, (x.shape[dim] // 2, 2))
-        x = pairs.select(dim + 1, 0) + pairs.select(dim + 1, 1)
-    return x.squeeze(dim) + 0.0
 
 
 def exp(x: torch.Tensor) -> torch.Tensor:
