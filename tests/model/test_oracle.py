@@ -182,6 +182,27 @@ def test_row_pointing_at_another_tokens_slot_is_caught_at_the_read() -> None:
         sched.step()
 
 
+@pytest.mark.skipif(not switch.ENABLED, reason="contracts are off")
+def test_row_pointing_at_the_same_token_at_another_position_is_caught_at_the_read() -> None:
+    """I-KV-ROW-CONTENT keeps positions too: the same token's K/V from another position is wrong KV."""
+    sched = build(Setup(tree="none", hybrid=True, model="tiny-hybrid", kv_tokens=64, rows=1, mamba_slots=2))
+    req = sched.add_request(0, [5, 5, 5, 5], 4)
+    sched.step()
+    first = sched.req_to_token_pool.read(req.req_pool_idx, 0, 1)
+    sched.req_to_token_pool.write(req.req_pool_idx, 2, first)  # position 2 now names position 0's slot
+    with pytest.raises(ContractViolation, match=r"I-KV-ROW-CONTENT: .* position 2 \(token 5\) reads slot"):
+        sched.step()
+
+
+@pytest.mark.parametrize("ledgers", [False, True])
+def test_the_read_checks_run_exactly_when_the_pools_keep_a_ledger(ledgers: bool) -> None:
+    with switch.override_ledgers(ledgers):
+        sched = build(
+            Setup(tree="none", hybrid=True, model="tiny-hybrid", kv_tokens=64, rows=1, mamba_slots=2)
+        )
+    assert sched.runner.check_integrity is ledgers  # type: ignore[attr-defined]
+
+
 @pytest.mark.deep
 def test_model_oracle_long_fuzz() -> None:
     """Nightly-style fuzzing of the oracle machine: ``pytest -m deep``."""
