@@ -19,13 +19,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, run_state_machine_as_test
 
 from kvledger.contracts import switch
 from kvledger.contracts.errors import ContractViolation
-from kvledger.reference.engine import model_weights
+from kvledger.reference.engine import TreeKind, model_weights
 from kvledger.reference.model import generate_alone
 from tests.model.faults import run_fault
 from tests.scheduler.harness import Setup, build, long_fuzz_settings, model_expected_output
@@ -45,7 +44,7 @@ def test_generate_alone_is_deterministic_and_prompt_dependent() -> None:
 
 @pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("tree", ["mamba_radix", "none"])
-def test_pooled_runs_match_alone_runs(tree: str, overlap: bool) -> None:
+def test_pooled_runs_match_alone_runs(tree: TreeKind, overlap: bool) -> None:
     sched = build(
         Setup(
             tree=tree,
@@ -73,7 +72,7 @@ def test_pooled_runs_match_alone_runs(tree: str, overlap: bool) -> None:
 
 @st.composite
 def model_setups(draw: st.DrawFn) -> Setup:
-    tree = draw(st.sampled_from(["mamba_radix", "none"]))
+    tree: TreeKind = draw(st.sampled_from(["mamba_radix", "none"]))
     return Setup(
         page_size=1,
         tree=tree,
@@ -96,7 +95,7 @@ class ModelOracleMachine(SchedulerMachine):
     """The scheduler machine with the tiny model: the teardown's oracle is ``generate_alone``."""
 
     @initialize(setup=model_setups())
-    def init(self, setup: Setup) -> None:  # type: ignore[override]
+    def init(self, setup: Setup) -> None:
         self.setup = setup
         self.sched = build(setup)
         self.next_rid = 0
@@ -106,8 +105,6 @@ class ModelOracleMachine(SchedulerMachine):
 
 
 TestModelOracleMachine = ModelOracleMachine.TestCase
-# The model costs more per token than the hash runner: fewer runs than the hash-runner machine.
-TestModelOracleMachine.settings = settings(max_examples=max(20, settings.default.max_examples // 2))
 
 
 def test_no_fault_no_mismatch() -> None:
