@@ -180,6 +180,7 @@ def test_row_pointing_at_another_tokens_slot_is_caught_at_the_read() -> None:
 
 
 @pytest.mark.skipif(not switch.ENABLED, reason="contracts are off")
+@pytest.mark.fires("I-KV-ROW-CONTENT")
 def test_row_pointing_at_the_same_token_at_another_position_is_caught_at_the_read() -> None:
     """I-KV-ROW-CONTENT keeps positions too: the same token's K/V from another position is wrong KV."""
     sched = build(Setup(tree="none", hybrid=True, model="tiny-hybrid", kv_tokens=64, rows=1, mamba_slots=2))
