@@ -55,7 +55,9 @@ def _free_a_running_slot_early(sched: Scheduler) -> None:
 def _matches_alone(req: Any) -> bool:
     """The output oracle (I-OUTPUT-ORACLE) on one finished request."""
     try:
-        check_output_oracle(req, req.output_ids, model_expected_output(req.origin_input_ids, req.max_new_tokens))
+        check_output_oracle(
+            req, req.output_ids, model_expected_output(req.origin_input_ids, req.max_new_tokens)
+        )
     except ContractViolation:
         return False
     return True
@@ -94,9 +96,7 @@ def run_fault(fault: str, *, check_integrity: bool = True) -> dict[str, Any]:
         except (ContractViolation, KVLedgerError) as exc:
             caught = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
         mismatched = [
-            r.rid
-            for r in sched.requests.values()
-            if r.state is ReqState.FINISHED and not _matches_alone(r)
+            r.rid for r in sched.requests.values() if r.state is ReqState.FINISHED and not _matches_alone(r)
         ]
         return {"fault": fault, "mismatched": mismatched, "caught": caught}
 

@@ -13,13 +13,21 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kvledger.contracts.errors import InvalidArgument
 from kvledger.reference.engine import model_weights
 from kvledger.reference.model import generate_alone, tiny_hybrid
-from kvledger.reference.model.tiny_hybrid import Extend, TinyHybridWeights, extend_after_store, project
+from kvledger.reference.model.tiny_hybrid import (
+    Extend,
+    TinyHybridConfig,
+    TinyHybridWeights,
+    extend_after_store,
+    project,
+)
 
 VOCAB = 128
 WEIGHTS = model_weights(VOCAB)
@@ -155,3 +163,9 @@ def test_the_model_reacts_to_a_changed_token_or_changed_kv_bytes() -> None:
         kv_changes += pool.forward([(0, prompt[i + 1 :])])[0] != base
     assert token_changes >= len(prompt) // 2, token_changes
     assert kv_changes >= (len(prompt) - 1) // 3, kv_changes
+
+
+@pytest.mark.parametrize("config", [TinyHybridConfig(head_dim=17), TinyHybridConfig(d_model=17)])
+def test_a_model_too_wide_for_exact_grid_products_is_refused(config: TinyHybridConfig) -> None:
+    with pytest.raises(InvalidArgument, match="too large for exact"):
+        TinyHybridWeights(config)

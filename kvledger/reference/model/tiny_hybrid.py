@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kvledger.contracts.errors import InvalidArgument
 from kvledger.reference.model import batch_invariant as bi
 
 # Integer grids of the exact reductions (batch_invariant): q, k, v, the head's input and the unembedding
@@ -80,7 +81,7 @@ class TinyHybridWeights:
         if not bi.exact_bound_ok(config.head_dim, GRID, GRID, torch.float32) or not bi.exact_bound_ok(
             config.d_model, GRID, GRID, torch.float32
         ):
-            raise ValueError(
+            raise InvalidArgument(
                 f"{config}: head_dim/d_model too large for exact float32 dot products on the grid"
             )
         g = torch.Generator().manual_seed(config.seed)
@@ -179,14 +180,16 @@ def attention(
     """Causal attention of each new token over its request's positions ``0..p``: ``[T, H * Dh]``.
 
     ``slot_table[b, j]`` names the row of ``k_store``/``v_store`` (``[S, H, Dh]``) holding request
-    ``b``'s position ``j``; it must be finite at positions below the request's end (past it, entries
-    are ignored). Requests are processed in blocks, each request's queries against its own positions.
+    ``b``'s position ``j``. Entries past the request's end are never read into a result; between a
+    query's position and the end they get weight exactly 0 (so they must be finite, as the request's
+    own fresh K/V are). Requests are processed in blocks, each request's queries against its own
+    positions only.
     """
     t_total, heads, head_dim = q.shape
     out = q.new_zeros((t_total, heads * head_dim))
     ends = ext.ends
     if not bi.exact_bound_ok(max(ends, default=0), PROB_GRID, GRID, torch.float64):
-        raise ValueError(f"attention over {max(ends)} positions: weighted sums would not be exact")
+        raise InvalidArgument(f"attention over {max(ends)} positions: weighted sums would not be exact")
     first = 0
     for lo, hi in _request_blocks(ext.extend_lens, ends, heads):
         count = sum(ext.extend_lens[lo:hi])
