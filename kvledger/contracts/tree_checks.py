@@ -167,10 +167,17 @@ def check_no_alias(
                 )
 
 
-def check_lru(label: str, order: Sequence[Any], members: Iterable[Any]) -> None:
+def check_lru(
+    label: str,
+    order: Sequence[Any],
+    members: Iterable[Any],
+    time_of: Callable[[Any], int] = lambda n: n.last_access_time,
+) -> None:
     """I-LRU-ORDER: the list (oldest first) holds exactly ``members``, each once, in access-time order.
 
-    Times are compared non-strictly: equal times are harmless to eviction order.
+    ``time_of`` reads the stamp that orders this list (a node of the Mamba tree carries one per list: its
+    KV recency and its state's recency are refreshed by different operations). Times are compared
+    non-strictly: equal times are harmless to eviction order.
     """
     in_list: set[int] = set()
     for node in order:
@@ -183,10 +190,10 @@ def check_lru(label: str, order: Sequence[Any], members: Iterable[Any]) -> None:
         missing = [n for i, n in expected.items() if i not in in_list][:4]
         raise ContractViolation(f"I-LRU-ORDER: {label} list has extra {extra} and misses {missing}")
     for older, newer in itertools.pairwise(order):
-        if older.last_access_time > newer.last_access_time:
+        if time_of(older) > time_of(newer):
             raise ContractViolation(
-                f"I-LRU-ORDER: {label} list puts {_name(older)} (t={older.last_access_time}) before"
-                f" {_name(newer)} (t={newer.last_access_time}): the list is not in access-time order (B3)"
+                f"I-LRU-ORDER: {label} list puts {_name(older)} (t={time_of(older)}) before"
+                f" {_name(newer)} (t={time_of(newer)}): the list is not in access-time order (B3)"
             )
 
 

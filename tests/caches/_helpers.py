@@ -145,6 +145,7 @@ def snapshot(cache: Any) -> Any:
             n.mamba_lock_ref,
             None if n.mamba_value is None else int(n.mamba_value),
             n.last_access_time,
+            n.mamba_access_time,
             n.live,
             None if n.parent is None else n.parent.id,
             tuple(sorted((k, c.id) for k, c in n.children.items())),

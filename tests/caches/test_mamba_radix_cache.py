@@ -303,3 +303,93 @@ def test_mamba_state_lock_would_go_below_zero() -> None:
     with pytest.raises(LockNotHeld, match="mamba_lock_ref"):
         cache.dec_lock_ref(lock)
     assert not lock.released
+
+
+# ---------------------------------------------------------------------- recency rules (SGLang 0.5.20)
+def _state_tags(cache: MambaRadixCache) -> dict[tuple[int, ...], int]:
+    return extract(cache, cache.mamba_pool)[1]
+
+
+def test_r1_a_split_leaves_the_state_list_alone() -> None:
+    """R1: the lower half of a split keeps its state's place in the state list (SGLang's split moves no state).
+
+    The old kvledger rule moved the lower node's state to the most recent end, so the other state went.
+    """
+    cache = make_mamba()
+    insert_fresh(cache, [1, 2], tag=1)
+    insert_fresh(cache, [5, 6], tag=2)  # state list, oldest first: [1, 2], [5, 6]
+    m = cache.match_prefix([1, 9])  # splits [1, 2] at 1: a tombstone [1] above the [2] that keeps tag 1
+    assert m.last_node is cache.root and cache.root.children[(1,)].mamba_value is None
+    assert cache.evict_mamba(1) == 1
+    assert _state_tags(cache) == {(5, 6): 2}, "the split refreshed the lower node's state"
+    audit_all(cache)
+
+
+def test_r2_a_match_refreshes_only_the_state_it_returns() -> None:
+    """R2 (PR #31643): states above the returned node keep their place; only the used state is refreshed."""
+    cache = make_mamba()
+    insert_fresh(cache, [1, 2], tag=1)
+    insert_fresh(cache, [1, 2, 3, 4], tag=2)
+    insert_fresh(cache, [7, 8], tag=3)  # state list, oldest first: [1, 2], [1, 2, 3, 4], [7, 8]
+    m = cache.match_prefix([1, 2, 3, 4])
+    assert read_tag(cache.mamba_pool, m.last_node.mamba_value) == 2
+    assert cache.evict_mamba(1) == 1  # [1, 2] is still the oldest state: tombstoned, its KV kept
+    assert _state_tags(cache) == {(1, 2, 3, 4): 2, (7, 8): 3}, "the match refreshed an ancestor's state"
+    assert cache.total_size() == 6
+    audit_all(cache)
+
+
+def test_r3_the_insert_walk_refreshes_no_state() -> None:
+    """R3: inserting below a node with a state does not refresh that state (only the KV recency)."""
+    cache = make_mamba()
+    insert_fresh(cache, [1, 2], tag=1)
+    insert_fresh(cache, [7, 8], tag=2)
+    insert_fresh(cache, [1, 2, 3, 4], tag=3)  # walks through [1, 2]
+    assert cache.evict_mamba(1) == 1
+    assert _state_tags(cache) == {(7, 8): 2, (1, 2, 3, 4): 3}, "the insert walk refreshed a state"
+    audit_all(cache)
+
+
+def test_r3_a_repeated_insert_refreshes_the_kv_but_not_the_existing_state() -> None:
+    """R3 at the end node: a second insert of a key whose node has a state (``mamba_adopted`` False) makes
+    that node's KV the most recent, while its state keeps its place. The two recencies part here."""
+    cache = make_mamba()
+    insert_fresh(cache, [1, 2], tag=1)
+    insert_fresh(cache, [7, 8], tag=2)
+    assert insert_fresh(cache, [1, 2], tag=3) == InsertResult(2, False)
+    assert cache.evict_mamba(1) == 1  # the state list still has [1, 2] oldest: that leaf goes whole
+    assert _state_tags(cache) == {(7, 8): 2}, "the repeated insert refreshed the existing state"
+    audit_all(cache)
+    again = make_mamba()
+    insert_fresh(again, [1, 2], tag=1)
+    insert_fresh(again, [7, 8], tag=2)
+    insert_fresh(again, [1, 2], tag=3)
+    assert again.evict(1) == 2  # the full list has [7, 8] oldest: the repeated insert refreshed [1, 2]'s KV
+    assert _state_tags(again) == {(1, 2): 1}
+    audit_all(again)
+
+
+def test_issue_16_minimal_divergent_case_frees_what_sglang_frees() -> None:
+    """Issue 16's minimal case against SGLang 0.5.20 (page 1, pool 256, 12 state slots): SGLang's
+    ``evict(0 tokens, 2 states)`` frees 1 KV token; the old split rule (R1) made kvledger free 2."""
+    cache = make_mamba(pages=256, slots=12)
+    pool, kv = cache.mamba_pool, cache.token_to_kv_pool_allocator
+    insert_fresh(cache, [1, 3, 1], tag=1)
+    insert_fresh(cache, [1, 2], tag=2)
+    req = new_owner()
+    m = cache.match_prefix([1, 3, 1, 3], cow_owner=req)
+    assert m.device_indices.numel() == 3 and m.cow_slot is not None and read_tag(pool, m.cow_slot) == 1
+    lock = cache.inc_lock_ref(m.last_node)
+    own = kv.alloc(1, req)
+    res = cache.insert(
+        [1, 3, 1, 3], torch.cat((m.device_indices, own)), req, mamba_slot=m.cow_slot, protected_len=3
+    )
+    assert res == InsertResult(3, True)
+    cache.dec_lock_ref(lock)
+    assert cache.match_prefix([1, 3]).device_indices.numel() == 0  # splits [3, 1] into a tombstone [3] + [1]
+    kv_before, slots_before = kv.available_size(), pool.available_size()
+    assert cache.evict_full(0) == 0 and cache.evict_mamba(2) == 2
+    assert kv.available_size() - kv_before == 1, "SGLang frees exactly the [2] leaf's one token"
+    assert pool.available_size() - slots_before == 2
+    assert _state_tags(cache) == {(1, 3, 1, 3): 1}  # [1, 2] evicted whole, [1, 3, 1] tombstoned
+    audit_all(cache)

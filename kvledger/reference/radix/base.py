@@ -87,7 +87,9 @@ class RadixTreeBase:
         return TreeNode(self._tree_id, key, value, parent)
 
     def _touch(self, node: TreeNode) -> None:
-        """Mark ``node`` most recently used (list position and time move together: I-LRU-ORDER)."""
+        """Mark ``node``'s KV most recently used in the full list (position and time move together:
+        I-LRU-ORDER). Never the state list: which operations refresh a Mamba state is the Mamba tree's
+        own rule (``MambaRadixCache._touch_state``)."""
         self._clock += 1
         node.last_access_time = self._clock
         self._full_lru.move_to_mru(node)
@@ -131,9 +133,11 @@ class RadixTreeBase:
 
         The upper node inherits the full lock count (every holder below ``child`` is below it too). Its KV
         ids move to it by a ledger transfer (op ``split``); the parent re-keys it under the same first
-        page, and it keys ``child`` by the first page of the child's *new* key (#36696). Recency as in
-        SGLang at the time of its unit test: the upper node, then the child, become the most recent
-        (the later #38482 keeps the child's place instead; SGLang's unit-test eviction order needs this).
+        page, and it keys ``child`` by the first page of the child's *new* key (#36696).
+
+        Recency, full list only, as SGLang's ``_split_node`` (RadixCache and MambaRadixCache 0.5.20): the
+        upper node, then the child, become the most recent, so the unmatched suffix is refreshed. The
+        state list is left alone: a split moves no state (rule R1 of spec/mamba-cache-vs-sglang.md).
         """
         ps = self.page_size
         parent = child.parent
@@ -235,7 +239,9 @@ class RadixTreeBase:
         """Carry out a validated plan; returns the node ending at ``len(key)`` and whether it is new."""
         nodes: list[TreeNode] = []
         for child, m in plan.path:
-            self._touch(child)  # root to leaf: each node more recent than its parent (SGLang touches first)
+            # Root to leaf, each node more recent than its parent (SGLang touches before it splits). The
+            # full list only: the insert walk refreshes no state (rule R3, PR #31643).
+            self._touch(child)
             if m < len(child.key):
                 child = self._split(child, m)
             nodes.append(child)

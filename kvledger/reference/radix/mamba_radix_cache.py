@@ -4,16 +4,25 @@ A node's state is the recurrent state after its last token; a node without one i
 KV stays usable as part of a longer match, but no request can start from its end). Two locks, two
 LRU lists, four counters, two ledgers (KV: ``node.kv_owner``; state: ``node.mamba_owner``).
 
-Differences from SGLang that are deliberate:
+Recency follows SGLang's MambaRadixCache 0.5.20 (spec/mamba-cache-vs-sglang.md, rules R1-R3): the full
+list is refreshed as in the plain tree; a state is refreshed only when it is used or arrives:
+
+* R1: a split leaves the state list alone (the lower node keeps its state and its state's place);
+* R2: ``match_prefix`` refreshes only the returned node's state (PR #31643), not every state on the path;
+* R3: the insert walk refreshes no state, not even the end node's when it already has one; a state
+  enters the list at its most recent end when a node adopts it (new leaf or revived tombstone).
+
+Differences from SGLang that are deliberate (each is a rule D1-D5 of that spec):
 
 * ``inc_lock_ref`` returns a :class:`LockRef` recording whether it took the state; ``dec_lock_ref``
   undoes exactly that (I-LOCK-SYMMETRY, the B14 fix, PR #27147), never re-reading ``mamba_value``;
-* copy-on-write is synchronous and the pool-empty retry never asserts: it returns ``cow_slot=None``;
+* copy-on-write is scheduled at once (the pool applies it with its next data-plane batch) and the
+  pool-empty retry never asserts: it returns ``cow_slot=None``;
 * releasing the last lock on a tombstone *leaf* deletes it (and its tombstone parents that become unlocked
   leaves): it can never be matched, and I-TOMBSTONE forbids an unlocked tombstone leaf. SGLang only
   reaches that state through the lock-a-tombstone path it never takes in V1;
 * ``evict_mamba`` tombstones a leaf whose KV is still full-locked instead of asserting;
-* a split keeps the suffix's recency in both lists (#38482); page sizes > 1 work as in the plain tree.
+* page sizes > 1 work as in the plain tree (V1 asserts page size 1).
 """
 
 from __future__ import annotations
@@ -99,12 +108,11 @@ class MambaRadixCache(RadixTreeBase):
         node.mamba_owner = Owner("node.mamba", node.id, CACHE_EVICTABLE)
         return node
 
-    def _touch(self, node: TreeNode) -> None:
+    def _touch_state(self, node: TreeNode) -> None:
+        """Mark ``node``'s state most recently used in the state list (its own stamp: I-LRU-ORDER)."""
         self._clock += 1
-        node.last_access_time = self._clock
-        self._full_lru.move_to_mru(node)
-        if node.mamba_value is not None:
-            self._mamba_lru.move_to_mru(node)
+        node.mamba_access_time = self._clock
+        self._mamba_lru.move_to_mru(node)
 
     # ------------------------------------------------------------------ match
     @ensure(
@@ -137,8 +145,10 @@ class MambaRadixCache(RadixTreeBase):
         dst = self._check_cow_args(cow_owner, cow_slot)
         _, nodes = self._match_key(key)
         path = nodes[: self._best_prefix(nodes)]
-        self._touch_path(path)  # SGLang refreshes root..best node; a tombstone tail below it is not used
+        self._touch_path(path)  # full list: root..best node; a tombstone tail below it is not used
         last = path[-1] if path else self.root
+        if last.mamba_value is not None:
+            self._touch_state(last)  # R2: only the state this match hands out (PR #31643)
         slot = None
         if cow_owner is not None and last.mamba_value is not None:
             slot = self._copy_on_write(last, cow_owner, dst)
@@ -265,18 +275,19 @@ class MambaRadixCache(RadixTreeBase):
         return self._check_slot(mamba_slot, owner, "insert(mamba_slot)")
 
     def _adopt_state(self, node: TreeNode, slot: torch.Tensor, owner: Owner) -> None:
-        """``node`` (new, or a tombstone being revived) takes ``slot`` from ``owner``, as the most recent."""
+        """``node`` (new, or a tombstone being revived) takes ``slot`` from ``owner``, as the most recent
+        in both lists (SGLang: ``insert_mru`` into the state list, ``reset_node_mru`` in the full one)."""
         assert node.mamba_owner is not None
         if self._m_checked:
             self._m_ledger.transfer(slot, owner, node.mamba_owner, "insert")
         node.mamba_value = slot.clone()
         if node.mamba_lock_ref == 0:  # always true: tombstones carry no state lock (I-MAMBA-LOCK)
             self._m_evictable += 1
-        # A fresh time before joining the state list at its MRU end: a tombstone made by this insert's split
-        # is older than its just-touched child, which is already in that list (SGLang re-stamps here too).
+        # One fresh time for both lists: the node becomes the most recent KV and the most recent state.
         self._clock += 1
         node.last_access_time = self._clock
         self._full_lru.move_to_mru(node)
+        node.mamba_access_time = self._clock
         self._mamba_lru.push_mru(node)
 
     # ------------------------------------------------------------------ locks
@@ -468,7 +479,10 @@ class MambaRadixCache(RadixTreeBase):
         tree_checks.check_tombstones(self.root, nodes)
         tree_checks.check_mamba_values(nodes, self._m_ledger.holdings if self._m_checked else None)
         tree_checks.check_lru(
-            "mamba", self._mamba_lru.oldest_first(), [n for n in nodes if n.mamba_value is not None]
+            "mamba",
+            self._mamba_lru.oldest_first(),
+            [n for n in nodes if n.mamba_value is not None],
+            time_of=lambda n: n.mamba_access_time,
         )
 
     def __repr__(self) -> str:

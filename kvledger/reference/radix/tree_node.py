@@ -31,6 +31,7 @@ class TreeNode:
         "links",
         "live",
         "lock_ref",
+        "mamba_access_time",
         "mamba_lock_ref",
         "mamba_owner",
         "mamba_value",
@@ -50,7 +51,8 @@ class TreeNode:
         # Children keyed by the first page of their key (a tuple even at page size 1).
         self.children: dict[tuple[int, ...], TreeNode] = {}
         self.lock_ref = 0  # the full lock: live holders locked at this node or below it
-        self.last_access_time = 0
+        self.last_access_time = 0  # orders the full (KV) list
+        self.mamba_access_time = 0  # orders the state list (Mamba tree): the two recencies are independent
         self.live = True  # False once deleted from the tree: a handle to it is stale
         # LRU links: [full prev, full next, mamba prev, mamba next]; see lru.LRUList.
         self.links: list[Any] = [None, None, None, None]
@@ -80,5 +82,6 @@ class TreeNode:
             f"Node#{self.id}(len={len(self.key)},"
             f" key={list(self.key[:4])}{'...' if len(self.key) > 4 else ''},"
             f" lock={self.lock_ref}/{self.mamba_lock_ref}, t={self.last_access_time}{state}"
+            f"{'' if self.mamba_value is None else f'@{self.mamba_access_time}'}"
             f"{'' if self.live else ', deleted'})"
         )
