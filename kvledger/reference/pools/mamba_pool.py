@@ -5,16 +5,26 @@ Slot 0 is reserved padding (2026 SGLang, I-DIAG-DOMAIN: the domain is ``1..size`
 llama.cpp/ik_llama #1696 bug). ``copy_from`` and ``fork_from`` are the copy-on-write primitives: a cached
 state is never shared, only copied (I-MAMBA-VALUE). Tensor contents move only through
 ``kvledger.kernels``.
+
+Zeroing and copies are *scheduled* and applied as one batch (spec/mamba-cache-vs-sglang.md §4), as
+SGLang defers them to the forward pass: ownership moves at once, the bytes move before anyone can tell
+the difference. The batch is applied before any read of the state tensors (``conv_state``,
+``temporal_state``, ``states``, ``poisoned``), before a slot a scheduled copy reads is released, before
+a copy that would read a scheduled destination (or overwrite a scheduled source), on ``flush()``, and
+every ``FLUSH_AT`` scheduled writes. Releasing a slot cancels its scheduled write. The data-integrity
+contracts are checked where the bytes move: I-NO-POISON-READ on every source, I-ZERO-ON-ALLOC and I-COPY
+on every destination, per batch.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import torch
 
 from kvledger import kernels
-from kvledger.contracts.errors import InvalidArgument
+from kvledger.contracts.errors import ContractViolation, InvalidArgument
 from kvledger.contracts.owners import FREE, Owner
 from kvledger.contracts.switch import ensure, invariant, require, snapshot
 from kvledger.reference.pools.id_free_list import HELD, IdFreeList
@@ -26,14 +36,19 @@ from kvledger.reference.pools.validate import (
     resolve_device,
 )
 
+ZERO = -1  # the source of a scheduled zeroing
+
 
 @invariant(
     lambda self: not self._slots.ledger.enabled or self._slots.ledger.count(FREE) == self._slots.available(),
     "I-COUNT: ledger free slots == available_size()",
 )
 @invariant(lambda self: 0 <= self._slots.available() + self._slots.pending_count() <= self.size, "I-CAP")
+@invariant(lambda self: len(self._writes) < self.FLUSH_AT, "the schedule stays bounded")
 class MambaPool:
     """``size`` state slots; ``conv_state[L, size+1, *conv_shape]``, ``temporal_state[L, size+1, *ssm_shape]``."""
+
+    FLUSH_AT = 64  # scheduled writes applied together at most
 
     def __init__(
         self,
@@ -55,25 +70,47 @@ class MambaPool:
         self.name = name
         self.num_layers = num_layers
         self.device = resolve_device(device)
-        self.conv_state = torch.zeros(
+        self._conv = torch.zeros(
             (num_layers, size + 1, *conv_state_shape), dtype=conv_dtype, device=self.device
         )
-        self.temporal_state = torch.zeros(
+        self._temporal = torch.zeros(
             (num_layers, size + 1, *temporal_state_shape), dtype=ssm_dtype, device=self.device
         )
+        # Scheduled writes: destination slot -> source slot, or ZERO. A destination is never a source
+        # (the schedule is applied first), so the batch is order-free: every write targets a distinct slot
+        # that no write of the batch reads.
+        self._writes: dict[int, int] = {}
+        self._sources: Counter[int] = Counter()  # slot -> scheduled copies reading it
         self._slots = IdFreeList(name, 1, size, self.device, reuse="fifo")
-        self._slots.on_alloc = self._zero  # always: a new owner never inherits a previous state
-        if self._slots.ledger.enabled:
-            self._slots.on_release = self._poison  # debug builds: a stale read of a freed slot shows
+        self._slots.on_alloc = self._schedule_zero  # always: a new owner never inherits a previous state
+        self._slots.on_release = self._on_release
+        self._poison_on_release = bool(self._slots.ledger.enabled)  # debug builds: stale reads show
 
     @property
     def ledger(self) -> Any:
         return self._slots.ledger
 
     @property
+    def conv_state(self) -> torch.Tensor:
+        """``[L, size+1, *conv_shape]``, every scheduled write applied (a reader sees the true contents)."""
+        self._flush()
+        return self._conv
+
+    @property
+    def temporal_state(self) -> torch.Tensor:
+        """``[L, size+1, *ssm_shape]``, every scheduled write applied."""
+        self._flush()
+        return self._temporal
+
+    @property
     def states(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The state tensors, slot on dim 1 (the layout ``kvledger.kernels`` expects)."""
-        return (self.conv_state, self.temporal_state)
+        """The state tensors, slot on dim 1 (the layout ``kvledger.kernels`` expects), up to date."""
+        self._flush()
+        return (self._conv, self._temporal)
+
+    def scheduled_writes(self) -> int:
+        """Zeroings and copies scheduled but not yet applied (0 right after any read of the states)."""
+        return len(self._writes)
 
     def available_size(self) -> int:
         return self._slots.available()
@@ -90,31 +127,153 @@ class MambaPool:
     @ensure(lambda self, n, OLD, result: (result is None) == (n > OLD.available))
     @ensure(lambda self, n, OLD, result: result is None or self.available_size() == OLD.available - n)
     @ensure(
-        lambda self, result: result is None or all(bool((s[:, result] == 0).all()) for s in self.states),
-        "I-ZERO-ON-ALLOC: a slot handed out is zeroed",
+        lambda self, result: result is None or self._will_read_zero(result),
+        "I-ZERO-ON-ALLOC: a slot handed out is zeroed (or scheduled to be, before anyone reads it)",
     )
     def alloc(self, n: int, owner: Owner) -> torch.Tensor | None:
         """``n`` zeroed slots for ``owner``, or None when fewer are free."""
         check_count(n)
         return self._slots.alloc(n, owner)
 
+    # ------------------------------------------------------------------ the schedule
     # Hooks run inside IdFreeList operations: they touch the tensors directly, never a public member
     # (icontract would check the class invariant mid-operation).
-    def _zero(self, slots: torch.Tensor) -> None:
-        kernels.zero_slots(self.conv_state, slots)
-        kernels.zero_slots(self.temporal_state, slots)
+    def _schedule_zero(self, slots: torch.Tensor) -> None:
+        for slot in slots.tolist():
+            self._schedule(slot, ZERO)
+
+    def _schedule(self, dst: int, src: int) -> None:
+        """Schedule ``dst <- src`` (or a zeroing); a later write to ``dst`` replaces an earlier one.
+
+        A copy from a slot whose own write is still scheduled copies what that write will put there: a
+        zeroing, or the same source (sources are never destinations, and a source cannot change before
+        the batch: writing it or releasing it applies the batch first).
+        """
+        if dst in self._sources:
+            self._flush()  # overwriting a slot a scheduled copy still has to read
+        if src != ZERO:
+            src = self._writes.get(src, src)
+        previous = self._writes.get(dst)
+        if previous is not None and previous != ZERO:
+            self._unsource(previous)
+        self._writes[dst] = src
+        if src != ZERO:
+            self._sources[src] += 1
+        if len(self._writes) >= self.FLUSH_AT:
+            self._flush()
+
+    def _unsource(self, src: int) -> None:
+        self._sources[src] -= 1
+        if not self._sources[src]:
+            del self._sources[src]
+
+    def _on_release(self, slots: torch.Tensor) -> None:
+        """A slot goes back: copies reading it run first; a write into it is dead and is dropped."""
+        if self._writes:
+            released = slots.tolist()
+            if any(slot in self._sources for slot in released):
+                self._flush()
+            for slot in released:
+                src = self._writes.pop(slot, None)
+                if src is not None and src != ZERO:
+                    self._unsource(src)
+        if self._poison_on_release:
+            self._poison(slots)
 
     @ensure(
-        lambda self, slots: bool(self.poisoned(slots).all()),
+        lambda self, slots: bool(self._raw_poisoned(slots).all()),
         "I-POISON-ON-FREE: every freed slot holds the poison value",
     )
     def _poison(self, slots: torch.Tensor) -> None:
-        kernels.poison_slots(self.conv_state, slots)
-        kernels.poison_slots(self.temporal_state, slots)
+        kernels.poison_slots(self._conv, slots)
+        kernels.poison_slots(self._temporal, slots)
+
+    def flush(self) -> None:
+        """Apply every scheduled zeroing and copy now, as one batch (the step's data-plane work)."""
+        self._flush()
+
+    def _flush(self) -> None:
+        if not self._writes:
+            return
+        zero = [dst for dst, src in self._writes.items() if src == ZERO]
+        pairs = [(src, dst) for dst, src in self._writes.items() if src != ZERO]
+        self._writes.clear()
+        self._sources.clear()
+        device = self.device
+        self._apply_batch(
+            torch.tensor(zero, dtype=torch.int64, device=device),
+            torch.tensor([s for s, _ in pairs], dtype=torch.int64, device=device),
+            torch.tensor([d for _, d in pairs], dtype=torch.int64, device=device),
+        )
+
+    @require(
+        lambda self, src: not self._poison_on_release or not bool(self._raw_poisoned(src).any()),
+        "I-NO-POISON-READ: a copy never reads a freed (poisoned) slot",
+    )
+    @ensure(
+        lambda self, zero: all(bool((s[:, zero] == 0).all()) for s in (self._conv, self._temporal)),
+        "I-ZERO-ON-ALLOC: a slot handed out is zeroed",
+    )
+    @ensure(
+        lambda self, src, dst: all(
+            bool((kernels.fingerprint_slots(s, src) == kernels.fingerprint_slots(s, dst)).all())
+            for s in (self._conv, self._temporal)
+        ),
+        "I-COPY: after the copy each destination's fingerprint equals its source's",
+    )
+    def _apply_batch(self, zero: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+        for state in (self._conv, self._temporal):
+            if zero.numel():
+                kernels.zero_slots(state, zero)
+            if src.numel():
+                kernels.copy_slots(state, src, dst)
+
+    def _will_read_zero(self, slots: torch.Tensor) -> bool:
+        """Each slot is scheduled to be zeroed, or (nothing scheduled) reads zero now."""
+        for slot in slots.tolist():
+            scheduled = self._writes.get(slot)
+            if scheduled == ZERO:
+                continue
+            if scheduled is not None or not all(
+                bool((s[:, slot] == 0).all()) for s in (self._conv, self._temporal)
+            ):
+                return False
+        return True
+
+    def _will_hold_copy(self, src: torch.Tensor, dst: torch.Tensor) -> bool:
+        """Each ``dst[i]`` is scheduled to receive what ``src[i]`` holds (or will hold), or, with nothing
+        scheduled for either, already has its fingerprint."""
+        for s, d in zip(src.tolist(), dst.tolist(), strict=True):
+            if d in self._writes:  # scheduled: d must receive what s will hold (s itself, or s's own write)
+                if self._writes[d] != self._writes.get(s, s):
+                    return False
+                continue
+            if s in self._writes:
+                return False
+            one_s = torch.tensor([s], dtype=torch.int64, device=self.device)
+            one_d = torch.tensor([d], dtype=torch.int64, device=self.device)
+            for state in (self._conv, self._temporal):
+                if not bool(
+                    (kernels.fingerprint_slots(state, one_s) == kernels.fingerprint_slots(state, one_d)).all()
+                ):
+                    return False
+        return True
+
+    def _raw_poisoned(self, slots: torch.Tensor) -> torch.Tensor:
+        return kernels.any_poisoned(self._conv, slots) | kernels.any_poisoned(self._temporal, slots)
+
+    def _source_poisoned(self, slots: torch.Tensor) -> bool:
+        """Would a copy read poison from any of ``slots``? A slot with a scheduled write will hold a zero
+        or a copy (whose source was checked when it was scheduled), whatever its bytes are now."""
+        unwritten = [slot for slot in slots.tolist() if slot not in self._writes]
+        if not unwritten:
+            return False
+        return bool(self._raw_poisoned(torch.tensor(unwritten, dtype=torch.int64, device=self.device)).any())
 
     def poisoned(self, slots: torch.Tensor) -> torch.Tensor:
         """Per slot: does any element of its conv or temporal state hold the poison value?"""
-        return kernels.any_poisoned(self.conv_state, slots) | kernels.any_poisoned(self.temporal_state, slots)
+        self._flush()
+        return self._raw_poisoned(slots)
 
     @snapshot(lambda self: self.available_size() + self._slots.pending_count(), name="reclaimable")
     @ensure(
@@ -137,27 +296,9 @@ class MambaPool:
         if slots.numel() and bool((self._slots.state[slots] != HELD).any()):
             raise InvalidArgument(f"[{self.name}] {what}: slot(s) {slots.tolist()[:8]} are not allocated")
 
-    @ensure(
-        lambda self, src_index, dst_index: all(
-            bool(
-                (
-                    kernels.fingerprint_slots(s, as_index_tensor(src_index, self.device, "copy"))
-                    == kernels.fingerprint_slots(s, as_index_tensor(dst_index, self.device, "copy"))
-                ).all()
-            )
-            for s in self.states
-        ),
-        "I-COPY: after the copy each destination's fingerprint equals its source's",
-    )
-    @require(
-        lambda self, src_index: (
-            not self._slots.ledger.enabled
-            or not bool(self.poisoned(as_index_tensor(src_index, self.device, "copy_from")).any())
-        ),
-        "I-NO-POISON-READ: a copy never reads a freed (poisoned) slot",
-    )
     def copy_from(self, src_index: Any, dst_index: Any) -> None:
-        """Copy the states of ``src_index`` into ``dst_index`` (every layer, conv and temporal)."""
+        """Copy the states of ``src_index`` into ``dst_index`` (every layer, conv and temporal); scheduled,
+        applied with the next batch."""
         src = as_index_tensor(src_index, self.device, f"{self.name}.copy_from")
         dst = as_index_tensor(dst_index, self.device, f"{self.name}.copy_from")
         if src.numel() != dst.numel():
@@ -169,8 +310,25 @@ class MambaPool:
         check_unique(dst, self.name, "destination slot")
         if set(src.tolist()) & set(dst.tolist()):
             raise InvalidArgument(f"[{self.name}] copy_from: sources and destinations overlap")
-        for state in self.states:
-            kernels.copy_slots(state, src, dst)
+        self._copy_unchecked(src, dst)
+
+    @require(
+        lambda self, src: not self._poison_on_release or not self._source_poisoned(src),
+        "I-NO-POISON-READ: a copy never reads a freed (poisoned) slot",
+    )
+    @ensure(
+        lambda self, src, dst: self._will_hold_copy(src, dst),
+        "I-COPY: after the copy each destination's fingerprint equals its source's (or will, when the"
+        " scheduled copy is applied)",
+    )
+    def _copy_unchecked(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """``copy_from`` after validation (held slots, distinct destinations, no overlap); the radix cache's
+        copy-on-write calls it directly with a tree slot and the caller's slot."""
+        if src.numel() == 1:
+            self._schedule(int(dst), int(src))
+            return
+        for s, d in zip(src.tolist(), dst.tolist(), strict=True):
+            self._schedule(d, s)
 
     @snapshot(lambda self: self.available_size(), name="available")
     @ensure(lambda self, OLD, result: (result is None) == (OLD.available == 0))
@@ -180,11 +338,14 @@ class MambaPool:
         if src.numel() != 1:
             raise InvalidArgument(f"[{self.name}] fork_from takes one source slot, got {src.numel()}")
         self._check_held(src, "fork_from source")
+        if self._poison_on_release and self._source_poisoned(src):
+            raise ContractViolation(
+                f"I-NO-POISON-READ: [{self.name}] fork_from reads freed slot {src.tolist()}"
+            )
         dst = self._slots.alloc(1, owner, "fork_from")
         if dst is None:
             return None
-        for state in self.states:
-            kernels.copy_slots(state, src, dst)
+        self._schedule(int(dst), int(src))  # replaces the zeroing alloc scheduled
         return dst
 
     def free_group_begin(self) -> None:
@@ -194,7 +355,19 @@ class MambaPool:
         self._slots.free_group_end()
 
     def audit(self) -> None:
+        """The free list and ledger recount, and the schedule: every scheduled write targets and reads
+        held slots only, no destination is also a source, and the source counts match the writes."""
         self._slots.audit()
+        scheduled = set(self._writes) | set(self._sources)
+        if scheduled:
+            ids = torch.tensor(sorted(scheduled), dtype=torch.int64, device=self.device)
+            not_held = ids[self._slots.state[ids] != HELD].tolist()
+            if not_held:
+                raise ContractViolation(f"[{self.name}] scheduled writes touch free slots {not_held[:8]}")
+        if set(self._writes) & set(self._sources):
+            raise ContractViolation(f"[{self.name}] a scheduled destination is also a scheduled source")
+        if Counter(src for src in self._writes.values() if src != ZERO) != self._sources:
+            raise ContractViolation(f"[{self.name}] scheduled sources miscounted")
 
     def __repr__(self) -> str:
         return f"MambaPool({self.name}, size={self.size}, available={self.available_size()})"

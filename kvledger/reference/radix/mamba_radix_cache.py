@@ -174,10 +174,19 @@ class MambaRadixCache(RadixTreeBase):
 
     def _check_slot(self, slot: Any, owner: Owner, op: str) -> torch.Tensor:
         pool = self.mamba_pool
-        t = as_index_tensor(slot, pool.device, f"{self.name}.{op}")
-        if t.numel() != 1:
-            raise InvalidArgument(f"{self.name}.{op}: one state slot expected, got {t.numel()}")
-        check_in_range(t, 1, pool.size, pool.name, "slot")
+        t = slot
+        if not (  # the common case (a pool's own 1-slot int64 tensor) checked without a tensor reduction
+            isinstance(t, torch.Tensor)
+            and t.dtype == torch.int64
+            and t.device == pool.device
+            and t.dim() == 1
+            and t.numel() == 1
+            and 1 <= int(t) <= pool.size
+        ):
+            t = as_index_tensor(slot, pool.device, f"{self.name}.{op}")
+            if t.numel() != 1:
+                raise InvalidArgument(f"{self.name}.{op}: one state slot expected, got {t.numel()}")
+            check_in_range(t, 1, pool.size, pool.name, "slot")
         if self._m_checked:
             self._m_ledger.require_held_by(t, owner, f"{self.name}.{op}")
         return t
@@ -216,7 +225,9 @@ class MambaRadixCache(RadixTreeBase):
         "I-COW-SOURCE: the copy source still holds its state (it must stay pinned until the copy)",
     )
     def _copy_state(self, src: TreeNode, dst: torch.Tensor) -> None:
-        self.mamba_pool.copy_from(src.mamba_value, dst)
+        # Trusted fast path: dst was validated (or just allocated) for the caller, src is a tree slot
+        # (I-MAMBA-VALUE). The pool schedules the copy; its batch reads src before src can change.
+        self.mamba_pool._copy_unchecked(src.mamba_value, dst)
 
     # ------------------------------------------------------------------ insert
     @snapshot(lambda self: self._evictable, name="evictable")
