@@ -27,6 +27,12 @@ def make_pool(size: int = 8, *, ledger: bool = True) -> MambaPool:
         return MambaPool(size, num_layers=2, conv_state_shape=(3,), temporal_state_shape=(2, 2))
 
 
+def take(pool: MambaPool, n: int) -> torch.Tensor:
+    got = pool.alloc(n, OWNER)
+    assert got is not None, "test pool too small"
+    return got
+
+
 def write(pool: MambaPool, slot: int, value: float) -> None:
     for state in pool.states:
         state[:, slot] = value
@@ -40,10 +46,10 @@ def value_of(pool: MambaPool, slot: int) -> float:
 
 def test_alloc_schedules_the_zeroing_and_a_read_applies_it() -> None:
     pool = make_pool()
-    slot = int(pool.alloc(1, OWNER))
+    slot = int(take(pool, 1))
     write(pool, slot, 3.0)
     pool.free(torch.tensor([slot]), OWNER)
-    again = pool.alloc(pool.available_size(), OWNER)  # FIFO: the dirty slot comes back last
+    again = take(pool, pool.available_size())  # FIFO: the dirty slot comes back last
     assert again is not None and int(again[-1]) == slot
     assert pool.scheduled_writes() == again.numel()
     assert pool._conv[:, slot].isnan().all(), "the bytes have not moved yet (poisoned when freed)"
@@ -53,7 +59,7 @@ def test_alloc_schedules_the_zeroing_and_a_read_applies_it() -> None:
 
 def test_a_copy_reads_its_source_as_it_was_even_if_the_source_is_released_first() -> None:
     pool = make_pool()
-    src, dst = pool.alloc(2, OWNER).tolist()
+    src, dst = take(pool, 2).tolist()
     write(pool, src, 5.0)
     pool.copy_from(src, dst)
     assert pool.scheduled_writes() == 1
@@ -65,13 +71,13 @@ def test_a_copy_reads_its_source_as_it_was_even_if_the_source_is_released_first(
 
 def test_a_copy_of_a_slot_with_a_scheduled_write_copies_what_that_write_puts_there() -> None:
     pool = make_pool()
-    donor = int(pool.alloc(1, OWNER))
+    donor = int(take(pool, 1))
     write(pool, donor, 7.0)
-    cow = pool.alloc(1, OWNER)  # zeroing scheduled
+    cow = take(pool, 1)  # zeroing scheduled
     pool.copy_from(donor, cow)  # replaces it: cow will hold donor's state
     fork = pool.fork_from(cow, OWNER)  # reads cow before its copy ran: scheduled from donor, no batch
     assert fork is not None and pool.scheduled_writes() == 2
-    fresh = pool.alloc(1, OWNER)
+    fresh = take(pool, 1)
     twin = pool.fork_from(fresh, OWNER)  # a fork of a slot whose zeroing is scheduled is a zeroing
     assert twin is not None and pool.scheduled_writes() == 4
     pool.audit()
@@ -80,7 +86,7 @@ def test_a_copy_of_a_slot_with_a_scheduled_write_copies_what_that_write_puts_the
 
 def test_overwriting_a_slot_a_scheduled_copy_reads_applies_the_copy_first() -> None:
     pool = make_pool()
-    a, b, c = pool.alloc(3, OWNER).tolist()
+    a, b, c = take(pool, 3).tolist()
     write(pool, a, 1.0)
     write(pool, c, 3.0)
     pool.copy_from(a, b)
@@ -90,7 +96,7 @@ def test_overwriting_a_slot_a_scheduled_copy_reads_applies_the_copy_first() -> N
 
 def test_releasing_a_slot_drops_its_scheduled_write_and_poisons_it() -> None:
     pool = make_pool()
-    slot = pool.alloc(1, OWNER)
+    slot = take(pool, 1)
     assert pool.scheduled_writes() == 1
     pool.free(slot, OWNER)
     assert pool.scheduled_writes() == 0
@@ -109,7 +115,7 @@ def test_the_schedule_is_bounded() -> None:
 @needs_contracts
 def test_a_batch_that_would_read_poison_is_a_contract_violation() -> None:
     pool = make_pool()
-    src, dst = pool.alloc(2, OWNER).tolist()
+    src, dst = take(pool, 2).tolist()
     write(pool, src, 2.0)
     pool.copy_from(src, dst)
     for state in (pool._conv, pool._temporal):  # corrupt the source behind the pool's back
@@ -121,7 +127,7 @@ def test_a_batch_that_would_read_poison_is_a_contract_violation() -> None:
 @needs_contracts
 def test_audit_catches_a_scheduled_write_into_a_free_slot() -> None:
     pool = make_pool()
-    slot = int(pool.alloc(1, OWNER))
+    slot = int(take(pool, 1))
     pool.free(torch.tensor([slot]), OWNER)
     pool._writes[slot] = -1  # a zeroing left behind for a released slot
     with pytest.raises(ContractViolation, match="free slots"):
