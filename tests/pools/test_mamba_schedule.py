@@ -17,6 +17,7 @@ from kvledger.contracts.errors import ContractViolation
 from kvledger.contracts.owners import REQ_RUNNING, Owner
 from kvledger.contracts.switch import ENABLED, override_ledgers
 from kvledger.reference.pools import MambaPool
+from kvledger.reference.pools.write_schedule import ZERO, WriteSchedule
 
 needs_contracts = pytest.mark.skipif(not ENABLED, reason="needs KVLEDGER_CONTRACTS=1")
 OWNER = Owner("req", 1, REQ_RUNNING)
@@ -42,6 +43,26 @@ def value_of(pool: MambaPool, slot: int) -> float:
     values = {float(v) for s in pool.states for v in s[:, slot].reshape(-1).tolist()}
     assert len(values) == 1, f"slot {slot} holds a mixed state {values}"
     return values.pop()
+
+
+def test_write_schedule_bookkeeping() -> None:
+    """The pure part: replacement, resolution through a scheduled write, drop, and the one rule."""
+    w = WriteSchedule()
+    w.add(5, ZERO)
+    w.add(6, 1)  # 6 <- 1
+    w.add(5, 1)  # replaces 5's zeroing
+    w.add(7, 6)  # 6 holds 1 once applied: recorded as 7 <- 1
+    w.add(8, ZERO)
+    w.add(9, 8)  # 8 will be zero: 9 is a zeroing too
+    assert (w.write_to(5), w.write_to(7), w.write_to(9)) == (1, 1, ZERO)
+    assert w.reads(1) and not w.reads(6) and w.inconsistency() is None
+    with pytest.raises(ValueError, match="read by a scheduled copy"):
+        w.add(1, ZERO)
+    w.drop(5)
+    w.drop(6)
+    assert w.reads(1) and w.inconsistency() is None  # 7 still reads it
+    assert w.take() == ([8, 9], [1], [7])
+    assert not w and not w.reads(1)
 
 
 def test_alloc_schedules_the_zeroing_and_a_read_applies_it() -> None:
@@ -129,7 +150,7 @@ def test_audit_catches_a_scheduled_write_into_a_free_slot() -> None:
     pool = make_pool()
     slot = int(take(pool, 1))
     pool.free(torch.tensor([slot]), OWNER)
-    pool._writes[slot] = -1  # a zeroing left behind for a released slot
+    pool._writes._writes[slot] = ZERO  # a zeroing left behind for a released slot
     with pytest.raises(ContractViolation, match="free slots"):
         pool.audit()
 

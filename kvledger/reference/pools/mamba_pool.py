@@ -18,7 +18,6 @@ on every destination, per batch.
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 import torch
@@ -35,8 +34,7 @@ from kvledger.reference.pools.validate import (
     check_unique,
     resolve_device,
 )
-
-ZERO = -1  # the source of a scheduled zeroing
+from kvledger.reference.pools.write_schedule import ZERO, WriteSchedule
 
 
 @invariant(
@@ -44,7 +42,7 @@ ZERO = -1  # the source of a scheduled zeroing
     "I-COUNT: ledger free slots == available_size()",
 )
 @invariant(lambda self: 0 <= self._slots.available() + self._slots.pending_count() <= self.size, "I-CAP")
-@invariant(lambda self: len(self._writes) < self.FLUSH_AT, "the schedule stays bounded")
+@invariant(lambda self: len(self._writes) < self.FLUSH_AT, "the write schedule stays bounded")
 class MambaPool:
     """``size`` state slots; ``conv_state[L, size+1, *conv_shape]``, ``temporal_state[L, size+1, *ssm_shape]``."""
 
@@ -76,11 +74,7 @@ class MambaPool:
         self._temporal = torch.zeros(
             (num_layers, size + 1, *temporal_state_shape), dtype=ssm_dtype, device=self.device
         )
-        # Scheduled writes: destination slot -> source slot, or ZERO. A destination is never a source
-        # (the schedule is applied first), so the batch is order-free: every write targets a distinct slot
-        # that no write of the batch reads.
-        self._writes: dict[int, int] = {}
-        self._sources: Counter[int] = Counter()  # slot -> scheduled copies reading it
+        self._writes = WriteSchedule()  # zeroings and copies promised, applied as one batch
         self._slots = IdFreeList(name, 1, size, self.device, reuse="fifo")
         self._slots.on_alloc = self._schedule_zero  # always: a new owner never inherits a previous state
         self._slots.on_release = self._on_release
@@ -143,40 +137,21 @@ class MambaPool:
             self._schedule(slot, ZERO)
 
     def _schedule(self, dst: int, src: int) -> None:
-        """Schedule ``dst <- src`` (or a zeroing); a later write to ``dst`` replaces an earlier one.
-
-        A copy from a slot whose own write is still scheduled copies what that write will put there: a
-        zeroing, or the same source (sources are never destinations, and a source cannot change before
-        the batch: writing it or releasing it applies the batch first).
-        """
-        if dst in self._sources:
+        """Promise ``dst <- src`` (or a zeroing): applied with the next batch, never after a reader looks."""
+        if self._writes.reads(dst):
             self._flush()  # overwriting a slot a scheduled copy still has to read
-        if src != ZERO:
-            src = self._writes.get(src, src)
-        previous = self._writes.get(dst)
-        if previous is not None and previous != ZERO:
-            self._unsource(previous)
-        self._writes[dst] = src
-        if src != ZERO:
-            self._sources[src] += 1
+        self._writes.add(dst, src)
         if len(self._writes) >= self.FLUSH_AT:
             self._flush()
-
-    def _unsource(self, src: int) -> None:
-        self._sources[src] -= 1
-        if not self._sources[src]:
-            del self._sources[src]
 
     def _on_release(self, slots: torch.Tensor) -> None:
         """A slot goes back: copies reading it run first; a write into it is dead and is dropped."""
         if self._writes:
             released = slots.tolist()
-            if any(slot in self._sources for slot in released):
+            if any(self._writes.reads(slot) for slot in released):
                 self._flush()
             for slot in released:
-                src = self._writes.pop(slot, None)
-                if src is not None and src != ZERO:
-                    self._unsource(src)
+                self._writes.drop(slot)
         if self._poison_on_release:
             self._poison(slots)
 
@@ -195,15 +170,12 @@ class MambaPool:
     def _flush(self) -> None:
         if not self._writes:
             return
-        zero = [dst for dst, src in self._writes.items() if src == ZERO]
-        pairs = [(src, dst) for dst, src in self._writes.items() if src != ZERO]
-        self._writes.clear()
-        self._sources.clear()
+        zero, src, dst = self._writes.take()
         device = self.device
         self._apply_batch(
             torch.tensor(zero, dtype=torch.int64, device=device),
-            torch.tensor([s for s, _ in pairs], dtype=torch.int64, device=device),
-            torch.tensor([d for _, d in pairs], dtype=torch.int64, device=device),
+            torch.tensor(src, dtype=torch.int64, device=device),
+            torch.tensor(dst, dtype=torch.int64, device=device),
         )
 
     @require(
@@ -231,7 +203,7 @@ class MambaPool:
     def _will_read_zero(self, slots: torch.Tensor) -> bool:
         """Each slot is scheduled to be zeroed, or (nothing scheduled) reads zero now."""
         for slot in slots.tolist():
-            scheduled = self._writes.get(slot)
+            scheduled = self._writes.write_to(slot)
             if scheduled == ZERO:
                 continue
             if scheduled is not None or not all(
@@ -244,11 +216,12 @@ class MambaPool:
         """Each ``dst[i]`` is scheduled to receive what ``src[i]`` holds (or will hold), or, with nothing
         scheduled for either, already has its fingerprint."""
         for s, d in zip(src.tolist(), dst.tolist(), strict=True):
-            if d in self._writes:  # scheduled: d must receive what s will hold (s itself, or s's own write)
-                if self._writes[d] != self._writes.get(s, s):
+            scheduled = self._writes.write_to(d)
+            if scheduled is not None:  # d must receive what s will hold (s itself, or s's own write)
+                if scheduled != self._writes.will_hold(s):
                     return False
                 continue
-            if s in self._writes:
+            if self._writes.write_to(s) is not None:
                 return False
             one_s = torch.tensor([s], dtype=torch.int64, device=self.device)
             one_d = torch.tensor([d], dtype=torch.int64, device=self.device)
@@ -265,7 +238,7 @@ class MambaPool:
     def _source_poisoned(self, slots: torch.Tensor) -> bool:
         """Would a copy read poison from any of ``slots``? A slot with a scheduled write will hold a zero
         or a copy (whose source was checked when it was scheduled), whatever its bytes are now."""
-        unwritten = [slot for slot in slots.tolist() if slot not in self._writes]
+        unwritten = [slot for slot in slots.tolist() if self._writes.write_to(slot) is None]
         if not unwritten:
             return False
         return bool(self._raw_poisoned(torch.tensor(unwritten, dtype=torch.int64, device=self.device)).any())
@@ -358,16 +331,15 @@ class MambaPool:
         """The free list and ledger recount, and the schedule: every scheduled write targets and reads
         held slots only, no destination is also a source, and the source counts match the writes."""
         self._slots.audit()
-        scheduled = set(self._writes) | set(self._sources)
+        scheduled = self._writes.slots()
         if scheduled:
             ids = torch.tensor(sorted(scheduled), dtype=torch.int64, device=self.device)
             not_held = ids[self._slots.state[ids] != HELD].tolist()
             if not_held:
                 raise ContractViolation(f"[{self.name}] scheduled writes touch free slots {not_held[:8]}")
-        if set(self._writes) & set(self._sources):
-            raise ContractViolation(f"[{self.name}] a scheduled destination is also a scheduled source")
-        if Counter(src for src in self._writes.values() if src != ZERO) != self._sources:
-            raise ContractViolation(f"[{self.name}] scheduled sources miscounted")
+        broken = self._writes.inconsistency()
+        if broken is not None:
+            raise ContractViolation(f"[{self.name}] {broken}")
 
     def __repr__(self) -> str:
         return f"MambaPool({self.name}, size={self.size}, available={self.available_size()})"
