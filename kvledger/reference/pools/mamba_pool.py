@@ -42,7 +42,9 @@ from kvledger.reference.pools.write_schedule import ZERO, WriteSchedule
     "I-COUNT: ledger free slots == available_size()",
 )
 @invariant(lambda self: 0 <= self._slots.available() + self._slots.pending_count() <= self.size, "I-CAP")
-@invariant(lambda self: len(self._writes) < self.FLUSH_AT, "the write schedule stays bounded")
+@invariant(
+    lambda self: len(self._writes) < self.FLUSH_AT, "I-WRITE-SCHEDULE: the write schedule stays bounded"
+)
 class MambaPool:
     """``size`` state slots; ``conv_state[L, size+1, *conv_shape]``, ``temporal_state[L, size+1, *ssm_shape]``."""
 
@@ -336,10 +338,12 @@ class MambaPool:
             ids = torch.tensor(sorted(scheduled), dtype=torch.int64, device=self.device)
             not_held = ids[self._slots.state[ids] != HELD].tolist()
             if not_held:
-                raise ContractViolation(f"[{self.name}] scheduled writes touch free slots {not_held[:8]}")
+                raise ContractViolation(
+                    f"I-WRITE-SCHEDULE: [{self.name}] scheduled writes touch free slots {not_held[:8]}"
+                )
         broken = self._writes.inconsistency()
         if broken is not None:
-            raise ContractViolation(f"[{self.name}] {broken}")
+            raise ContractViolation(f"I-WRITE-SCHEDULE: [{self.name}] {broken}")
 
     def __repr__(self) -> str:
         return f"MambaPool({self.name}, size={self.size}, available={self.available_size()})"
