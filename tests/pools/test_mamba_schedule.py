@@ -134,6 +134,7 @@ def test_the_schedule_is_bounded() -> None:
 
 
 @needs_contracts
+@pytest.mark.fires("I-NO-POISON-READ")
 def test_a_batch_that_would_read_poison_is_a_contract_violation() -> None:
     pool = make_pool()
     src, dst = take(pool, 2).tolist()
@@ -145,13 +146,13 @@ def test_a_batch_that_would_read_poison_is_a_contract_violation() -> None:
         pool.flush()
 
 
-@needs_contracts
+@pytest.mark.fires("I-WRITE-SCHEDULE")
 def test_audit_catches_a_scheduled_write_into_a_free_slot() -> None:
     pool = make_pool()
     slot = int(take(pool, 1))
     pool.free(torch.tensor([slot]), OWNER)
     pool._writes._writes[slot] = ZERO  # a zeroing left behind for a released slot
-    with pytest.raises(ContractViolation, match="free slots"):
+    with pytest.raises(ContractViolation, match="I-WRITE-SCHEDULE: .* free slots"):
         pool.audit()
 
 

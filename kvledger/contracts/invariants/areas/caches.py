@@ -228,9 +228,10 @@ AREA = Area(
             id="I-LRU-ORDER",
             title="LRU lists are ordered by access time",
             statement=(
-                "Each LRU list (full; state) holds its members once, oldest first in `last_access_time`"
-                " order, with consistent links; after a match every node on the refreshed path is more"
-                " recent than its parent."
+                "Each LRU list (full; state) holds its members once, oldest first in its own stamp's order"
+                " (`last_access_time`; the state list's `mamba_access_time`, refreshed by other operations:"
+                " spec/mamba-cache-vs-sglang.md R1-R3), with consistent links; after a match every node on"
+                " the refreshed path is more recent than its parent."
             ),
             severity=Severity.BUG,
             origin=Origin.SGLANG,

@@ -10,6 +10,7 @@ from kvledger.contracts.invariants.model import (
     contract,
     input_check,
     oracle,
+    recount,
 )
 
 RUNNER = "kvledger/reference/model/runner.py"
@@ -38,7 +39,12 @@ AREA = Area(
             origin=Origin.KVLEDGER,
             parts=("mamba-pool", "kv-token-pool", "kv-page-pool"),
             upstream=("llama.cpp / ik_llama #1696: a new sequence inherited a stale recurrent state",),
-            checks=(contract(f"{MAMBA}:MambaPool.alloc", "postcondition: every slot handed out is zero"),),
+            checks=(
+                contract(
+                    f"{MAMBA}:MambaPool.alloc", "postcondition: every slot handed out is zero or scheduled to be"
+                ),
+                contract(f"{MAMBA}:MambaPool._apply_batch", "postcondition, where the bytes move: zero"),
+            ),
             exercised_by=("tests/pools/test_pool_state_machines.py:MambaPoolMachine",),
         ),
         Invariant(
@@ -71,9 +77,36 @@ AREA = Area(
             checks=(
                 contract(f"{RUNNER}:TinyHybridRunner._check_reads"),
                 contract(f"{RUNNER}:TinyHybridRunner._extend", "the Mamba slot a forward advances"),
-                contract(f"{MAMBA}:MambaPool.copy_from", "precondition: the source is not poisoned"),
+                contract(f"{MAMBA}:MambaPool._copy_unchecked", "precondition: the source is not poisoned"),
+                contract(f"{MAMBA}:MambaPool._apply_batch", "precondition, where the bytes move"),
             ),
             exercised_by=(ORACLE_MACHINE,),
+        ),
+        Invariant(
+            id="I-WRITE-SCHEDULE",
+            title="scheduled state writes are invisible",
+            statement=(
+                "The Mamba pool's scheduled zeroings and copies (spec/mamba-cache-vs-sglang.md §4) are"
+                " invisible: every read of the state tensors sees them applied in the order they were made."
+                " A scheduled write never targets or reads a free slot, no scheduled destination is also a"
+                " source, and fewer than `FLUSH_AT` writes are pending."
+            ),
+            severity=Severity.BUG,
+            origin=Origin.KVLEDGER,
+            parts=("mamba-pool",),
+            upstream=(
+                "SGLang defers zeroing (`mamba_needs_clear`) and copy-on-write (`mamba_cow_src_index`) to"
+                " the forward pass; the copy's source must stay pinned until then (PR #25000)",
+            ),
+            checks=(
+                recount(f"{MAMBA}:MambaPool.audit", "the schedule's slots are held; its bookkeeping adds up"),
+                contract(f"{MAMBA}:MambaPool", "class invariant: the schedule stays bounded"),
+                oracle(
+                    "tests/pools/test_mamba_schedule.py:ScheduleMachine",
+                    "the pool against a dict of slot contents, read only now and then",
+                ),
+            ),
+            exercised_by=("tests/pools/test_mamba_schedule.py:ScheduleMachine",),
         ),
         Invariant(
             id="I-KV-ROW-CONTENT",

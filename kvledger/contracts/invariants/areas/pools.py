@@ -295,15 +295,21 @@ AREA = Area(
             id="I-COPY",
             title="Mamba states are copied, never shared",
             statement=(
-                "`copy_from` / `fork_from` copy state, never share it: afterwards each destination holds its"
-                " source's state bit for bit, and the sources are left alone."
+                "`copy_from` / `fork_from` / copy-on-write copy state, never share it: afterwards each"
+                " destination holds its source's state bit for bit, as the source was when the copy was"
+                " made, and the sources are left alone. The copy may be scheduled (I-WRITE-SCHEDULE)."
             ),
             severity=Severity.BUG,
             origin=Origin.KVLEDGER,
             parts=("mamba-pool",),
             checks=(
                 contract(
-                    f"{MAMBA}:MambaPool.copy_from", "postcondition: destination fingerprint == source's"
+                    f"{MAMBA}:MambaPool._copy_unchecked",
+                    "postcondition: the copy is scheduled, or the fingerprints already match",
+                ),
+                contract(
+                    f"{MAMBA}:MambaPool._apply_batch",
+                    "postcondition, where the bytes move: destination fingerprint == source's",
                 ),
                 input_check(
                     f"{MAMBA}:MambaPool.copy_from", "repeated destinations, a source that is a destination"
