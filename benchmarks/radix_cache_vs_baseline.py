@@ -27,9 +27,9 @@ MODES = ("plain_p1", "plain_p16", "mamba_p1")
 
 def run_child(tree: Path, mode: str, switch: str, requests: int, repeats: int) -> dict[str, Any]:
     env = dict(os.environ, KVLEDGER_CONTRACTS=switch, PYTHONPATH=str(tree))
+    script = str(tree / "benchmarks" / "radix_cache.py")
     proc = subprocess.run(
-        [sys.executable, str(tree / "benchmarks" / "radix_cache.py"), "--child", mode]
-        + ["--requests", str(requests), "--repeats", str(repeats)],
+        [sys.executable, script, "--child", mode, "--requests", str(requests), "--repeats", str(repeats)],
         env=env,
         cwd=tree.parent,  # not a source tree: the import must come from PYTHONPATH
         capture_output=True,

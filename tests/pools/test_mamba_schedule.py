@@ -152,7 +152,7 @@ def test_audit_catches_a_scheduled_write_into_a_free_slot() -> None:
     slot = int(take(pool, 1))
     pool.free(torch.tensor([slot]), OWNER)
     pool._writes._writes[slot] = ZERO  # a zeroing left behind for a released slot
-    with pytest.raises(ContractViolation, match="I-WRITE-SCHEDULE: .* free slots"):
+    with pytest.raises(ContractViolation, match=r"I-WRITE-SCHEDULE: .* free slots"):
         pool.audit()
 
 
