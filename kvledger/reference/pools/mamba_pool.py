@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from kvledger import kernels
-from kvledger.contracts.errors import ContractViolation, InvalidArgument
+from kvledger.contracts.errors import ContractViolation, InvalidArgument, KVLedgerError
 from kvledger.contracts.owners import FREE, Owner
 from kvledger.contracts.switch import ensure, invariant, require, snapshot
 from kvledger.reference.pools.id_free_list import HELD, IdFreeList
@@ -245,6 +245,18 @@ class MambaPool:
             return False
         return bool(self._raw_poisoned(torch.tensor(unwritten, dtype=torch.int64, device=self.device)).any())
 
+    def _held_sources_unpoisoned(self, src_index: Any) -> bool:
+        """The precondition's view of a ``copy_from`` source: bad input (not an index, out of range, not
+        held) is left to the typed errors of the call itself; held slots must not read as poison."""
+        try:
+            src = as_index_tensor(src_index, self.device, "copy_from")
+        except KVLedgerError:
+            return True
+        held = [s for s in src.tolist() if 1 <= s <= self.size and int(self._slots.state[s]) == HELD]
+        return not held or not self._source_poisoned(
+            torch.tensor(held, dtype=torch.int64, device=self.device)
+        )
+
     def poisoned(self, slots: torch.Tensor) -> torch.Tensor:
         """Per slot: does any element of its conv or temporal state hold the poison value?"""
         self._flush()
@@ -271,6 +283,17 @@ class MambaPool:
         if slots.numel() and bool((self._slots.state[slots] != HELD).any()):
             raise InvalidArgument(f"[{self.name}] {what}: slot(s) {slots.tolist()[:8]} are not allocated")
 
+    @require(
+        lambda self, src_index: not self._poison_on_release or self._held_sources_unpoisoned(src_index),
+        "I-NO-POISON-READ: a copy never reads a freed (poisoned) slot",
+    )
+    @ensure(
+        lambda self, src_index, dst_index: self._will_hold_copy(
+            as_index_tensor(src_index, self.device, "copy"), as_index_tensor(dst_index, self.device, "copy")
+        ),
+        "I-COPY: after the copy each destination's fingerprint equals its source's (or will, when the"
+        " scheduled copy is applied)",
+    )
     def copy_from(self, src_index: Any, dst_index: Any) -> None:
         """Copy the states of ``src_index`` into ``dst_index`` (every layer, conv and temporal); scheduled,
         applied with the next batch."""
