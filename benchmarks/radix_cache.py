@@ -6,7 +6,8 @@ tokens, on an 8,192-token KV pool (so shared prefixes are evicted and re-inserte
 * ``plain_p1`` / ``plain_p16``: ``RadixCache`` at page size 1 and 16: match, lock, evict the shortfall,
   alloc, insert (with ``protected_len``), unlock.
 * ``mamba_p1``: ``MambaRadixCache`` (page 1) with a 64-slot Mamba pool and copy-on-write: match with
-  ``cow_owner`` (the COW slot becomes the working slot), lock, evict, alloc; a request whose match is
+  ``cow_owner`` (the COW slot becomes the working slot; the pool schedules the copy and the zeroing of
+  new slots and applies them in batches, as SGLang defers them to the forward pass), lock, evict, alloc; a request whose match is
   shorter than the prefix caches the 512-token chunk first (fork the working slot, insert, re-match,
   lock hand-over), as ``cache_unfinished_req`` does after a chunk; then the finished insert donates the
   working slot (freed by the caller if the tree already has a state there), unlock.
