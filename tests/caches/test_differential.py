@@ -357,6 +357,23 @@ def test_caches_agree_with_the_rule_model(case: Case) -> None:
     run_case(case)
 
 
+LONG_CASES = st.builds(
+    Case,
+    page=st.sampled_from(PAGE_SIZES),
+    kv_pages=st.integers(8, 64),
+    slots=st.integers(2, 8),
+    ops=st.lists(OPS, min_size=200, max_size=600).map(tuple),
+)
+
+
+@pytest.mark.deep
+@settings(max_examples=500, deadline=None, derandomize=False, database=None, print_blob=True)
+@given(case=LONG_CASES)
+def test_caches_agree_with_the_rule_model_long(case: Case) -> None:
+    """Nightly: longer sequences, tighter pools (issue 16's external run used 1,000 operations)."""
+    run_case(case)
+
+
 # ---------------------------------------------------------------------- regression cases
 def test_issue_16_minimal_case_through_the_differential_runner() -> None:
     """Issue 16's minimal divergent sequence as operations (page 1: symbols are tokens)."""
