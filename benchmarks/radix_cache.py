@@ -7,10 +7,11 @@ tokens, on an 8,192-token KV pool (so shared prefixes are evicted and re-inserte
   alloc, insert (with ``protected_len``), unlock.
 * ``mamba_p1``: ``MambaRadixCache`` (page 1) with a 64-slot Mamba pool and copy-on-write: match with
   ``cow_owner`` (the COW slot becomes the working slot; the pool schedules the copy and the zeroing of
-  new slots and applies them in batches, as SGLang defers them to the forward pass), lock, evict, alloc; a request whose match is
-  shorter than the prefix caches the 512-token chunk first (fork the working slot, insert, re-match,
-  lock hand-over), as ``cache_unfinished_req`` does after a chunk; then the finished insert donates the
-  working slot (freed by the caller if the tree already has a state there), unlock.
+  new slots and applies them in batches, as SGLang defers them to the forward pass), lock, evict,
+  alloc; a request whose match is shorter than the prefix caches the 512-token chunk first (fork the
+  working slot, insert, re-match, lock hand-over), as ``cache_unfinished_req`` does after a chunk; then
+  the finished insert donates the working slot (freed by the caller if the tree already has a state
+  there), unlock.
 
 The parent process runs each mode in fresh subprocesses with ``KVLEDGER_CONTRACTS=0`` and ``=1`` (the
 switch is read at import) and prints ONE JSON line. Each mode reports the best of ``--repeats`` fresh runs

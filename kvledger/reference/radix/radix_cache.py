@@ -7,8 +7,11 @@ leaves cascading to parents that become unlocked leaves. Differences that are de
 * ``insert`` takes the caller's ``owner`` and ``protected_len`` and frees the caller's duplicate ids
   itself (the 2026 behaviour), exactly once, through the allocator's free path;
 * locks are handles (:class:`LockRef`): a double release, a foreign handle or a count going below zero is
-  a typed error instead of SGLang's assertion (or, in legacy versions, a silent -1);
-* a split keeps the unmatched suffix's recency (#38482).
+  a typed error instead of SGLang's assertion (or, in legacy versions, a silent -1).
+
+Recency as SGLang's: a split makes the new upper node, then the unmatched suffix, the most recent (SGLang
+refreshes the child before it splits it). Only the unified tree's auxiliary lists keep the suffix's
+place (#38482); the Mamba tree's state list does too (spec/mamba-cache-vs-sglang.md, R1).
 
 Cheap identities run around every public call (class invariants); the O(tree) recounts of §5.2 run in
 :meth:`audit`.
