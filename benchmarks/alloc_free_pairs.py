@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _figures import ratio
+from _figures import figure, ratio
 
 QUICK_PAIRS = 2000
 
@@ -128,6 +128,18 @@ def main(argv: list[str] | None = None) -> int:
             # process CPU time: less sensitive than wall time to other load on a shared machine
             "cpu_ratio_on_off": ratio(on[name]["cpu_s"], off[name]["cpu_s"]),
         }
+    result["figures"] = [
+        figure(
+            "alloc_free_pairs",
+            f"us per alloc/free pair ({name}, {result[name]['tokens_per_alloc']} tok)",
+            "us (CPU)",
+            release=off[name]["cpu_s"] / args.pairs * 1e6,
+            contracts_on=on[name]["cpu_s"] / args.pairs * 1e6,
+            higher_is_better=False,
+            target="on/off <= 2",
+        )
+        for name in ("token", "paged")
+    ]
     result["python"] = platform.python_version()
     result["cpus"] = os.cpu_count()
     print(json.dumps(result))

@@ -39,7 +39,7 @@ except ImportError:  # run from a checkout without an editable install
     import kvledger.kernels as K
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _figures import per_second
+from _figures import figure, per_second
 
 
 def _seconds_per_call(fn: Callable[[], None], device: torch.device, warmup: int, iters: int) -> float:
@@ -175,6 +175,32 @@ def bench_kv_store(
     return results
 
 
+def _figures(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rows for ``run_all.py``: GB/s per case (the kernels do not depend on the contracts switch)."""
+    rows = []
+    for row in report["mamba_copy"]:
+        case = f"mamba_copy {row['pairs']} pair(s), {row['slot_mib']} MiB/slot"
+        rows.append((case, row))
+    for row in report["kv_store"]:
+        rows.append((f"kv_store {row['model']}, {row['tokens']} tokens", row))
+    out = []
+    for case, row in rows:
+        for variant in ("torch", "triton", "triton_checked"):
+            value = row[f"{variant}_gbps"]
+            if value is not None:
+                out.append(
+                    figure(
+                        "kernel_bandwidth",
+                        f"{case}: {variant}",
+                        "GB/s",
+                        release=value,
+                        ratio=False,
+                        note=f"{report['device_name']}; the kernels do not depend on the contracts switch",
+                    )
+                )
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="tiny sizes and few iterations (smoke test)")
@@ -202,6 +228,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "mamba_copy": bench_mamba_copy(device, args.quick, use_triton, warmup, iters),
         "kv_store": bench_kv_store(device, args.quick, use_triton, warmup, iters),
     }
+    report["figures"] = _figures(report)
     print(json.dumps(report), flush=True)
     return report
 

@@ -6,7 +6,9 @@ Profiles (select with ``--hypothesis-profile=NAME`` or ``HYPOTHESIS_PROFILE=NAME
   15 minutes on 2 cores. Hypothesis auto-loads a built-in profile named ``ci`` when ``CI`` is set;
   registering ours under the same name replaces it, so CI gets these budgets.
 * ``dev`` (default locally): fewer examples, the local database on so a failure replays at once.
-* ``deep``: long fuzzing (nightly), randomised; use with ``-m deep`` tests too.
+* ``deep``: long fuzzing (nightly), randomised; use with ``-m deep`` tests too. Under it every
+  scheduler also recounts its identity in full after every step and compares it with the
+  incremental one (``Accounting.recount_every_step``).
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
+if os.environ.get("HYPOTHESIS_PROFILE") == "deep":  # the full recount after every step, not only at quiescence
+    from kvledger.reference.scheduler.accounting import Accounting
+
+    Accounting.recount_every_step = True
 
 # ``@pytest.mark.fires("I-...")``: verified during the run (tests/fires_plugin.py).
 from tests.fires_plugin import pytest_configure, pytest_runtest_call  # noqa: E402, F401

@@ -18,6 +18,7 @@ Torch-free: pure arithmetic over counts, so CrossHair can analyse it.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from kvledger.contracts.arith import MAX_TERMS
@@ -62,24 +63,30 @@ def identity_gap(parts: list[int], size: int) -> int:
     return total - size
 
 
+@functools.lru_cache(maxsize=512)
+def _gap(parts: tuple[int, ...], size: int) -> int:
+    """:func:`identity_gap`, contract-checked once per distinct input (it is pure; a scheduler's pools
+    revisit the same few states step after step). A small cache: its memory must not grow in a long run."""
+    return identity_gap(list(parts), size)
+
+
 def check_busy_identity(terms: PoolTerms) -> None:
     """I-COUNT with every holder term; raises ContractViolation with the full table."""
-    negative = {
-        k: v
-        for k, v in [
-            ("free", terms.free),
-            ("evictable", terms.evictable),
-            ("protected", terms.protected),
-            ("pending", terms.pending),
-            *terms.held.items(),
-        ]
-        if v < 0
-    }
-    if negative:
+    parts = (terms.free, terms.evictable, terms.protected, terms.pending, *terms.held.values())
+    if min(parts) < 0:
+        negative = {
+            k: v
+            for k, v in [
+                ("free", terms.free),
+                ("evictable", terms.evictable),
+                ("protected", terms.protected),
+                ("pending", terms.pending),
+                *terms.held.items(),
+            ]
+            if v < 0
+        }
         raise ContractViolation(f"I-CAP: negative terms {negative}: {terms.table()}")
-    gap = identity_gap(
-        [terms.free, terms.evictable, terms.protected, terms.pending, *terms.held.values()], terms.size
-    )
+    gap = _gap(parts, terms.size)
     if gap:
         kind = "counted twice (over-free)" if gap > 0 else "unaccounted (leak)"
         raise ContractViolation(f"I-COUNT: {abs(gap)} {terms.unit} {kind}: {terms.table()}")

@@ -7,50 +7,160 @@ to the domain size (I-COUNT). Ids change owner only through :meth:`Ledger.transf
 checks that every id is held by the claimed source (no double free: I-NODUP-FREE; no foreign free) and
 raises :class:`ContractViolation` naming the id, its real owner and its last moves otherwise.
 
+How it stays cheap enough to leave on (issue 12):
+
+* The owner table is a numpy array of small integer *codes*, one per id; an owner registry maps codes
+  to :class:`Owner` objects. A transfer is one gather and one comparison over its ids (plus an O(n)
+  duplicate check), never a Python loop per id.
+* Per-owner and per-account counts are kept incrementally; holdings (the ids of one owner) are
+  resolved from the table only when an audit or a report asks.
+* Codes are recycled: an owner that holds nothing is dropped from the registry (and the owner forgets
+  the ledger), so owners of finished requests do not stay registered (issue 17).
+* The move log is a ring of ``history`` entries (:data:`DEFAULT_HISTORY`, or ``KVLEDGER_LEDGER_HISTORY``)
+  that records owners by serial number and name, not by reference. Reports walk it only when a check
+  fails or a test asks.
+* I-COUNT is checked at the ledger's public boundaries that change counts (each transfer and retag),
+  never on per-id accessors such as :meth:`owner_of`.
+
 The ledger never looks at tensors' contents; it is told about moves by the pool and recounts the pool's
-own structures only in :meth:`Ledger.audit`.
+own structures only in :meth:`Ledger.audit`. Ids may be given as a numpy array, a torch tensor (any
+device; moved to the host), a sequence of ints or one int.
 """
 
 from __future__ import annotations
 
+import os
 from collections import Counter, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvledger.contracts.errors import ContractViolation, ForeignSlot
-from kvledger.contracts.owners import FREE, FREE_LIST, PENDING_FREE, Account, Owner
-from kvledger.contracts.switch import ensure, invariant, ledgers_enabled
+import numpy as np
 
-DEFAULT_HISTORY = 65536
-"""Moves kept in the ring log. Violations report the last moves of a slot found in this window."""
+from kvledger.contracts.errors import ContractViolation, DuplicateIds, ForeignSlot
+from kvledger.contracts.owners import FREE, FREE_LIST, PENDING_FREE, Account, Owner
+from kvledger.contracts.switch import ensure, ledgers_enabled
+
+
+def _history_setting() -> int:
+    raw = os.environ.get("KVLEDGER_LEDGER_HISTORY")
+    if raw is None:
+        return 16384
+    value = int(raw)
+    if value < 1:
+        raise ValueError(f"KVLEDGER_LEDGER_HISTORY must be >= 1, got {raw!r}")
+    return value
+
+
+DEFAULT_HISTORY = _history_setting()
+"""Log entries kept in each ledger's ring (default 16,384; ``KVLEDGER_LEDGER_HISTORY`` overrides it).
+
+An entry is one move, one retag or one batched hand-out. Violations report the last moves of a slot
+found in this window (on the default ``kvledger simulate`` run, the KV ledger's window spans about
+1,500 scheduler steps); older moves are forgotten, which is what keeps a long run's memory flat. An
+entry costs about 150 bytes, plus 4 bytes per id for moves of several ids."""
 
 MOVES_PER_SLOT_IN_REPORT = 6
+
+NO_OWNER, FREE_CODE, PENDING_CODE = 0, 1, 2  # codes every ledger reserves
 
 
 @dataclass(frozen=True)
 class Move:
-    """One ledger event. ``ids`` is None for a retag (the owner changed account, its ids did not move)."""
+    """One ledger event. ``ids`` is None for a retag (the owner changed account, its ids did not move).
+
+    Owners are recorded by name and serial (see :attr:`Owner.serial`), so the log keeps no owner alive.
+    """
 
     step: int
     op: str
-    ids: Sequence[int] | None
-    src: Owner
-    dst: Owner
+    ids: tuple[int, ...] | None
+    src: str
+    dst: str
     src_account: Account
     dst_account: Account
+    src_serial: int = 0
+    dst_serial: int = 0
 
     def describe(self) -> str:
         if self.ids is None:
-            return f"step {self.step}: {self.op}: {self.src.name} {self.src_account.name} -> {self.dst_account.name}"
+            return f"step {self.step}: {self.op}: {self.src} {self.src_account.name} -> {self.dst_account.name}"
         return (
-            f"step {self.step}: {self.op}: {self.src.name}[{self.src_account.name}]"
-            f" -> {self.dst.name}[{self.dst_account.name}]"
+            f"step {self.step}: {self.op}: {self.src}[{self.src_account.name}]"
+            f" -> {self.dst}[{self.dst_account.name}]"
         )
 
 
+class MoveLog:
+    """The bounded ring of moves: compact tuples inside, :class:`Move` objects when read.
+
+    An entry is one move, one retag, or one batched hand-out (``Ledger.transfer_each``: one id to each of
+    several owners, the destinations stored as parallel tuples; it stands for one move per id, with
+    consecutive steps). ``size`` counts entries.
+    """
+
+    __slots__ = ("_entries",)
+
+    def __init__(self, size: int) -> None:
+        # (step, op, ids (an int32 array, a tuple of ints, or None), src serial, kind, key, account name,
+        #  dst serial, kind, key, account name): names are formatted only when a move is read. Only
+        #  ints, strings and arrays, so the garbage collector untracks the entries once and never
+        #  traverses the (long) log again.
+        self._entries: deque[tuple[Any, ...]] = deque(maxlen=size)
+
+    @property
+    def size(self) -> int:
+        return self._entries.maxlen or 0
+
+    def append(self, entry: tuple[Any, ...]) -> None:
+        self._entries.append(entry)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @staticmethod
+    def _is_batch(e: tuple[Any, ...]) -> bool:
+        return type(e[7]) is tuple
+
+    @staticmethod
+    def _one(e: tuple[Any, ...], i: int) -> tuple[Any, ...]:
+        """The ``i``-th move of a batch entry, as a plain entry."""
+        return (e[0] + i, e[1], (int(e[2][i]),), e[3], e[4], e[5], e[6], e[7][i], e[8][i], e[9][i], e[10][i])
+
+    @staticmethod
+    def _move(e: tuple[Any, ...]) -> Move:
+        if MoveLog._is_batch(e):
+            e = MoveLog._one(e, len(e[7]) - 1)
+        step, op, ids, s_serial, s_kind, s_key, s_acct, d_serial, d_kind, d_key, d_acct = e
+        return Move(
+            step,
+            op,
+            None if ids is None else ids if isinstance(ids, tuple) else tuple(ids.tolist()),
+            _name(s_kind, s_key),
+            _name(d_kind, d_key),
+            Account(s_acct),
+            Account(d_acct),
+            s_serial,
+            d_serial,
+        )
+
+    def __getitem__(self, index: int) -> Move:
+        return self._move(self._entries[index])
+
+    def __iter__(self) -> Iterator[Move]:
+        return (self._move(e) for e in self._entries)
+
+    def raw_reversed(self) -> Iterator[tuple[Any, ...]]:
+        return reversed(self._entries)
+
+
+def _name(kind: str, key: Any) -> str:
+    """:attr:`Owner.name` from its parts."""
+    return kind if key is None else f"{kind}#{key}"
+
+
 def as_id_list(ids: Any) -> list[int]:
-    """Ids as a list of Python ints, from a tensor, a sequence or a single int."""
+    """Ids as a list of Python ints, from a tensor, an array, a sequence or a single int."""
     if isinstance(ids, int):
         return [ids]
     tolist = getattr(ids, "tolist", None)
@@ -60,13 +170,39 @@ def as_id_list(ids: Any) -> list[int]:
     return [int(i) for i in ids]
 
 
-@invariant(lambda self: sum(self._count.values()) == self.size, "I-COUNT: the accounts sum to the pool size")
+def as_id_array(ids: Any) -> np.ndarray:
+    """Ids as a 1-D int64 numpy array on the host (zero-copy for CPU tensors and int64 arrays)."""
+    if isinstance(ids, np.ndarray):
+        a = ids
+    elif isinstance(ids, int):
+        return np.array((ids,), dtype=np.int64)
+    elif hasattr(ids, "is_cpu"):  # a torch tensor: host it first (a no-op on CPU)
+        a = ids.numpy() if ids.is_cpu else ids.cpu().numpy()
+    else:
+        try:
+            a = np.asarray(ids, dtype=np.int64)
+        except OverflowError:  # an int beyond int64 is certainly not an id: keep it visible, as objects
+            return np.asarray(list(ids), dtype=object)
+    if a.dtype != np.int64:
+        a = a.astype(np.int64)
+    return a.reshape(-1)
+
+
+def _plain(ids: Any) -> list[int]:
+    """Ids for a message: Python ints (works for object arrays holding huge ints too)."""
+    return [int(i) for i in as_id_list(ids)]
+
+
 class Ledger:
-    """Ownership of the ids ``domain`` of one pool. ``unit`` converts ids to tokens (page size)."""
+    """Ownership of the ids ``domain`` of one pool. ``unit`` converts ids to tokens (page size).
+
+    I-COUNT (the accounts sum to the size) is checked after every transfer and retag; :meth:`audit`
+    recounts everything against the pool's own structures.
+    """
 
     enabled = True
 
-    def __init__(self, pool: str, domain: range, *, unit: int = 1, history: int = DEFAULT_HISTORY) -> None:
+    def __init__(self, pool: str, domain: range, *, unit: int = 1, history: int | None = None) -> None:
         if domain.step != 1 or domain.start < 0 or len(domain) == 0:
             raise ValueError(f"ledger domain must be a non-empty contiguous range of ids >= 0, got {domain}")
         self.pool = pool
@@ -75,26 +211,75 @@ class Ledger:
         self.unit = unit
         self.step = 0
         self.pending_owner = Owner("free_group", pool, PENDING_FREE)
-        # Index by id; ids outside the domain (reserved padding ids) hold None.
-        self._owner: list[Owner | None] = [None] * domain.stop
-        for i in domain:
-            self._owner[i] = FREE_LIST
-        self._holdings: dict[Owner, set[int]] = {FREE_LIST: set(domain)}
+        # Owner codes per id: 0 for ids outside the domain (reserved padding ids), else a registry code.
+        self._own = np.zeros(domain.stop, dtype=np.int32)
+        self._own[domain.start :] = FREE_CODE
+        self._owners: list[Owner | None] = [None, FREE_LIST, self.pending_owner]
+        self._codes: dict[Owner, int] = {FREE_LIST: FREE_CODE, self.pending_owner: PENDING_CODE}
+        self._held: list[int] = [0, self.size, 0]  # ids held per code
+        self._spare: list[int] = []  # codes of owners that hold nothing any more, for reuse
         self._count: Counter[Account] = Counter({FREE: self.size})
-        self._log: deque[Move] = deque(maxlen=history)
+        self._log = MoveLog(DEFAULT_HISTORY if history is None else history)
+        # Scratch for the O(n) duplicate check: positions scattered by id and read back.
+        self._scratch = np.zeros(domain.stop, dtype=np.int64)
+        self._positions = np.arange(domain.stop, dtype=np.int64)
+
+    # ------------------------------------------------------------------ registry
+    def _code_of(self, owner: Owner) -> int:
+        """The code of ``owner``, registering it (and attaching the ledger to it) on first use."""
+        code = self._codes.get(owner)
+        if code is None:
+            if self._spare:
+                code = self._spare.pop()
+                self._owners[code] = owner
+                self._held[code] = 0
+            else:
+                code = len(self._owners)
+                self._owners.append(owner)
+                self._held.append(0)
+            self._codes[owner] = code
+            owner._attach(self)
+        return code
+
+    def _release_code(self, code: int) -> None:
+        """An owner that holds nothing here leaves the registry; its code is reused."""
+        owner = self._owners[code]
+        assert owner is not None
+        self._owners[code] = None
+        del self._codes[owner]
+        self._spare.append(code)
+        owner._detach(self)
+
+    def registered_owners(self) -> int:
+        """Owners in the registry (the free list and the free group included): what a long run must bound."""
+        return len(self._codes)
+
+    def registered(self) -> list[Owner]:
+        """The registered owners themselves (every one holds at least one id, but for the two fixed ones)."""
+        return list(self._codes)
 
     # ------------------------------------------------------------------ queries
     def owner_of(self, slot: int) -> Owner | None:
         """The owner of ``slot``; None for ids outside the domain (reserved ids)."""
-        if 0 <= slot < len(self._owner):
-            return self._owner[slot]
+        if 0 <= slot < len(self._own):
+            return self._owners[int(self._own[slot])]
         return None
 
+    def owner_table(self) -> list[Owner | None]:
+        """The owner of every id ``0 .. domain.stop - 1`` (O(size); for tests and reports)."""
+        owners = self._owners
+        return [owners[c] for c in self._own.tolist()]
+
     def holdings(self, owner: Owner) -> frozenset[int]:
-        return frozenset(self._holdings.get(owner, ()))
+        """The ids ``owner`` holds (O(size): resolved from the owner table when asked)."""
+        code = self._codes.get(owner)
+        if code is None:
+            return frozenset()
+        return frozenset(np.flatnonzero(self._own == code).tolist())
 
     def held_count(self, owner: Owner) -> int:
-        return len(self._holdings.get(owner, ()))
+        code = self._codes.get(owner)
+        return 0 if code is None else self._held[code]
 
     def count(self, account: Account) -> int:
         """Ids in ``account`` (multiply by ``unit`` for tokens)."""
@@ -105,7 +290,25 @@ class Ledger:
         return {acct.name: n for acct, n in self._count.items() if n}
 
     def owners(self) -> list[Owner]:
-        return [o for o, ids in self._holdings.items() if ids]
+        """Owners that hold at least one id."""
+        return [o for o, c in self._codes.items() if self._held[c]]
+
+    def all_held_by(self, ids: Any, owner: Owner) -> bool:
+        """Whether every id is held by ``owner`` (vectorised; the postcondition of :meth:`transfer`)."""
+        a = as_id_array(ids)
+        return a.size == 0 or self._held_by(a, self._codes.get(owner))
+
+    def all_held_each(self, ids: Any, owners: Sequence[Owner]) -> bool:
+        """Whether ``ids[i]`` is held by ``owners[i]`` for every i (vectorised)."""
+        a = as_id_array(ids)
+        if a.size != len(owners) or a.dtype != np.int64:
+            return False
+        if a.size == 0:
+            return True
+        if int(a.view(np.uint64).max()) >= len(self._own):
+            return False
+        got, codes = self._own[a].tolist(), self._codes
+        return all(codes.get(o, -1) == c for o, c in zip(owners, got, strict=True))
 
     def history_of(self, slot: int, limit: int = MOVES_PER_SLOT_IN_REPORT) -> list[Move]:
         """The last ``limit`` moves that touched ``slot``: its transfers, and retags of whoever held it.
@@ -113,19 +316,23 @@ class Ledger:
         Walks the log backwards from the present, tracking the holder at each point in time: before a
         transfer of ``slot`` the holder was that transfer's source.
         """
-        found: list[Move] = []
-        holder = self.owner_of(slot)
-        for move in reversed(self._log):
-            if move.ids is None:
-                if move.src is holder:
-                    found.append(move)
-            elif slot in move.ids:
-                found.append(move)
-                holder = move.src
+        found: list[tuple[Any, ...]] = []
+        owner = self.owner_of(slot)
+        holder = None if owner is None else owner.serial
+        for e in self._log.raw_reversed():
+            ids = e[2]
+            if ids is None:
+                if e[3] == holder:
+                    found.append(e)
+            elif slot in ids:
+                if MoveLog._is_batch(e):
+                    e = MoveLog._one(e, int(np.flatnonzero(ids == slot)[0]))
+                found.append(e)
+                holder = e[3]
             if len(found) >= limit:
                 break
         found.reverse()
-        return found
+        return [MoveLog._move(e) for e in found]
 
     def describe(self, slots: Iterable[int], headline: str) -> str:
         """A violation report: the headline, then each slot's current owner and last moves."""
@@ -138,107 +345,268 @@ class Ledger:
             lines.extend(f"    {m.describe()}" for m in moves)
         return "\n".join(lines)
 
+    # ------------------------------------------------------------------ vectorised checks
+    def _not_held_by(self, a: np.ndarray, code: int | None) -> list[int]:
+        """The ids of ``a`` that are not held by ``code`` (out of range, reserved or someone else's)."""
+        if a.dtype != np.int64:  # huge ints: certainly not ids
+            return _plain(a)
+        n_own = len(self._own)
+        inside = (a >= 0) & (a < n_own)
+        wrong = ~inside
+        if code is None:
+            wrong[:] = True
+        else:
+            wrong[inside] = self._own[a[inside]] != code
+        return a[wrong].tolist()
+
+    def _held_by(self, a: np.ndarray, code: int | None) -> bool:
+        """Fast path: every id of ``a`` (non-empty) is held by ``code``."""
+        if code is None or a.dtype != np.int64:
+            return False
+        if a.size == 1:
+            i = int(a[0])
+            return 0 <= i < len(self._own) and int(self._own[i]) == code
+        # One unsigned reduction covers both bounds: a negative id reads as a huge one.
+        if int(a.view(np.uint64).max()) >= len(self._own):
+            return False
+        return not np.count_nonzero(self._own[a] != code)
+
+    def _has_duplicates(self, a: np.ndarray) -> bool:
+        """O(n), no sort: scatter each position at its id, read back; a repeated id loses one write."""
+        n = a.size
+        if n < 2:
+            return False
+        if n > len(self._positions):
+            return True  # more ids than the domain holds: some id repeats
+        pos = self._positions[:n]
+        self._scratch[a] = pos
+        return bool(np.count_nonzero(self._scratch[a] != pos))
+
     # ------------------------------------------------------------------ checks that raise typed errors
-    def require_held_by(self, ids: Any, owner: Owner, op: str) -> None:
-        """Input validation: every id is held by ``owner``; else :class:`ForeignSlot` and no change."""
-        id_list = as_id_list(ids)
-        wrong = [i for i in id_list if self.owner_of(i) is not owner]
-        if wrong:
-            raise ForeignSlot(self.describe(wrong, f"{op}: ids not held by {owner!r}: {wrong[:8]}"))
+    def require_held_by(self, ids: Any, owner: Owner, op: str, *, distinct: bool = False) -> None:
+        """Input validation: every id is held by ``owner``; else :class:`ForeignSlot` and no change.
+
+        With ``distinct``, a repeated id is :class:`DuplicateIds` first (the O(n) scatter check, no sort).
+        """
+        a = as_id_array(ids)
+        if a.size == 0:
+            return
+        code = self._codes.get(owner)
+        if self._held_by(a, code):
+            if distinct and self._has_duplicates(a):
+                dups = sorted(i for i, c in Counter(a.tolist()).items() if c > 1)
+                raise DuplicateIds(f"[{self.pool}] {op}: ids repeat: {dups[:8]}")
+            return
+        if distinct and a.dtype == np.int64 and self._has_duplicates_any(a):
+            dups = sorted(i for i, c in Counter(a.tolist()).items() if c > 1)
+            raise DuplicateIds(f"[{self.pool}] {op}: ids repeat: {dups[:8]}")
+        wrong = self._not_held_by(a, code)
+        raise ForeignSlot(self.describe(wrong, f"{op}: ids not held by {owner!r}: {wrong[:8]}"))
+
+    @staticmethod
+    def _has_duplicates_any(a: np.ndarray) -> bool:
+        """Repeats among ids that may lie outside the domain (error path only: sorts)."""
+        return bool(np.unique(a).size != a.size)
+
+    def require_held_each(self, ids: Any, owners: Sequence[Owner], op: str) -> None:
+        """Input validation: ``ids[i]`` is held by ``owners[i]``; else :class:`ForeignSlot` and no change."""
+        if self.all_held_each(ids, owners):
+            return
+        a = as_id_array(ids)
+        wrong = [i for i, o in zip(a.tolist(), owners, strict=True) if self.owner_of(i) is not o]
+        raise ForeignSlot(self.describe(wrong, f"{op}: ids not held by their claimed owners: {wrong[:8]}"))
 
     # ------------------------------------------------------------------ moves
-    @ensure(lambda self, ids, dst: all(self._owner[i] is dst for i in as_id_list(ids)))
+    @ensure(lambda self, ids, dst: self.all_held_by(ids, dst))
     def transfer(self, ids: Any, src: Owner, dst: Owner, op: str) -> None:
         """Move ``ids`` from ``src`` to ``dst``. Checks everything before changing anything.
 
         A mismatch is a bug in the caller (input validation happened upstream), hence
         :class:`ContractViolation` with the evidence, and the ledger is unchanged.
         """
-        id_list = as_id_list(ids)
-        if not id_list:
+        a = as_id_array(ids)
+        n = a.size
+        if n == 0:
             return
-        owner = self._owner
-        try:
-            wrong = [i for i in id_list if i < 0 or owner[i] is not src]  # owner[-1] aliases the last id
-        except IndexError:
-            wrong = [i for i in id_list if self.owner_of(i) is not src]
-        if wrong:
+        src_code = self._codes.get(src)
+        self._check_move(a, src_code, src, dst, op)
+        if dst is not src:  # a move to oneself only leaves a trace in the log
+            dst_code = self._code_of(dst)
+            self._own[a] = dst_code
+            self._held[dst_code] += n
+            self._count[dst.account] = self._count.get(dst.account, 0) + n
+            self._settle(src, src_code, n)  # type: ignore[arg-type]  # _check_move proved it registered
+        self._log.append(
+            (self.step, op, (int(a[0]),) if n == 1 else a.astype(np.int32), src.serial, src.kind, src.key,
+             src.account.name, dst.serial, dst.kind, dst.key, dst.account.name)
+        )  # fmt: skip
+        self.step += 1
+        self._check_count(op)
+
+    def transfer_each(self, ids: Any, src: Owner, dsts: Sequence[Owner], op: str) -> None:
+        """Move ``ids[i]`` from ``src`` to ``dsts[i]`` for every i: one check for the batch, one log entry per id.
+
+        The batched form of :meth:`transfer` for allocations that hand one id to each of many owners
+        (a decode step). Same checks, same all-or-nothing behaviour.
+        """
+        a = as_id_array(ids)
+        n = a.size
+        if n != len(dsts):
+            raise ContractViolation(f"[{self.pool}] {op}: {n} ids for {len(dsts)} owners")
+        if n == 0:
+            return
+        if any(d is src for d in dsts):
+            raise ContractViolation(f"[{self.pool}] {op}: {src!r} cannot hand ids to itself in a batch")
+        src_code = self._codes.get(src)
+        self._check_move(a, src_code, src, dsts[0] if n == 1 else None, op)
+        get = self._codes.get
+        codes = [get(d) or self._code_of(d) for d in dsts]
+        self._own[a] = codes
+        held = self._held
+        for c in codes:
+            held[c] += 1
+        accounts = [d.account for d in dsts]
+        self._count.update(accounts)
+        # One log entry for the batch: the destinations as parallel tuples (see MoveLog).
+        self._log.append(
+            (self.step, op, a.astype(np.int32), src.serial, src.kind, src.key, src.account.name,
+             tuple(d.serial for d in dsts), tuple(d.kind for d in dsts), tuple(d.key for d in dsts),
+             tuple(acct.name for acct in accounts))
+        )  # fmt: skip
+        self._settle(src, src_code, n)  # type: ignore[arg-type]
+        self.step += n
+        self._check_count(op)
+
+    def _check_move(self, a: np.ndarray, src_code: int | None, src: Owner, dst: Owner | None, op: str) -> None:
+        """Every id held by ``src``, none repeated; else ContractViolation with the evidence."""
+        if not self._held_by(a, src_code):
+            wrong = self._not_held_by(a, src_code)
+            to = f" on their way to {dst!r}" if dst is not None else ""
             raise ContractViolation(
                 self.describe(
                     wrong,
-                    f"{op}: {len(wrong)} id(s) expected to be held by {src!r} on their way to {dst!r}"
+                    f"{op}: {len(wrong)} id(s) expected to be held by {src!r}{to}"
                     f" are not (I-NODUP-FREE / I-EXCLUSIVE): {wrong[:8]}",
                 )
             )
-        if len(set(id_list)) != len(id_list):
-            dups = sorted(i for i, c in Counter(id_list).items() if c > 1)
-            raise ContractViolation(
-                self.describe(dups, f"{op}: ids repeated within one transfer: {dups[:8]}")
-            )
-        for i in id_list:
-            owner[i] = dst
-        src_set = self._holdings[src]
-        src_set.difference_update(id_list)
-        dst_set = self._holdings.get(dst)
-        if dst_set is None:
-            dst_set = self._holdings[dst] = set()
-            if dst is not FREE_LIST:
-                dst._attach(self)
-        dst_set.update(id_list)
-        if not src_set and src is not FREE_LIST and src is not self.pending_owner:
-            del self._holdings[src]
-        n = len(id_list)
+        if self._has_duplicates(a):
+            dups = sorted(i for i, c in Counter(a.tolist()).items() if c > 1)
+            raise ContractViolation(self.describe(dups, f"{op}: ids repeated within one transfer: {dups[:8]}"))
+
+    def _settle(self, src: Owner, src_code: int, n: int) -> None:
+        """The source gives up ``n`` ids; an owner left with none leaves the registry."""
+        self._held[src_code] -= n
         self._count[src.account] -= n
-        self._count[dst.account] += n
-        self._log.append(Move(self.step, op, id_list, src, dst, src.account, dst.account))
-        self.step += 1
+        if not self._held[src_code] and src_code > PENDING_CODE:
+            self._release_code(src_code)
 
     def _on_retag(self, owner: Owner, old: Account, new: Account, op: str) -> None:
         """Called by :meth:`Owner.set_account`: the owner's ids change account, not owner."""
-        n = len(self._holdings.get(owner, ()))
+        code = self._codes.get(owner)
+        n = 0 if code is None else self._held[code]
         if n:
             self._count[old] -= n
-            self._count[new] += n
-        self._log.append(Move(self.step, op, None, owner, owner, old, new))
+            self._count[new] = self._count.get(new, 0) + n
+        self._log.append(
+            (self.step, op, None, owner.serial, owner.kind, owner.key, old.name,
+             owner.serial, owner.kind, owner.key, new.name)
+        )
         self.step += 1
+        self._check_count(op)
+
+    def _check_count(self, op: str) -> None:
+        """I-COUNT at the boundary: the accounts sum to the pool size, none negative."""
+        total = 0
+        for n in self._count.values():
+            if n < 0:
+                break
+            total += n
+        else:
+            if total == self.size:
+                return
+        raise ContractViolation(
+            f"[{self.pool}] {op}: I-COUNT: the accounts sum to the pool size violated:"
+            f" {dict(self._count)} sum to {sum(self._count.values())}, size {self.size}"
+        )
+
+    def return_to_free_list(self, ids: Any, op: str) -> None:
+        """Move ``ids`` (held by whoever holds them) back to the free list, owner by owner (rollback)."""
+        a = as_id_array(ids)
+        if a.size == 0:
+            return
+        codes = self._own[a]
+        for code in np.unique(codes).tolist():
+            owner = self._owners[code]
+            if owner is None:
+                raise ContractViolation(self.describe(a[codes == code].tolist(), f"{op}: ids with no owner"))
+            self.transfer(a[codes == code], owner, FREE_LIST, op)
 
     # ------------------------------------------------------------------ audit
     def audit(self, free_ids: Iterable[int], pending_ids: Iterable[int] = ()) -> None:
         """Full recount (O(size)) against the pool's own free structure. Raises ContractViolation.
 
         Checks I-PARTITION: the pool's free list has no duplicates (I-NODUP-FREE) and equals the
-        ledger's FREE holdings; pending ids equal the pending owner's holdings; the owner table, the
-        holdings sets and the account counts agree with each other; ids outside the domain are unowned.
+        ledger's FREE holdings; pending ids equal the pending owner's holdings; ids outside the domain
+        are unowned; every owner code in the table is registered and the owner table agrees with the
+        per-owner counts; the per-owner counts cover the domain and the account counts agree with them.
         """
-        free_list = list(free_ids)
-        dup_free = sorted(i for i, c in Counter(free_list).items() if c > 1)
+        free_list = as_id_array(list(free_ids) if not hasattr(free_ids, "tolist") else free_ids)
+        dup_free = sorted(i for i, c in Counter(free_list.tolist()).items() if c > 1)
         if dup_free:
             raise ContractViolation(
                 self.describe(dup_free, f"free list holds ids twice (I-NODUP-FREE): {dup_free[:8]}")
             )
-        self._compare("free list", set(free_list), FREE_LIST)
-        self._compare("free group", set(pending_ids), self.pending_owner)
-        recount: Counter[Account] = Counter()
-        for i, o in enumerate(self._owner):
-            if i not in self.domain:
-                if o is not None:
-                    raise ContractViolation(self.describe([i], f"reserved id {i} has an owner {o!r}"))
-                continue
-            if o is None or i not in self._holdings.get(o, ()):
-                raise ContractViolation(self.describe([i], f"id {i}: owner table and holdings disagree"))
-            recount[o.account] += 1
-        held_total = sum(len(s) for s in self._holdings.values())
+        own = self._own
+        start = self.domain.start
+        reserved = np.flatnonzero(own[:start] != NO_OWNER).tolist()
+        if reserved:
+            i = reserved[0]
+            raise ContractViolation(
+                self.describe([i], f"reserved id {i} has an owner {self._owners[int(own[i])]!r}")
+            )
+        codes = own[start:]
+        if int(codes.min()) < FREE_CODE or int(codes.max()) >= len(self._owners):
+            bad = (np.flatnonzero((codes < FREE_CODE) | (codes >= len(self._owners))) + start).tolist()
+            raise ContractViolation(self.describe(bad[:4], f"ids {bad[:8]} have no registered owner"))
+        held_total = sum(h for c, h in enumerate(self._held) if c != NO_OWNER and self._owners[c] is not None)
         if held_total != self.size:
             raise ContractViolation(
                 f"[{self.pool}] holdings cover {held_total} ids, domain has {self.size} (I-PARTITION)"
             )
-        if +recount != +self._count:
+        recount = np.bincount(codes, minlength=len(self._owners)).tolist()
+        released = [c for c, o in enumerate(self._owners) if o is None and c != NO_OWNER and recount[c]]
+        if released:
+            ids = (np.flatnonzero(np.isin(codes, released)) + start).tolist()
+            raise ContractViolation(self.describe(ids[:4], f"ids {ids[:8]} have a released owner code"))
+        # Owners whose table entries exceed their count first: the stray ids are among theirs.
+        disagree = sorted(
+            (c for c, o in enumerate(self._owners) if o is not None and recount[c] != self._held[c]),
+            key=lambda c: self._held[c] - recount[c],
+        )
+        if disagree:
+            parts: list[str] = []
+            shown: list[int] = []
+            for c in disagree:
+                ids = (np.flatnonzero(codes == c) + start).tolist()
+                shown.extend(ids[:4] if not shown else [])
+                parts.append(
+                    f"{self._owners[c]!r}: the table gives it ids {ids[:8]}{'...' if len(ids) > 8 else ''}"
+                    f" ({len(ids)}), its count says {self._held[c]}"
+                )
+            raise ContractViolation(self.describe(shown, "owner table and holdings disagree for " + "; ".join(parts)))
+        self._compare("free list", set(free_list.tolist()), FREE_LIST)
+        self._compare("free group", set(as_id_array(list(pending_ids)).tolist()), self.pending_owner)
+        by_account: Counter[Account] = Counter()
+        for code, owner in enumerate(self._owners):
+            if owner is not None and self._held[code]:
+                by_account[owner.account] += self._held[code]
+        if +by_account != +Counter(self._count):
             raise ContractViolation(
-                f"[{self.pool}] account counts {dict(+self._count)} != recount {dict(+recount)}"
+                f"[{self.pool}] account counts {dict(+Counter(self._count))} != recount {dict(+by_account)}"
             )
 
     def _compare(self, what: str, actual: set[int], owner: Owner) -> None:
-        expected = self._holdings.get(owner, set())
+        expected = set(self.holdings(owner))
         if actual != expected:
             extra = sorted(actual - expected)
             missing = sorted(expected - actual)
@@ -269,7 +637,16 @@ class NullLedger:
     def transfer(self, ids: Any, src: Owner, dst: Owner, op: str) -> None:
         return None
 
-    def require_held_by(self, ids: Any, owner: Owner, op: str) -> None:
+    def transfer_each(self, ids: Any, src: Owner, dsts: Sequence[Owner], op: str) -> None:
+        return None
+
+    def return_to_free_list(self, ids: Any, op: str) -> None:
+        return None
+
+    def require_held_by(self, ids: Any, owner: Owner, op: str, *, distinct: bool = False) -> None:
+        return None
+
+    def require_held_each(self, ids: Any, owners: Sequence[Owner], op: str) -> None:
         return None
 
     def audit(self, free_ids: Iterable[int], pending_ids: Iterable[int] = ()) -> None:
@@ -290,6 +667,12 @@ class NullLedger:
 
     def held_count(self, owner: Owner) -> int:
         return 0
+
+    def registered_owners(self) -> int:
+        return 0
+
+    def registered(self) -> list[Owner]:
+        return []
 
     def describe(self, slots: Iterable[int], headline: str) -> str:
         return f"[{self.pool}] {headline} (no ledger: contracts are off)"

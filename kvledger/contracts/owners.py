@@ -12,19 +12,41 @@ New holders (PD queues, sessions, in-flight DMA) are new accounts, not new code 
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+import itertools
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvledger.contracts.ledger import Ledger
 
 
-@dataclass(frozen=True)
 class Account:
-    """One term of the ownership identity. ``name`` is stable: reports and plots key on it."""
+    """One term of the ownership identity. ``name`` is stable: reports and plots key on it.
+
+    Accounts are interned: ``Account("x") is Account("x")``, so equality is identity and hashing is
+    the interpreter's own (ledgers count per account on every move). Immutable once made.
+    """
+
+    __slots__ = ("name",)
+    _interned: ClassVar[dict[str, Account]] = {}
 
     name: str
+
+    def __new__(cls, name: str) -> Account:
+        found = cls._interned.get(name)
+        if found is None:
+            if not isinstance(name, str):
+                raise TypeError(f"an account name is a str, got {type(name).__name__}")
+            found = object.__new__(cls)
+            object.__setattr__(found, "name", name)
+            cls._interned[name] = found
+        return found
+
+    def __setattr__(self, key: str, value: object) -> None:
+        raise AttributeError(f"Account {self.name!r} is immutable")
+
+    def __reduce__(self) -> tuple[type[Account], tuple[str]]:
+        return (Account, (self.name,))
 
     def __repr__(self) -> str:
         return self.name
@@ -52,21 +74,32 @@ STANDARD_ACCOUNTS: tuple[Account, ...] = (
 )
 
 
+_serials = itertools.count(1)
+
+
 class Owner:
     """A holder of slots. Identity is the object itself; ``kind``/``key`` only name it in messages.
 
     The same owner may hold slots in several pools (a request holds KV, a Mamba slot and a row); its
     account applies to all of them. An owner whose pools need different accounts (a Mamba cache node:
     KV protected by the full lock, state protected by the Mamba lock) uses one owner per component.
+
+    ``serial`` is unique per process: a ledger's move log records owners by serial and name, never by
+    reference, so a finished request's owner is not kept alive by the history of its moves.
     """
 
-    __slots__ = ("_account", "_ledgers", "key", "kind")
+    __slots__ = ("_account", "_ledgers", "key", "kind", "serial", "watcher")
 
     def __init__(self, kind: str, key: Hashable, account: Account) -> None:
         self.kind = kind
         self.key = key
         self._account = account
-        self._ledgers: list[Ledger] = []  # ledgers this owner has ever held slots in
+        self.serial = next(_serials)
+        # Ledgers in which this owner holds ids right now: a ledger attaches an owner when it receives
+        # its first id there and detaches it when it holds none, so retags reach exactly those.
+        self._ledgers: list[Ledger] = []
+        # Called with the owner after every account change (the scheduler's incremental identity).
+        self.watcher: Callable[[Owner], None] | None = None
 
     @property
     def account(self) -> Account:
@@ -80,10 +113,16 @@ class Owner:
         for ledger in self._ledgers:
             ledger._on_retag(self, old, account, op)
         self._account = account
+        if self.watcher is not None:
+            self.watcher(self)
 
     def _attach(self, ledger: Ledger) -> None:
         if ledger not in self._ledgers:
             self._ledgers.append(ledger)
+
+    def _detach(self, ledger: Ledger) -> None:
+        if ledger in self._ledgers:
+            self._ledgers.remove(ledger)
 
     @property
     def name(self) -> str:

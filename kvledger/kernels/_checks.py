@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import math
 
+import numpy as np
 import torch
 
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -23,6 +24,7 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 _BITS_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
+@functools.cache
 def bits_dtype(dtype: torch.dtype) -> torch.dtype:
     """The integer dtype of the same width as ``dtype``: kernels move raw bits, never values.
 
@@ -71,15 +73,29 @@ def check_index(idx: torch.Tensor, name: str, size: int, device: torch.device) -
         raise ValueError(f"{name} is on {idx.device} but the buffer is on {device}")
     if idx.numel() == 0:
         return
-    lo, hi = torch.aminmax(idx)
-    lo_i, hi_i = int(lo.item()), int(hi.item())
+    if idx.is_cpu:
+        # Host indices: one unsigned reduction in numpy (a negative entry reads as a huge one).
+        a = idx.numpy()
+        if int(a.astype(np.int64, copy=False).view(np.uint64).max()) < size:
+            return
+        lo_i, hi_i = int(a.min()), int(a.max())
+    else:
+        lo, hi = torch.aminmax(idx)
+        lo_i, hi_i = int(lo.item()), int(hi.item())
     if lo_i < 0 or hi_i >= size:
         raise ValueError(f"{name} has entries in [{lo_i}, {hi_i}], outside [0, {size})")
 
 
 def check_distinct(idx: torch.Tensor, name: str) -> None:
     """No repeated entry: two programs writing one slot race on a GPU."""
-    if idx.numel() > 1 and torch.unique(idx).numel() != idx.numel():
+    n = idx.numel()
+    if n < 2:
+        return
+    if idx.is_cpu:
+        repeated = len(set(idx.tolist())) != n if n <= 16 else np.unique(idx.numpy()).size != n
+    else:
+        repeated = torch.unique(idx).numel() != n
+    if repeated:
         raise ValueError(f"{name} has repeated entries; concurrent writes to one slot would race")
 
 
@@ -110,7 +126,11 @@ def check_copy(state: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> tor
     if src.numel() != dst.numel():
         raise ValueError(f"src and dst differ in length: {src.numel()} != {dst.numel()}")
     check_distinct(dst, "dst")
-    if src.numel() and bool(torch.isin(src, dst).any().item()):
+    if src.is_cpu and src.numel() <= 16:
+        overlap = bool(set(src.tolist()) & set(dst.tolist()))
+    else:
+        overlap = bool(src.numel()) and bool(torch.isin(src, dst).any().item())
+    if overlap:
         raise ValueError("src and dst overlap; a slot both read and written in one copy would race")
     return view
 
@@ -172,6 +192,7 @@ def poison_value(dtype: torch.dtype) -> float | int:
     return int(info.min)
 
 
+@functools.cache
 def poison_bits(dtype: torch.dtype) -> int:
     """The poison value's raw bits, as a signed integer of the dtype's bits twin."""
     value = torch.tensor(poison_value(dtype), dtype=dtype)

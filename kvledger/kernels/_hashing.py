@@ -26,6 +26,7 @@ The fingerprint does not depend on the slot's index, so a copied slot has its so
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 # 0x9E3779B97F4A7C15 (golden ratio), 0xFF51AFD7ED558CCD and 0xC4CEB9FE1A85EC53 (MurmurHash3
@@ -50,3 +51,14 @@ def element_hash(bits: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     x = x ^ ((x >> SHIFT) & LOW_MASK)
     x = x * M2
     return x ^ ((x >> SHIFT) & LOW_MASK)
+
+
+def element_hash_np(bits: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """:func:`element_hash` on int64 numpy arrays (the same wrap-around arithmetic, for host slots)."""
+    x = bits ^ ((pos + 1) * np.int64(PHI))
+    x ^= (x >> SHIFT) & LOW_MASK
+    x *= np.int64(M1)
+    x ^= (x >> SHIFT) & LOW_MASK
+    x *= np.int64(M2)
+    x ^= (x >> SHIFT) & LOW_MASK
+    return x

@@ -70,7 +70,7 @@ def plot_timeline(result: SimResult, path: Path) -> Path:
     fig, axes = plt.subplots(
         len(pools) or 1, 1, figsize=(11, 2.8 * max(1, len(pools))), sharex=True, squeeze=False
     )
-    steps = list(range(1, len(result.timeline) + 1))
+    steps = result.timeline_steps or list(range(1, len(result.timeline) + 1))
     order = [a.name for a in STANDARD_ACCOUNTS]
     for ax, pool in zip(axes[:, 0], pools, strict=False):
         series_names = [n for n in order if any(s[pool].get(n, 0) for s in result.timeline)]

@@ -1,11 +1,17 @@
 """``kvledger simulate``: build the pools, the cache and the scheduler, run a workload, report.
 
-The run records the identity's terms per pool after every step (the ledger timeline), which the
-report turns into a table and a stacked-area plot whose stack always reaches the pool size.
+The run records the identity's terms per pool after the steps it samples (the ledger timeline), which
+the report turns into a table and a stacked-area plot whose stack always reaches the pool size.
+
+Memory stays flat however long the run (issue 17): the timeline keeps at most
+:data:`TIMELINE_POINTS` samples (every step while the run is short, every 2nd, 4th, ... step once it
+is longer), peak use is a running maximum over every step, and the outcome counts come from the
+scheduler's counters rather than from a list of every request.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -15,6 +21,34 @@ from kvledger.contracts import switch
 from kvledger.contracts.errors import ContractViolation
 from kvledger.reference.engine import EngineSpec, ModelKind, TreeKind, build_engine
 from kvledger.sim.workload import GSPWorkload
+
+TIMELINE_POINTS = 4096
+"""The most steps the timeline keeps. A run with more steps is sampled every ``stride`` steps, the
+stride doubling whenever the timeline fills up (the default run has about 1,500 steps: all kept)."""
+
+
+class Timeline:
+    """Per-step snapshots, downsampled to at most ``max_points`` evenly strided steps."""
+
+    def __init__(self, max_points: int = TIMELINE_POINTS) -> None:
+        if max_points < 2:
+            raise ValueError("a timeline needs at least 2 points")
+        self.max_points = max_points
+        self.stride = 1
+        self.steps: list[int] = []
+        self.snapshots: list[dict[str, dict[str, int]]] = []
+
+    def wants(self, step: int) -> bool:
+        return step % self.stride == 0
+
+    def add(self, step: int, snapshot: dict[str, dict[str, int]]) -> None:
+        self.steps.append(step)
+        self.snapshots.append(snapshot)
+        if len(self.steps) > self.max_points:
+            self.stride *= 2
+            keep = [i for i, st in enumerate(self.steps) if st % self.stride == 0]
+            self.steps = [self.steps[i] for i in keep]
+            self.snapshots = [self.snapshots[i] for i in keep]
 
 
 @dataclass(frozen=True)
@@ -33,6 +67,10 @@ class SimOptions:
     mamba_layers: int = 2
     model: ModelKind = "hash"  # or "tiny-hybrid": the tiny hybrid model over the pools
     max_steps: int = 200_000
+    # Closed-loop arrivals: while this many requests wait, no new ones arrive (None: arrivals never
+    # pause, as bench_serving's generated-shared-prefix run). A long steady run uses it to keep the
+    # queue, and so the memory it needs, bounded.
+    max_waiting: int | None = None
 
     def engine_spec(self) -> EngineSpec:
         wl = self.workload
@@ -83,33 +121,39 @@ class SimResult:
     violation: str | None
     peak_use: dict[str, float]
     timeline: list[dict[str, dict[str, int]]] = field(repr=False)
+    timeline_steps: list[int] = field(default_factory=list, repr=False)  # the step of each snapshot
 
     def summary(self) -> dict[str, Any]:
         out = asdict(self)
         out.pop("timeline")
+        out.pop("timeline_steps")
         return out
 
 
 def run_simulation(opts: SimOptions, progress: Callable[[int, int], None] | None = None) -> SimResult:
     """Run the workload to completion; a ContractViolation is caught and reported, not hidden."""
     sched = build_engine(opts.engine_spec())
-    arrivals = opts.workload.requests()
-    total = len(arrivals)
-    timeline: list[dict[str, dict[str, int]]] = []
+    arrivals = opts.workload.stream()  # built lazily: a long run does not hold every prompt
+    total = opts.workload.total
+    timeline = Timeline()
+    peak: dict[str, float] = {}
     violation: str | None = None
     start = time.perf_counter()
     next_arrival = 0
     try:
         while next_arrival < total or sched.has_work():
-            for rid, prompt, max_new in arrivals[
-                next_arrival : next_arrival + opts.workload.arrivals_per_step
-            ]:
+            room = opts.workload.arrivals_per_step
+            if opts.max_waiting is not None:
+                room = min(room, max(0, opts.max_waiting - len(sched.waiting)))
+            for rid, prompt, max_new in itertools.islice(arrivals, room):
                 sched.add_request(rid, prompt, max_new)
-            next_arrival = min(total, next_arrival + opts.workload.arrivals_per_step)
+            next_arrival = min(total, next_arrival + room)
             sched.step()
-            timeline.append(sched.accounting.snapshot())
+            _update_peak(peak, sched.accounting.free_terms())
+            if timeline.wants(sched.step_no):
+                timeline.add(sched.step_no, sched.accounting.snapshot())
             if progress is not None:
-                progress(len(sched.done), total)
+                progress(sched.ended_count(), total)
             if sched.step_no >= opts.max_steps:
                 raise ContractViolation(f"liveness: not drained after {opts.max_steps} steps")
         if switch.ENABLED:
@@ -118,7 +162,6 @@ def run_simulation(opts: SimOptions, progress: Callable[[int, int], None] | None
         violation = str(exc)
     wall = time.perf_counter() - start
     st = sched.stats
-    states = [r.state.value for r in sched.requests.values()]
     return SimResult(
         options=_options_dict(opts),
         contracts=switch.ENABLED,
@@ -126,9 +169,9 @@ def run_simulation(opts: SimOptions, progress: Callable[[int, int], None] | None
         wall_s=round(wall, 3),
         steps_per_s=round(sched.step_no / wall, 1) if wall > 0 else 0.0,
         requests=total,
-        finished=states.count("finished"),
-        aborted=states.count("aborted"),
-        rejected=states.count("rejected"),
+        finished=st.finished,
+        aborted=st.aborts,
+        rejected=st.rejections,
         reject_reasons=dict(st.reject_reasons),
         prompt_tokens=st.prompt_tokens,
         cached_prompt_tokens=st.cached_prompt_tokens,
@@ -142,8 +185,9 @@ def run_simulation(opts: SimOptions, progress: Callable[[int, int], None] | None
         idle_checks=st.idle_checks,
         violations=int(violation is not None),
         violation=violation,
-        peak_use=_peak_use(timeline),
-        timeline=timeline,
+        peak_use=peak,
+        timeline=timeline.snapshots,
+        timeline_steps=timeline.steps,
     )
 
 
@@ -153,11 +197,7 @@ def _options_dict(opts: SimOptions) -> dict[str, Any]:
     return d
 
 
-def _peak_use(timeline: list[dict[str, dict[str, int]]]) -> dict[str, float]:
-    """Per pool, the largest fraction of the pool that was not free at a step boundary."""
-    peak: dict[str, float] = {}
-    for snap in timeline:
-        for pool, row in snap.items():
-            used = (row["size"] - row["free"]) / row["size"]
-            peak[pool] = max(peak.get(pool, 0.0), round(used, 4))
-    return peak
+def _update_peak(peak: dict[str, float], free_terms: dict[str, tuple[int, int]]) -> None:
+    """Per pool, the largest fraction of the pool that was not free at a step boundary (running max)."""
+    for pool, (size, free) in free_terms.items():
+        peak[pool] = max(peak.get(pool, 0.0), round((size - free) / size, 4))

@@ -9,7 +9,10 @@ step, so admission, chunking, prefix hits, eviction and retraction all happen wh
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -34,3 +37,30 @@ class GSPWorkload:
                 out.append((system + question, self.output_len))
         rng.shuffle(out)
         return [(rid, prompt, max_new) for rid, (prompt, max_new) in enumerate(out)]
+
+    @property
+    def total(self) -> int:
+        return self.num_groups * self.prompts_per_group
+
+    def stream(self) -> Iterator[tuple[int, list[int], int]]:
+        """The same requests as :meth:`requests`, in the same order, built one at a time.
+
+        Only the system prompts and the questions are stored (as int32 arrays, about 4 bytes a token),
+        so a run of a hundred thousand requests does not hold every prompt as a list of Python ints.
+        The random draws and the shuffle are the ones :meth:`requests` makes (a shuffle's permutation
+        depends only on the length and the generator), so both yield identical requests.
+        """
+        rng = random.Random(self.seed)
+        systems: list[np.ndarray] = []
+        questions = np.empty((self.total, self.question_len), dtype=np.int32)
+        for g in range(self.num_groups):
+            systems.append(np.array([rng.randrange(self.vocab_size) for _ in range(self.system_prompt_len)], np.int32))
+            for q in range(self.prompts_per_group):
+                questions[g * self.prompts_per_group + q] = [
+                    rng.randrange(self.vocab_size) for _ in range(self.question_len)
+                ]
+        order = list(range(self.total))
+        rng.shuffle(order)
+        for rid, idx in enumerate(order):
+            system = systems[idx // self.prompts_per_group]
+            yield rid, system.tolist() + questions[idx].tolist(), self.output_len

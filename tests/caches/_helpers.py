@@ -125,7 +125,7 @@ def _free_list(pool: Any) -> Any:
 def _ledger_state(ledger: Any) -> Any:
     if not ledger.enabled:
         return None
-    return (tuple(map(id, ledger._owner)), tuple(sorted(ledger.account_sizes().items())), ledger.step)
+    return (tuple(map(id, ledger.owner_table())), tuple(sorted(ledger.account_sizes().items())), ledger.step)
 
 
 def _pool_state(pool: Any) -> Any:

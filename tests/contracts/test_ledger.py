@@ -35,7 +35,7 @@ from kvledger.contracts.switch import override_ledgers
 def state(ledger: Ledger) -> tuple[object, ...]:
     """Everything a refused transfer must leave alone."""
     holdings = sorted((o.name, tuple(sorted(ledger.holdings(o)))) for o in ledger.owners())
-    return (tuple(ledger._owner), tuple(holdings), tuple(sorted(ledger.account_sizes().items())), ledger.step)
+    return (tuple(ledger.owner_table()), tuple(holdings), tuple(sorted(ledger.account_sizes().items())), ledger.step)
 
 
 def req(key: int, account: Account = REQ_RUNNING) -> Owner:
@@ -266,22 +266,26 @@ def test_audit_detects_a_corrupted_free_list(free: list[int], pending: list[int]
 
 def test_audit_detects_owner_table_and_holdings_disagreeing() -> None:
     ledger, a = _busy()
-    ledger._owner[4] = a  # the table says a, the holdings say free
-    with pytest.raises(ContractViolation, match="id 4: owner table and holdings disagree"):
+    ledger._own[4] = ledger._codes[a]  # the table says a, a's held count still says 2
+    with pytest.raises(
+        ContractViolation,
+        match=r"owner table and holdings disagree for req#1\[req\.running\]: the table gives it ids \[1, 2, 4\]",
+    ) as info:
         ledger.audit([4, 5, 6], pending_ids=[3])
+    assert "slot 4: owner req#1[req.running]" in str(info.value)
 
 
 @pytest.mark.fires("I-PARTITION")
 def test_audit_detects_holdings_beyond_the_domain() -> None:
     ledger, a = _busy()
-    ledger._holdings[a].add(99)
+    ledger._held[ledger._codes[a]] += 1  # a count that covers more ids than the domain has
     with pytest.raises(ContractViolation, match="holdings cover 7 ids, domain has 6"):
         ledger.audit([4, 5, 6], pending_ids=[3])
 
 
 def test_audit_detects_an_owned_reserved_id() -> None:
     ledger, a = _busy()
-    ledger._owner[0] = a
+    ledger._own[0] = ledger._codes[a]
     with pytest.raises(ContractViolation, match="reserved id 0 has an owner"):
         ledger.audit([4, 5, 6], pending_ids=[3])
 
@@ -340,3 +344,35 @@ def test_make_ledger_follows_override(enabled: bool) -> None:
         ledger = make_ledger("kv", range(1, 5), unit=4)
     assert isinstance(ledger, Ledger if enabled else NullLedger)
     assert ledger.unit == 4 and ledger.size == 4
+
+
+# ---------------------------------------------------------------------- batched hand-out (a decode step)
+def test_transfer_each_hands_one_id_to_each_owner_and_keeps_their_history() -> None:
+    ledger = Ledger("kv", range(1, 9))
+    a, b, c = req(1), req(2, REQ_WAITING), req(3)
+    ledger.transfer_each([4, 2, 7], FREE_LIST, [a, b, c], "alloc_decode")
+    assert ledger.owner_of(4) is a and ledger.owner_of(2) is b and ledger.owner_of(7) is c
+    assert ledger.account_sizes() == {"free": 5, "req.running": 2, "req.waiting": 1}
+    assert ledger.step == 3
+    b.set_account(REQ_RUNNING, "admit")
+    moves = ledger.history_of(2, limit=10)
+    assert [m.describe() for m in moves] == [
+        "step 1: alloc_decode: free_list[free] -> req#2[req.waiting]",
+        "step 3: admit: req#2 req.waiting -> req.running",
+    ]
+    only = [m.describe() for m in ledger.history_of(7)]
+    assert only == ["step 2: alloc_decode: free_list[free] -> req#3[req.running]"]
+    ledger.audit([1, 3, 5, 6, 8])
+
+
+@pytest.mark.parametrize(
+    ("ids", "why"),
+    [([4, 4], "repeated"), ([4, 9], "past the domain"), ([4], "one id for two owners")],
+)
+def test_wrong_transfer_each_is_a_violation_and_changes_nothing(ids: list[int], why: str) -> None:
+    ledger = Ledger("kv", range(1, 9))
+    ledger.transfer([3], FREE_LIST, req(9), "alloc")
+    before = state(ledger)
+    with pytest.raises(ContractViolation):
+        ledger.transfer_each(ids, FREE_LIST, [req(1), req(2)], "alloc_decode")
+    assert state(ledger) == before, why

@@ -45,7 +45,7 @@ class LedgerState:
     def of(ledger: Ledger) -> LedgerState:
         holdings = tuple(sorted(((o, ledger.holdings(o)) for o in ledger.owners()), key=lambda p: id(p[0])))
         return LedgerState(
-            owner_table=tuple(ledger._owner),
+            owner_table=tuple(ledger.owner_table()),
             holdings=holdings,
             account_sizes=tuple(sorted(ledger.account_sizes().items())),
             step=ledger.step,

@@ -103,9 +103,13 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @invariant()
     def identities_hold(self) -> None:
-        for terms in self.sched.accounting.pool_terms():
+        accounting = self.sched.accounting
+        recount = accounting.pool_terms()
+        for terms in recount:
             check_busy_identity(terms)
-        self.sched.accounting._cross_check_ledgers(self.sched.accounting.pool_terms())
+        accounting._cross_check_ledgers(recount)
+        # The after-step identity is incremental: its sums must equal the full recount after every rule.
+        accounting._check_incremental(accounting.terms(), recount)
         for pool in self.sched.accounting._pools():
             pool.audit()
         if self.sched.tree is not None:

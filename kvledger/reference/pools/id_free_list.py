@@ -4,34 +4,65 @@ One implementation of alloc/free for token slots, pages, request rows and Mamba 
 rules are written once. Control plane only: it hands out and takes back ids, never touches tensor
 contents (the pools do that through ``kvledger.kernels``).
 
-Each id is in one of four states, kept in a ``uint8`` tensor beside the free list so that a double
-free is detected in O(len(ids)) without scanning the list:
+Each id is in one of four states, kept in a per-id ``uint8`` array beside the free list so that a
+double free is detected in O(len(ids)) without scanning the list:
 
 * ``FREE``: on the free list; ``HELD``: handed out; ``PENDING``: freed inside an open free group,
   back on the free list at ``free_group_end``; ``RESERVED``: padding ids (0) never handed out.
+
+Why the bookkeeping lives on the host, in numpy (issue 16): it is control-plane state, read and written
+a few ids at a time, and a numpy or Python-int operation on a handful of ids costs a fraction of a
+torch operation. The free list is a ring buffer (a push writes ``n`` ids instead of copying the whole
+list, as ``torch.cat`` does); the state array is shared with a bytearray for scalar access and with a
+CPU tensor (``state``) for readers that want one. Validation of a release stays complete and O(n):
+range, repeats (a position scatter, no sort) and state, all against the per-id state array. ``alloc``
+returns a fresh int64 tensor on the pool's device (a copy: callers may keep it as long as they like).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 
-from kvledger.contracts.errors import DoubleFree, FreeGroupError, StaleSnapshot
-from kvledger.contracts.ledger import AnyLedger, as_id_list, make_ledger
+from kvledger.contracts.errors import DoubleFree, DuplicateIds, FreeGroupError, SlotOutOfRange, StaleSnapshot
+from kvledger.contracts.ledger import AnyLedger, as_id_array, make_ledger
 from kvledger.contracts.owners import FREE_LIST, Owner
-from kvledger.reference.pools.validate import check_in_range, check_unique
 
 HELD, FREE, PENDING, RESERVED = 0, 1, 2, 3
+
+SMALL = 8
+"""Releases of at most this many ids are validated with Python ints (faster than numpy calls there)."""
 
 
 @dataclass(frozen=True)
 class FreeListSnapshot:
     """What ``backup_state`` returns: the free list at that moment (speculative rollback point)."""
 
-    free: torch.Tensor
+    free: np.ndarray
     owner: object  # the IdFreeList it came from; restoring into another pool is refused
+
+
+def host_ids(ids: torch.Tensor) -> np.ndarray:
+    """A 1-D int64 id tensor as a host numpy array (zero-copy on CPU)."""
+    return ids.numpy() if ids.is_cpu else ids.cpu().numpy()
+
+
+def free_list_of(pool: Any) -> IdFreeList:
+    """The :class:`IdFreeList` a pool is built on (its own counters, read without the pool's public API).
+
+    For the scheduler's per-step identity: it reads the pools' counters and checks them itself (the busy
+    identity and the ledger cross-check cover the pools' cheap invariants I-COUNT and I-CAP), so going
+    through ``available_size()`` would evaluate those invariants twice per read for nothing.
+    """
+    for attr in ("_ids", "_pages", "_rows", "_slots"):
+        found = getattr(pool, attr, None)
+        if isinstance(found, IdFreeList):
+            return found
+    raise TypeError(f"{type(pool).__name__} is not built on an IdFreeList")
 
 
 class IdFreeList:
@@ -51,13 +82,27 @@ class IdFreeList:
         self.first = first
         self.last = first + count - 1
         self.count = count
+        self.unit = unit  # tokens per id (the page size of a paged pool)
         self.device = device
         self.reuse = reuse
-        self.free = torch.arange(first, first + count, dtype=torch.int64, device=device)
-        self.state = torch.full((first + count,), FREE, dtype=torch.uint8, device=device)
-        self.state[:first] = RESERVED
-        self.pending: list[torch.Tensor] | None = None
+        self._lifo = reuse == "lifo"
+        self._on_cpu = device.type == "cpu"
+        # The state of every id, three views of one buffer: bytes (scalar access), numpy (vectors),
+        # and a CPU tensor for readers that index with tensors.
+        self._state_bytes = bytearray([FREE]) * (first + count)
+        self._state = np.frombuffer(self._state_bytes, dtype=np.uint8)
+        self._state[:first] = RESERVED
+        self.state = torch.from_numpy(self._state)
+        # The free list: ``_len`` ids from ``_head`` on, wrapping around a ring of ``count`` entries.
+        self._ring = np.arange(first, first + count, dtype=np.int64)
+        self._head = 0
+        self._len = count
+        self._positions = np.arange(first + count, dtype=np.int64)
+        self._scratch = np.zeros(first + count, dtype=np.int64)
+        self.pending: list[np.ndarray] | None = None
+        self._pending_n = 0
         self.ledger: AnyLedger = make_ledger(name, range(first, first + count), unit=unit)
+        self._ledger_on = bool(self.ledger.enabled)
         # Data-plane hooks the owning pool installs: zero what is handed out, poison what comes back
         # (debug builds), so a stale read of a freed slot is visible in the data (I-POISON-ON-FREE).
         self.on_alloc: Callable[[torch.Tensor], None] | None = None
@@ -65,70 +110,270 @@ class IdFreeList:
 
     # ------------------------------------------------------------------ queries
     def available(self) -> int:
-        return int(self.free.numel())
+        return self._len
 
     def pending_count(self) -> int:
-        return 0 if self.pending is None else sum(int(t.numel()) for t in self.pending)
+        return self._pending_n
 
     def in_free_group(self) -> bool:
         return self.pending is not None
 
+    def is_held(self, i: int) -> bool:
+        """Whether id ``i`` (a Python int in range) is handed out."""
+        return 0 <= i <= self.last and self._state_bytes[i] == HELD
+
+    def all_held(self, ids: torch.Tensor) -> bool:
+        """Whether every id (range-checked by the caller) is handed out."""
+        a = host_ids(ids)
+        return a.size == 0 or not bool(self._state[a].any())  # HELD is 0
+
+    def free_ids(self) -> np.ndarray:
+        """The free list in reuse order (a copy)."""
+        return self._take(self._len)
+
+    @property
+    def free(self) -> torch.Tensor:
+        """The free list in reuse order, as a CPU tensor (a copy; for reports and tests)."""
+        return torch.from_numpy(self.free_ids())
+
+    @free.setter
+    def free(self, ids: Any) -> None:
+        """Replace the free list wholesale (tests that tamper with a pool behind its ledger)."""
+        a = as_id_array(ids).astype(np.int64, copy=True)
+        pad = max(self.count - a.size, 0)
+        self._ring = np.concatenate((a, np.zeros(pad, dtype=np.int64)))
+        self._head, self._len = 0, int(a.size)
+
+    def _device_tensor(self, a: np.ndarray) -> torch.Tensor:
+        t = torch.from_numpy(a)
+        return t if self._on_cpu else t.to(self.device)
+
     # ------------------------------------------------------------------ alloc
+    def _take(self, n: int) -> np.ndarray:
+        """A copy of the first ``n`` free ids (the ring is not changed)."""
+        h, cap = self._head, self._ring.size
+        if h + n <= cap:
+            return self._ring[h : h + n].copy()
+        return np.concatenate((self._ring[h:], self._ring[: h + n - cap]))
+
+    def _commit_take(self, a: np.ndarray) -> None:
+        n = a.size
+        self._head = (self._head + n) % self._ring.size
+        self._len -= n
+        if n <= SMALL:
+            st = self._state_bytes
+            for i in a.tolist():
+                st[i] = HELD
+        else:
+            self._state[a] = HELD
+
     def alloc(self, n: int, owner: Owner, op: str = "alloc") -> torch.Tensor | None:
         """Take ``n`` ids off the front, all or nothing (None when fewer are free)."""
-        if n > self.free.numel():
+        a = self.alloc_host(n, owner, op)
+        return None if a is None else self._device_tensor(a)
+
+    def alloc_host(self, n: int, owner: Owner, op: str = "alloc") -> np.ndarray | None:
+        """:meth:`alloc`, returning the ids as a host array (the caller's to keep)."""
+        if n > self._len:
             return None
-        out = self.free[:n]
-        self.ledger.transfer(out, FREE_LIST, owner, op)
-        self.free = self.free[n:]
-        self.state[out] = HELD
+        a = self._take(n)
+        if self._ledger_on:
+            self.ledger.transfer(a, FREE_LIST, owner, op)  # checks first: a bug leaves the pool as it was
+        self._commit_take(a)
+        if self.on_alloc is not None and n:
+            self.on_alloc(self._device_tensor(a))
+        return a
+
+    def alloc_each(self, owners: Sequence[Owner], op: str = "alloc") -> torch.Tensor | None:
+        """One id for each owner, in order, all or nothing (a decode step's allocation in one call)."""
+        n = len(owners)
+        if n > self._len:
+            return None
+        a = self._take(n)
+        if self._ledger_on:
+            self.ledger.transfer_each(a, FREE_LIST, owners, op)
+        self._commit_take(a)
+        out = self._device_tensor(a)
         if self.on_alloc is not None and n:
             self.on_alloc(out)
         return out
 
     # ------------------------------------------------------------------ free
-    def validate_release(self, ids: torch.Tensor, owner: Owner, op: str, unit: str = "id") -> None:
-        """Everything that makes a free bad input, checked before any change."""
-        check_in_range(ids, self.first, self.last, self.name, unit)
-        check_unique(ids, self.name, unit)
-        if ids.numel():
-            states = self.state[ids]
-            not_held = states != HELD
-            if bool(not_held.any()):
-                bad = ids[not_held][:8].tolist()
-                where = [
-                    "free" if s == FREE else "pending in a free group" for s in states[not_held][:8].tolist()
-                ]
-                raise DoubleFree(
-                    f"[{self.name}] {op}: {unit}(s) {bad} already {sorted(set(where))} (I-NODUP-FREE)"
-                )
-        self.ledger.require_held_by(ids, owner, op)
+    def check_release(self, a: np.ndarray, owner: Owner, op: str, unit: str = "id") -> None:
+        """Everything that makes a release of ``a`` bad input, checked before any change: O(len(a)).
 
-    def release(self, ids: torch.Tensor, owner: Owner, op: str = "free") -> None:
+        The fast path answers "all fine" with a few operations; only a bad call pays for the
+        classification into :class:`SlotOutOfRange`, :class:`DuplicateIds` or :class:`DoubleFree`.
+        """
+        n = a.size
+        if n == 0:
+            return
+        if n <= SMALL:
+            ids = a.tolist()
+            st, first, last = self._state_bytes, self.first, self.last
+            ok = all(first <= i <= last and st[i] == HELD for i in ids) and (n == 1 or len(set(ids)) == n)
+        else:
+            # One unsigned reduction covers both bounds (a negative id reads as a huge one); reserved
+            # ids below ``first`` fail the state test.
+            ok = int(a.view(np.uint64).max()) <= self.last and not bool(self._state[a].any())
+            if ok and n > 1:
+                if n > self._positions.size:
+                    ok = False
+                else:
+                    pos = self._positions[:n]
+                    self._scratch[a] = pos
+                    ok = bool((self._scratch[a] == pos).all())
+        if not ok:
+            self._refuse_release(a, op, unit)
+        if self._ledger_on:
+            self.ledger.require_held_by(a, owner, op)
+
+    def _refuse_release(self, a: np.ndarray, op: str, unit: str) -> None:
+        """The precise typed error for a release the fast path refused (range, repeats, then state)."""
+        bad = (a < self.first) | (a > self.last)
+        if bool(bad.any()):
+            offenders = a[bad][:8].tolist()
+            raise SlotOutOfRange(
+                f"[{self.name}] {unit}(s) {offenders} outside the usable range [{self.first}, {self.last}]"
+            )
+        uniq, counts = np.unique(a, return_counts=True)  # only on the error path
+        if uniq.size != a.size:
+            raise DuplicateIds(f"[{self.name}] {unit}(s) repeated in one call: {uniq[counts > 1][:8].tolist()}")
+        states = self._state[a]
+        not_held = states != HELD
+        bad_ids = a[not_held][:8].tolist()
+        where = ["free" if s == FREE else "pending in a free group" for s in states[not_held][:8].tolist()]
+        raise DoubleFree(f"[{self.name}] {op}: {unit}(s) {bad_ids} already {sorted(set(where))} (I-NODUP-FREE)")
+
+    def validate_release(self, ids: torch.Tensor, owner: Owner, op: str, unit: str = "id") -> None:
+        """:meth:`check_release` for an id tensor."""
+        self.check_release(host_ids(ids), owner, op, unit)
+
+    def free_checked(self, ids: torch.Tensor, owner: Owner, op: str = "free", unit: str = "id") -> None:
+        """Validate and release an id tensor: :meth:`validate_release` then :meth:`release`, one pass.
+
+        A handful of ids (a decode step's frees) never leave Python ints; more go through numpy.
+        """
+        n = ids.numel()
+        if n == 0:
+            return
+        if n > SMALL:
+            a = host_ids(ids)
+            self.check_release(a, owner, op, unit)
+            self._release(a, ids, owner, op)
+            return
+        lst = ids.tolist()
+        st, first, last = self._state_bytes, self.first, self.last
+        if n == 1:
+            i = lst[0]
+            ok = first <= i <= last and st[i] == HELD
+        else:
+            ok = all(first <= i <= last and st[i] == HELD for i in lst) and len(set(lst)) == n
+        if not ok:
+            self._refuse_release(np.asarray(lst, dtype=np.int64), op, unit)
+        if self._ledger_on:
+            a = np.asarray(lst, dtype=np.int64)
+            self.ledger.require_held_by(a, owner, op)
+            self._release(a, ids, owner, op)
+        else:
+            self._release(lst, ids, owner, op)
+
+    def free_distinct(self, a: np.ndarray, owner: Owner, op: str = "free", unit: str = "id") -> None:
+        """Validate and release host ids the caller already knows to be in range and distinct (a paged
+        pool's deduplicated pages): what is left to check is that each is held (and by ``owner``)."""
+        if a.size == 0:
+            return
+        if a.size <= SMALL:
+            st = self._state_bytes
+            lst = a.tolist()
+            if not all(st[i] == HELD for i in lst):
+                self._refuse_release(a, op, unit)
+            if not self._ledger_on:
+                self._release(lst, None, owner, op)
+                return
+        elif bool(self._state[a].any()):  # HELD is 0
+            self._refuse_release(a, op, unit)
+        if self._ledger_on:
+            self.ledger.require_held_by(a, owner, op)
+        self._release(a, None, owner, op)
+
+    def release(self, ids: torch.Tensor | np.ndarray, owner: Owner, op: str = "free") -> None:
         """Return validated ids. The ledger moves first, so a bookkeeping bug leaves the pool as it was.
 
         Inside a free group the ids go to the group's pending owner (I-PENDING) until ``free_group_end``.
         """
-        if ids.numel() == 0:
-            return
-        if self.pending is not None:
-            self.ledger.transfer(ids, owner, self.ledger.pending_owner, op + "(group)")
-            if self.on_release is not None:
-                self.on_release(ids)
-            self.pending.append(ids)
-            self.state[ids] = PENDING
-            return
-        self.ledger.transfer(ids, owner, FREE_LIST, op)
-        self._push_free(ids)
-        if self.on_release is not None:
-            self.on_release(ids)
-
-    def _push_free(self, ids: torch.Tensor) -> None:
-        if self.reuse == "fifo":
-            self.free = torch.cat((self.free, ids))
+        if isinstance(ids, np.ndarray):
+            self._release(ids, None, owner, op)
         else:
-            self.free = torch.cat((ids, self.free))
-        self.state[ids] = FREE
+            self._release(host_ids(ids), ids, owner, op)
+
+    def _release(
+        self, ids: np.ndarray | list[int], tensor: torch.Tensor | None, owner: Owner, op: str
+    ) -> None:
+        """``ids`` as a host array (or, ledger off, a short list of ints); ``tensor`` the caller's, if any."""
+        n = len(ids)
+        if n == 0:
+            return
+        hook = self.on_release
+        if self.pending is not None:
+            a = np.asarray(ids, dtype=np.int64)
+            if self._ledger_on:
+                self.ledger.transfer(a, owner, self.ledger.pending_owner, op + "(group)")
+            if hook is not None:
+                hook(tensor if tensor is not None else self._device_tensor(a))
+            self.pending.append(a.copy())
+            self._pending_n += n
+            self._state[a] = PENDING
+            return
+        if self._ledger_on:
+            self.ledger.transfer(ids, owner, FREE_LIST, op)
+        self._push_free(ids)
+        if hook is not None:
+            hook(tensor if tensor is not None else self._device_tensor(np.asarray(ids, dtype=np.int64)))
+
+    def _push_free(self, ids: np.ndarray | list[int]) -> None:
+        """Put ``ids`` back on the free list (tail for fifo, head for lifo) and mark them FREE."""
+        n = len(ids)
+        ring = self._ring
+        cap = ring.size
+        if self._len + n > cap:  # only reachable with the ledger off and a double free: keep everything
+            current = self._take(self._len)
+            extra = np.asarray(ids, dtype=np.int64)
+            self._ring = np.concatenate((extra, current) if self._lifo else (current, extra))
+            self._head, self._len = 0, self._ring.size
+            self._state[extra] = FREE
+            return
+        if type(ids) is list:
+            st = self._state_bytes
+            if self._lifo:
+                h = self._head
+                for i in reversed(ids):
+                    h = h - 1 if h else cap - 1
+                    ring[h] = i
+                self._head = h
+            else:
+                pos = (self._head + self._len) % cap
+                for i in ids:
+                    ring[pos] = i
+                    pos = pos + 1 if pos + 1 < cap else 0
+            for i in ids:
+                st[i] = FREE
+            self._len += n
+            return
+        if self._lifo:
+            start = (self._head - n) % cap
+            self._head = start
+        else:
+            start = (self._head + self._len) % cap
+        end = start + n
+        if end <= cap:
+            ring[start:end] = ids
+        else:
+            split = cap - start
+            ring[start:] = ids[:split]
+            ring[: end - cap] = ids[split:]
+        self._len += n
+        self._state[ids] = FREE
 
     # ------------------------------------------------------------------ free groups
     def free_group_begin(self) -> None:
@@ -140,16 +385,18 @@ class IdFreeList:
         if self.pending is None:
             raise FreeGroupError(f"[{self.name}] free_group_end without free_group_begin")
         buffered, self.pending = self.pending, None
+        self._pending_n = 0
         if buffered:
-            ids = torch.cat(buffered)
-            self.ledger.transfer(ids, self.ledger.pending_owner, FREE_LIST, "free_group_end")
+            ids = np.concatenate(buffered)
+            if self._ledger_on:
+                self.ledger.transfer(ids, self.ledger.pending_owner, FREE_LIST, "free_group_end")
             self._push_free(ids)
 
     # ------------------------------------------------------------------ backup / restore
     def backup(self) -> FreeListSnapshot:
         if self.pending is not None:
             raise FreeGroupError(f"[{self.name}] backup_state inside an open free group")
-        return FreeListSnapshot(self.free.clone(), self)
+        return FreeListSnapshot(self.free_ids(), self)
 
     def restore(self, snap: FreeListSnapshot) -> None:
         """Roll back to ``snap`` (I-ROLLBACK): ids allocated since go back to the free list from their holders.
@@ -162,44 +409,34 @@ class IdFreeList:
             raise StaleSnapshot(f"[{self.name}] snapshot belongs to another pool")
         if self.pending is not None:
             raise FreeGroupError(f"[{self.name}] restore_state inside an open free group")
-        in_snap = torch.zeros_like(self.state, dtype=torch.bool)
+        in_snap = np.zeros(self._state.size, dtype=bool)
         in_snap[snap.free] = True
-        freed_since = (self.state == FREE) & ~in_snap
+        freed_since = (self._state == FREE) & ~in_snap
         if bool(freed_since.any()):
-            ids = torch.nonzero(freed_since).reshape(-1)[:8].tolist()
+            ids = np.flatnonzero(freed_since)[:8].tolist()
             raise StaleSnapshot(f"[{self.name}] ids {ids} were freed after backup_state; cannot restore")
-        taken = torch.nonzero(in_snap & (self.state == HELD)).reshape(-1)
-        self._return_to_free_list(taken, "restore_state")
-        if self.on_release is not None and taken.numel():
-            self.on_release(taken)
-        self.free = snap.free.clone()
-        self.state[taken] = FREE
-
-    def _return_to_free_list(self, ids: torch.Tensor, op: str) -> None:
-        ledger = self.ledger
-        if not ledger.enabled or ids.numel() == 0:
-            return
-        by_owner: dict[Owner, list[int]] = {}
-        for i in as_id_list(ids):
-            owner = ledger.owner_of(i)
-            assert owner is not None
-            by_owner.setdefault(owner, []).append(i)
-        for owner, owned in by_owner.items():
-            ledger.transfer(owned, owner, FREE_LIST, op)
+        taken = np.flatnonzero(in_snap & (self._state == HELD))
+        if self._ledger_on:
+            self.ledger.return_to_free_list(taken, "restore_state")
+        if self.on_release is not None and taken.size:
+            self.on_release(self._device_tensor(taken))
+        self.free = snap.free
+        self._state[taken] = FREE
 
     # ------------------------------------------------------------------ audit
     def audit(self) -> None:
         """Recount the free list and state mask against each other and the ledger (O(size))."""
         from kvledger.contracts.errors import ContractViolation
 
-        free_ids = self.free.tolist()
-        pending_ids = [] if self.pending is None else torch.cat(self.pending).tolist() if self.pending else []
-        state = self.state.tolist()
-        mask_free = [i for i, s in enumerate(state) if s == FREE]
-        if sorted(free_ids) != mask_free:
+        free_ids = self.free_ids()
+        pending_ids = np.concatenate(self.pending) if self.pending else np.zeros(0, dtype=np.int64)
+        state = self._state
+        if self._len > self.count or not np.array_equal(np.sort(free_ids), np.flatnonzero(state == FREE)):
             raise ContractViolation(f"[{self.name}] free list and state mask disagree")
-        if sorted(pending_ids) != [i for i, s in enumerate(state) if s == PENDING]:
+        if not np.array_equal(np.sort(pending_ids), np.flatnonzero(state == PENDING)):
             raise ContractViolation(f"[{self.name}] free-group buffer and state mask disagree")
-        if any(s != RESERVED for s in state[: self.first]):
+        if bool((state[: self.first] != RESERVED).any()):
             raise ContractViolation(f"[{self.name}] a reserved id left the RESERVED state")
-        self.ledger.audit(free_ids, pending_ids)
+        if self._pending_n != pending_ids.size:
+            raise ContractViolation(f"[{self.name}] free-group count and buffer disagree")
+        self.ledger.audit(free_ids, pending_ids.tolist())

@@ -26,7 +26,7 @@ from kvledger import kernels
 from kvledger.contracts.errors import ContractViolation, InvalidArgument, KVLedgerError
 from kvledger.contracts.owners import FREE, Owner
 from kvledger.contracts.switch import ensure, invariant, require, snapshot
-from kvledger.reference.pools.id_free_list import HELD, IdFreeList
+from kvledger.reference.pools.id_free_list import IdFreeList
 from kvledger.reference.pools.validate import (
     as_index_tensor,
     check_count,
@@ -272,15 +272,14 @@ class MambaPool:
     def free(self, slots: Any, owner: Owner) -> None:
         """Return ``owner``'s slots."""
         t = as_index_tensor(slots, self.device, f"{self.name}.free")
-        self._slots.validate_release(t, owner, "free", "slot")
-        self._slots.release(t, owner, "free")
+        self._slots.free_checked(t, owner, "free", "slot")
 
     def _free_unchecked(self, slots: torch.Tensor, owner: Owner, op: str = "free") -> None:
         self._slots.release(slots, owner, op)
 
     def _check_held(self, slots: torch.Tensor, what: str) -> None:
         check_in_range(slots, 1, self.size, self.name, "slot")
-        if slots.numel() and bool((self._slots.state[slots] != HELD).any()):
+        if not self._slots.all_held(slots):
             raise InvalidArgument(f"[{self.name}] {what}: slot(s) {slots.tolist()[:8]} are not allocated")
 
     @require(

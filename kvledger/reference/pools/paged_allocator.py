@@ -11,14 +11,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from kvledger.contracts.arith import decode_needs_new_page, extend_page_plan
 from kvledger.contracts.errors import InvalidArgument
 from kvledger.contracts.owners import FREE, Owner
 from kvledger.contracts.switch import ensure, invariant, snapshot
-from kvledger.reference.pools.id_free_list import FreeListSnapshot, IdFreeList
-from kvledger.reference.pools.validate import as_index_tensor, check_count, check_in_range, resolve_device
+from kvledger.reference.pools.id_free_list import FreeListSnapshot, IdFreeList, host_ids
+from kvledger.reference.pools.validate import (
+    as_index_tensor,
+    check_count,
+    check_decode_batch,
+    check_in_range,
+    resolve_device,
+)
 
 
 def _ledger_agrees(ids: IdFreeList) -> bool:
@@ -47,6 +54,10 @@ class PagedTokenToKVPoolAllocator:
         self.device = resolve_device(device)
         self._pages = IdFreeList(name, 1, self.num_pages, self.device, unit=page_size, reuse="lifo")
         self._offsets = torch.arange(page_size, dtype=torch.int64, device=self.device)
+        self._offsets_np = np.arange(page_size, dtype=np.int64)
+        self._free_what = f"{name}.free"
+        self._scratch = np.zeros(self.num_pages + 1, dtype=np.int64)  # for pages_of's first-seen scatter
+        self._positions = np.arange(self.num_pages + 1, dtype=np.int64)
 
     @property
     def ledger(self) -> Any:
@@ -62,16 +73,40 @@ class PagedTokenToKVPoolAllocator:
         return self._pages.pending_count() * self.page_size
 
     def pages_of(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """The distinct pages the token ids fall in, in first-seen order."""
-        pages = torch.div(token_ids, self.page_size, rounding_mode="floor")
-        if pages.numel() < 2:
+        """The distinct pages the token ids fall in, in first-seen order (a new int64 tensor)."""
+        tokens = host_ids(token_ids)
+        pages = self._distinct_pages(tokens)
+        if pages is None:  # pages outside the pool (only an invalid _free_unchecked call has those)
+            uniq, first = np.unique(tokens // self.page_size, return_index=True)
+            pages = uniq[np.argsort(first)]
+        return self._page_tensor(pages)
+
+    def _distinct_pages(self, tokens: np.ndarray) -> np.ndarray | None:
+        """The distinct pages of host token ids in first-seen order; None if a page is outside ``1..num_pages``.
+
+        O(n), no sort: each token's page index is scattered into a per-page scratch array in reverse
+        order, so the first occurrence's position is the one left; a position that reads back its own
+        index is a first occurrence. A token is in the pool's range exactly when its page is in
+        ``1..num_pages``, so one unsigned reduction on the pages is also the range check.
+        """
+        pages = tokens // self.page_size
+        n = pages.size
+        if n == 0:
             return pages
-        uniq, inverse = torch.unique(pages, return_inverse=True)
-        first_seen = torch.full((uniq.numel(),), pages.numel(), dtype=torch.int64, device=pages.device)
-        first_seen.scatter_reduce_(
-            0, inverse, torch.arange(pages.numel(), device=pages.device), reduce="amin"
-        )
-        return uniq[torch.argsort(first_seen)]
+        if int((pages - 1).view(np.uint64).max()) >= self.num_pages:
+            return None
+        if n == 1:
+            return pages
+        if n > self._positions.size:  # more tokens than pages: some repeat; dedupe the general way
+            uniq, first = np.unique(pages, return_index=True)
+            return uniq[np.argsort(first)]
+        pos = self._positions[:n]
+        self._scratch[pages[::-1]] = pos[::-1]
+        return pages[self._scratch[pages] == pos]
+
+    def _page_tensor(self, pages: np.ndarray) -> torch.Tensor:
+        t = torch.from_numpy(np.ascontiguousarray(pages, dtype=np.int64))
+        return t if self.device.type == "cpu" else t.to(self.device)
 
     def _tokens_of(self, pages: torch.Tensor) -> torch.Tensor:
         return (pages[:, None] * self.page_size + self._offsets).reshape(-1)
@@ -92,8 +127,11 @@ class PagedTokenToKVPoolAllocator:
             raise InvalidArgument(
                 f"[{self.name}] alloc({need_size}) is not a multiple of page_size {self.page_size}"
             )
-        pages = self._pages.alloc(need_size // self.page_size, owner)
-        return None if pages is None else self._tokens_of(pages)
+        pages = self._pages.alloc_host(need_size // self.page_size, owner)
+        if pages is None:
+            return None
+        tokens = (pages[:, None] * self.page_size + self._offsets_np).reshape(-1)
+        return torch.from_numpy(tokens) if self.device.type == "cpu" else torch.from_numpy(tokens).to(self.device)
 
     @snapshot(lambda self: self.available_size(), name="available")
     @ensure(lambda self, OLD, result: result is not None or self.available_size() == OLD.available)
@@ -151,39 +189,42 @@ class PagedTokenToKVPoolAllocator:
     @snapshot(lambda self: self.available_size(), name="available")
     @ensure(lambda self, seq_lens, result: result is None or result.numel() == len(seq_lens))
     @ensure(lambda self, OLD, result: result is not None or self.available_size() == OLD.available)
+    @ensure(
+        lambda self, owners, result: (
+            result is None
+            or not self._pages.ledger.enabled
+            or self._pages.ledger.all_held_each(torch.div(result, self.page_size, rounding_mode="floor"), owners)
+        ),
+        "each request owns the page of the slot handed to it",
+    )
     def alloc_decode(
         self, seq_lens: Sequence[int], last_loc: Sequence[int], owners: Sequence[Owner]
     ) -> torch.Tensor | None:
         """One slot per request whose length grows to ``seq_lens[i]`` (the new token included).
 
         A new page only when the new token opens one; otherwise the slot after ``last_loc[i]``, in a
-        page the request must own. All requests or none.
+        page the request must own. All requests or none; the new pages come in one allocation.
         """
-        if not (len(seq_lens) == len(last_loc) == len(owners)):
-            raise InvalidArgument(f"[{self.name}] alloc_decode: argument lengths differ")
-        opens: list[bool] = []
-        for s, loc, owner in zip(seq_lens, last_loc, owners, strict=True):
-            check_count(s, "seq_len")
-            if s < 1:
-                raise InvalidArgument(f"[{self.name}] alloc_decode: seq_len must be >= 1")
-            new_page = decode_needs_new_page(s, self.page_size)
-            if not new_page:
-                self._check_partial_page(loc, s - 1, owner, "alloc_decode")
-            opens.append(new_page)
-        self._check_distinct_partial_pages(
-            [loc for new_page, loc in zip(opens, last_loc, strict=True) if not new_page], "alloc_decode"
-        )
-        if sum(opens) > self._pages.available():
+        check_decode_batch(seq_lens, last_loc, owners, self.name)
+        ps = self.page_size
+        opens = [decode_needs_new_page(s, ps) for s in seq_lens]
+        cont = [i for i, o in enumerate(opens) if not o]
+        if cont:
+            self._check_partial_pages(
+                [last_loc[i] for i in cont], [seq_lens[i] - 1 for i in cont], [owners[i] for i in cont], "alloc_decode"
+            )
+        new_owners = [o for o, new in zip(owners, opens, strict=True) if new]
+        if len(new_owners) > self._pages.available():
             return None
-        out = torch.empty(len(seq_lens), dtype=torch.int64, device=self.device)
-        for i, (new_page, loc, owner) in enumerate(zip(opens, last_loc, owners, strict=True)):
-            if new_page:
-                page = self._pages.alloc(1, owner, "alloc_decode")
-                assert page is not None
-                out[i] = page[0] * self.page_size
-            else:
-                out[i] = loc + 1
-        return out
+        out = np.empty(len(seq_lens), dtype=np.int64)
+        if cont:
+            out[cont] = np.asarray([last_loc[i] for i in cont], dtype=np.int64) + 1
+        if new_owners:
+            pages = self._pages.alloc_each(new_owners, "alloc_decode")
+            assert pages is not None
+            out[np.flatnonzero(opens)] = host_ids(pages) * ps
+        t = torch.from_numpy(out)
+        return t if self.device.type == "cpu" else t.to(self.device)
 
     def _check_distinct_partial_pages(self, locs: list[Any], op: str) -> None:
         """Two batch entries continuing the same partial page would be handed the same slots."""
@@ -193,20 +234,30 @@ class PagedTokenToKVPoolAllocator:
 
     def _check_partial_page(self, loc: int, filled_len: int, owner: Owner, op: str) -> None:
         """``loc`` must be the last used slot of a page ``owner`` holds, consistent with the length."""
-        if isinstance(loc, bool) or not isinstance(loc, int):
-            raise InvalidArgument(f"[{self.name}] {op}: last_loc must be an int, got {loc!r}")
-        if loc < self.page_size or loc >= (self.num_pages + 1) * self.page_size:
-            raise InvalidArgument(f"[{self.name}] {op}: last_loc {loc} outside the pool")
-        if (loc + 1) % self.page_size != filled_len % self.page_size:
-            raise InvalidArgument(
-                f"[{self.name}] {op}: last_loc {loc} is not at offset {(filled_len - 1) % self.page_size} of its page"
-            )
-        page = torch.tensor([loc // self.page_size], dtype=torch.int64, device=self.device)
-        if int(self._pages.state[page]) != 0:
-            raise InvalidArgument(
-                f"[{self.name}] {op}: the partial page {int(page)} of last_loc {loc} is not held"
-            )
-        self._pages.ledger.require_held_by(page, owner, op)
+        self._check_partial_pages([loc], [filled_len], [owner], op)
+
+    def _check_partial_pages(
+        self, locs: Sequence[Any], filled_lens: Sequence[int], owners: Sequence[Owner], op: str
+    ) -> None:
+        """Each ``locs[i]`` is the last used slot of a page ``owners[i]`` holds, at the offset its length says,
+        and no two continue the same page. One ledger check for the batch."""
+        ps = self.page_size
+        pages = []
+        for loc, filled_len in zip(locs, filled_lens, strict=True):
+            if isinstance(loc, bool) or not isinstance(loc, int):
+                raise InvalidArgument(f"[{self.name}] {op}: last_loc must be an int, got {loc!r}")
+            if loc < ps or loc >= (self.num_pages + 1) * ps:
+                raise InvalidArgument(f"[{self.name}] {op}: last_loc {loc} outside the pool")
+            if (loc + 1) % ps != filled_len % ps:
+                raise InvalidArgument(
+                    f"[{self.name}] {op}: last_loc {loc} is not at offset {(filled_len - 1) % ps} of its page"
+                )
+            page = loc // ps
+            if not self._pages.is_held(page):
+                raise InvalidArgument(f"[{self.name}] {op}: the partial page {page} of last_loc {loc} is not held")
+            pages.append(page)
+        self._pages.ledger.require_held_each(np.asarray(pages, dtype=np.int64), owners, op)  # ForeignSlot first
+        self._check_distinct_partial_pages(list(locs), op)
 
     # ------------------------------------------------------------------ free
     @snapshot(lambda self: self._pages.available() + self._pages.pending_count(), name="reclaimable")
@@ -219,13 +270,14 @@ class PagedTokenToKVPoolAllocator:
     )
     def free(self, ids: Any, owner: Owner) -> None:
         """Free the pages the token ids fall in; a page named by several of its tokens is freed once."""
-        tokens = as_index_tensor(ids, self.device, f"{self.name}.free")
-        check_in_range(
-            tokens, self.page_size, (self.num_pages + 1) * self.page_size - 1, self.name, "token slot"
-        )
-        pages = self.pages_of(tokens)
-        self._pages.validate_release(pages, owner, "free", "page")
-        self._pages.release(pages, owner, "free")
+        tokens = as_index_tensor(ids, self.device, self._free_what)
+        pages = self._distinct_pages(host_ids(tokens))
+        if pages is None:
+            check_in_range(
+                tokens, self.page_size, (self.num_pages + 1) * self.page_size - 1, self.name, "token slot"
+            )  # raises SlotOutOfRange naming the tokens
+            raise AssertionError("unreachable: a page outside the pool means a token outside it")
+        self._pages.free_distinct(pages, owner, "free", "page")
 
     def _free_unchecked(self, ids: torch.Tensor, owner: Owner, op: str = "free") -> None:
         """Release the pages of ``ids`` without validation (see TokenToKVPoolAllocator._free_unchecked)."""

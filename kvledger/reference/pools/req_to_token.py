@@ -7,20 +7,23 @@ launched forward never sees its row reassigned, I-ROW-EXCLUSIVE-WHILE-IN-FLIGHT)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from kvledger.contracts.errors import InvalidArgument
 from kvledger.contracts.owners import FREE, Owner
 from kvledger.contracts.switch import ensure, invariant, snapshot
-from kvledger.reference.pools.id_free_list import HELD, IdFreeList
+from kvledger.reference.pools.id_free_list import IdFreeList, host_ids
 from kvledger.reference.pools.validate import (
     INT32_MAX,
     as_index_tensor,
     check_count,
     check_in_range,
     check_positive,
+    ids_within,
     resolve_device,
 )
 
@@ -43,7 +46,10 @@ class ReqToTokenPool:
         self.name = name
         self.device = resolve_device(device)
         self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.int32, device=self.device)
+        # On CPU, a numpy view of the same memory for the batched per-cell reads and writes.
+        self._table = self.req_to_token.numpy() if self.device.type == "cpu" else None
         self._rows = IdFreeList(name, 0, size, self.device, reuse="fifo")
+        self._free_what = f"{name}.free"
 
     @property
     def ledger(self) -> Any:
@@ -73,20 +79,13 @@ class ReqToTokenPool:
     )
     def free(self, rows: Any, owner: Owner) -> None:
         """Return ``owner``'s rows (an int or a sequence). Contents are left as they are."""
-        t = as_index_tensor(rows, self.device, f"{self.name}.free")
-        self._rows.validate_release(t, owner, "free", "row")
-        self._rows.release(t, owner, "free")
+        t = as_index_tensor(rows, self.device, self._free_what)
+        self._rows.free_checked(t, owner, "free", "row")
 
     def _free_unchecked(self, rows: torch.Tensor, owner: Owner, op: str = "free") -> None:
         self._rows.release(rows, owner, op)
 
-    @ensure(
-        lambda self, row, start, values: bool(
-            (
-                self.req_to_token[row, start : start + len(values)] == torch.as_tensor(values).to(self.device)
-            ).all()
-        )
-    )
+    @ensure(lambda self, row, start, values: self._holds(row, start, values))
     def write(self, row: int, start: int, values: torch.Tensor) -> None:
         """``req_to_token[row, start:start+len(values)] = values``; the row must be held by someone."""
         values = as_index_tensor(values, self.device, f"{self.name}.write")  # int32/int64, pool device
@@ -98,10 +97,70 @@ class ReqToTokenPool:
             raise InvalidArgument(
                 f"[{self.name}] write of {values.numel()} ids at {start} exceeds max_context_len {self.max_context_len}"
             )
-        if int(self._rows.state[row]) != HELD:
+        if not self._rows.is_held(row):
             raise InvalidArgument(f"[{self.name}] write to row {row}, which no request holds")
         check_in_range(values, 0, INT32_MAX, self.name, "KV slot id")  # the table is int32
         self.req_to_token[row, start : start + values.numel()] = values.to(torch.int32)
+
+    @ensure(
+        lambda self, rows, positions, values: self._holds_each(rows, positions, values),
+        "each row holds its value at its position",
+    )
+    def write_each(self, rows: Sequence[int], positions: Sequence[int], values: Any) -> None:
+        """``req_to_token[rows[i], positions[i]] = values[i]`` for a batch (a decode step), one call.
+
+        Rows must be distinct and held; positions inside the row; values fit int32. All or nothing.
+        """
+        vals = as_index_tensor(values, self.device, f"{self.name}.write_each")
+        n = len(rows)
+        if len(positions) != n or vals.numel() != n:
+            raise InvalidArgument(
+                f"[{self.name}] write_each: {n} rows, {len(positions)} positions, {vals.numel()} values"
+            )
+        for row, pos in zip(rows, positions, strict=True):
+            check_count(row, "row")
+            check_count(pos, "position")
+            if row >= self.size:
+                raise InvalidArgument(f"[{self.name}] row {row} outside [0, {self.size})")
+            if pos >= self.max_context_len:
+                raise InvalidArgument(f"[{self.name}] position {pos} outside [0, {self.max_context_len})")
+            if not self._rows.is_held(row):
+                raise InvalidArgument(f"[{self.name}] write to row {row}, which no request holds")
+        if len(set(rows)) != n:
+            raise InvalidArgument(f"[{self.name}] write_each: a row appears twice in one batch")
+        if not n:
+            return
+        if not ids_within(vals, 0, INT32_MAX):
+            check_in_range(vals, 0, INT32_MAX, self.name, "KV slot id")  # raises, with the offenders
+        if self._table is not None:  # CPU: write through the host view, no tensor building
+            self._table[rows, positions] = host_ids(vals)
+        else:
+            row_t = torch.as_tensor(rows, dtype=torch.int64, device=self.device)
+            pos_t = torch.as_tensor(positions, dtype=torch.int64, device=self.device)
+            self.req_to_token[row_t, pos_t] = vals.to(torch.int32)
+
+    def read_each(self, rows: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
+        """``req_to_token[rows[i], positions[i]]`` for a batch, as int64."""
+        if self._table is not None:
+            return torch.from_numpy(self._table[rows, positions].astype(np.int64))
+        row_t = torch.as_tensor(rows, dtype=torch.int64, device=self.device)
+        pos_t = torch.as_tensor(positions, dtype=torch.int64, device=self.device)
+        return self.req_to_token[row_t, pos_t].to(torch.int64)
+
+    # Postcondition readers: the table's contents compared with what was written, on the host when the
+    # table is on the CPU (a numpy compare; no tensors built), else with torch.
+    def _holds(self, row: int, start: int, values: Any) -> bool:
+        vals = torch.as_tensor(values)
+        if self._table is not None:
+            want = vals.numpy() if vals.is_cpu else vals.cpu().numpy()
+            return bool(np.array_equal(self._table[row, start : start + len(want)], want))
+        return bool((self.req_to_token[row, start : start + len(vals)] == vals.to(self.device)).all())
+
+    def _holds_each(self, rows: Sequence[int], positions: Sequence[int], values: Any) -> bool:
+        vals = as_index_tensor(values, self.device, "write_each")
+        if self._table is not None:
+            return bool(np.array_equal(self._table[rows, positions], host_ids(vals)))
+        return bool((self.read_each(rows, positions) == vals).all())
 
     def read(self, row: int, start: int, end: int) -> torch.Tensor:
         """The KV slot ids of positions ``[start, end)`` of ``row`` as int64."""

@@ -7,6 +7,7 @@ and (with the ledger on) a slot held by another owner, each with a typed error a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -14,7 +15,14 @@ import torch
 from kvledger.contracts.owners import FREE, Owner
 from kvledger.contracts.switch import ensure, invariant, snapshot
 from kvledger.reference.pools.id_free_list import FreeListSnapshot, IdFreeList
-from kvledger.reference.pools.validate import as_index_tensor, check_count, check_positive, resolve_device
+from kvledger.reference.pools.validate import (
+    as_index_tensor,
+    check_count,
+    check_decode_batch,
+    check_positive,
+    ids_within,
+    resolve_device,
+)
 
 
 def _ledger_agrees(ids: IdFreeList) -> bool:
@@ -35,6 +43,7 @@ class TokenToKVPoolAllocator:
         self.name = name
         self.device = resolve_device(device)
         self._ids = IdFreeList(name, 1, size, self.device, reuse="fifo")
+        self._free_what = f"{name}.free"
 
     @property
     def ledger(self) -> Any:
@@ -52,7 +61,7 @@ class TokenToKVPoolAllocator:
     @ensure(lambda self, n, result: result is None or result.numel() == n)
     @ensure(lambda self, n, OLD, result: (result is None) == (n > OLD.available))
     @ensure(lambda self, n, OLD, result: result is None or self.available_size() == OLD.available - n)
-    @ensure(lambda self, result: result is None or bool(((result >= 1) & (result <= self.size)).all()))
+    @ensure(lambda self, result: result is None or ids_within(result, 1, self.size))
     @ensure(
         lambda self, OLD, result: result is not None or self.available_size() == OLD.available,
         "I-NO-PARTIAL: a refused allocation changes nothing",
@@ -61,6 +70,36 @@ class TokenToKVPoolAllocator:
         """``n`` slots for ``owner`` (int64, on the pool's device), or None if fewer than ``n`` are free."""
         check_count(n)
         return self._ids.alloc(n, owner)
+
+    @snapshot(lambda self: self._ids.available(), name="available")
+    @ensure(
+        lambda self, owners, OLD, result: (
+            self._ids.available() == OLD.available and len(owners) > OLD.available
+            if result is None
+            else result.numel() == len(owners) and self._ids.available() == OLD.available - len(owners)
+        ),
+        "all or nothing: one slot per owner taken off the free list, or None (nothing taken) when short",
+    )
+    @ensure(
+        lambda self, owners, result: (
+            result is None
+            or (
+                ids_within(result, 1, self.size)
+                and (not self._ids.ledger.enabled or self._ids.ledger.all_held_each(result, owners))
+            )
+        ),
+        "each owner holds the slot handed to it, a slot of the pool",
+    )
+    def alloc_decode(
+        self, seq_lens: Sequence[int], last_loc: Sequence[int], owners: Sequence[Owner]
+    ) -> torch.Tensor | None:
+        """One slot per request for a decode step (``owners[i]`` gets ``result[i]``), all or none.
+
+        The same signature as :meth:`PagedTokenToKVPoolAllocator.alloc_decode`; at page size 1 every new
+        token opens a new "page", so ``last_loc`` is not read. One call (one ledger check) for the batch.
+        """
+        check_decode_batch(seq_lens, last_loc, owners, self.name)
+        return self._ids.alloc_each(owners, "alloc_decode")
 
     @snapshot(lambda self: self._ids.available() + self._ids.pending_count(), name="reclaimable")
     @ensure(
@@ -72,9 +111,8 @@ class TokenToKVPoolAllocator:
     )
     def free(self, ids: Any, owner: Owner) -> None:
         """Return ``owner``'s slots. Inside a free group they are buffered until ``free_group_end``."""
-        t = as_index_tensor(ids, self.device, f"{self.name}.free")
-        self._ids.validate_release(t, owner, "free", "slot")
-        self._ids.release(t, owner, "free")
+        t = as_index_tensor(ids, self.device, self._free_what)
+        self._ids.free_checked(t, owner, "free", "slot")
 
     def _free_unchecked(self, ids: torch.Tensor, owner: Owner, op: str = "free") -> None:
         """Release without input validation: the path internal callers use once they have validated.

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from kvledger.contracts.errors import DuplicateIds, InvalidArgument, SlotOutOfRange
@@ -54,6 +55,10 @@ def as_index_tensor(ids: Any, device: torch.device, what: str) -> torch.Tensor:
     convenience and created on the pool's device.
     """
     if isinstance(ids, torch.Tensor):
+        # The common case first: already a 1-D int64 tensor on the pool's device, returned as is.
+        here = ids.is_cpu if device.type == "cpu" else ids.device == device
+        if ids.dtype is torch.int64 and ids.dim() == 1 and here:
+            return ids
         if ids.dtype not in INDEX_DTYPES:
             raise InvalidArgument(f"{what}: ids must be int32 or int64, got {ids.dtype}")
         if ids.device != device:
@@ -79,9 +84,32 @@ def as_index_tensor(ids: Any, device: torch.device, what: str) -> torch.Tensor:
     )
 
 
+def check_decode_batch(seq_lens: Sequence[Any], last_loc: Sequence[Any], owners: Sequence[Any], pool: str) -> None:
+    """The shape of a decode batch: equally long lists, every ``seq_len`` an int >= 1."""
+    if not (len(seq_lens) == len(last_loc) == len(owners)):
+        raise InvalidArgument(f"[{pool}] alloc_decode: argument lengths differ")
+    for s in seq_lens:
+        if check_count(s, "seq_len") < 1:
+            raise InvalidArgument(f"[{pool}] alloc_decode: seq_len must be >= 1")
+
+
+def ids_within(ids: torch.Tensor, low: int, high: int) -> bool:
+    """Whether every id lies in ``[low, high]``: one unsigned reduction on the host, no tensor ops."""
+    n = ids.numel()
+    if n == 0:
+        return True
+    if n <= 16:  # a few ids: Python ints beat numpy calls
+        lst = ids.tolist()
+        return low <= min(lst) and max(lst) <= high
+    a = ids.numpy() if ids.is_cpu else ids.cpu().numpy()
+    if a.dtype != np.int64:
+        a = a.astype(np.int64)
+    return int((a - low).view(np.uint64).max()) <= high - low
+
+
 def check_in_range(ids: torch.Tensor, low: int, high: int, pool: str, unit: str = "id") -> None:
     """Every id in ``[low, high]``; anything else (the reserved id 0 included) is SlotOutOfRange."""
-    if ids.numel() == 0:
+    if ids_within(ids, low, high):
         return
     bad = (ids < low) | (ids > high)
     if bool(bad.any()):

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from kvledger.contracts.errors import DuplicateIds, InvalidArgument
+from kvledger.contracts.errors import InvalidArgument
 from kvledger.contracts.owners import Owner
 
 
@@ -51,10 +51,7 @@ class KVSide:
         """Input validation (ledger on): whole pages, no repeats, all held by ``owner``; typed errors."""
         if not self.page_structured(tokens):
             raise InvalidArgument(f"{op}: KV ids are not whole pages of {self.alloc_page} slots in order")
-        ids = self.ledger_ids(tokens).tolist()
-        if len(set(ids)) != len(ids):
-            raise DuplicateIds(f"{op}: KV ids repeat: {sorted(ids)[:8]}")
-        self.ledger.require_held_by(ids, owner, op)
+        self.ledger.require_held_by(self.ledger_ids(tokens), owner, op, distinct=True)  # DuplicateIds first
 
     def adopt(self, tokens: torch.Tensor, src: Owner, dst: Owner, op: str) -> None:
         """Ledger move of ``tokens`` from ``src`` to ``dst`` (no pool change: the ids stay allocated)."""

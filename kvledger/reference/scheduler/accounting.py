@@ -1,82 +1,227 @@
 """The scheduler's identities: busy after every step, idle at quiescence, and the ledger's cross-check.
 
 Terms come from the implementation's own counters: allocator free lists, tree counters and each
-request's bookkeeping (``memory.kv_held_units``), grouped by the request's account. When the pools carry
+request's bookkeeping (``memory.kv_held_tokens``), grouped by the request's account. When the pools carry
 a real ledger the same terms are compared account by account with it, and on a mismatch every
 request's bookkeeping is compared with what the ledger says it holds, so the report names the request
 and the slots (with their history) rather than a count.
+
+Incremental (issue 12): after a step only the requests whose bookkeeping changed are recounted. Every
+write of a field the identity reads (``Req._TRACKED``) and every account change of a request's owner
+marks the request (contracts on); :meth:`Accounting.after_step` recomputes those requests' terms from
+their fields, so the per-request sums stay a recount of the bookkeeping, independent of the ledger
+they are checked against. The full recount (:meth:`Accounting.pool_terms`, every live request) runs at
+quiescence, where it must equal the incremental sums, and after every step when
+``recount_every_step`` is set (``KVLEDGER_RECOUNT_EVERY_STEP=1``; the ``deep`` test profile sets it).
 """
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from kvledger.contracts.errors import ContractViolation
 from kvledger.contracts.identity import PoolTerms, check_busy_identity, check_idle_identity
-from kvledger.contracts.owners import CACHE_EVICTABLE, CACHE_PROTECTED, FREE, PENDING_FREE
+from kvledger.contracts.owners import CACHE_EVICTABLE, CACHE_PROTECTED, FREE, PENDING_FREE, Owner
 from kvledger.contracts.switch import ENABLED
+from kvledger.reference.scheduler.request import ladder_holds
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvledger.reference.scheduler.batch import ScheduleBatch
     from kvledger.reference.scheduler.request import Req
     from kvledger.reference.scheduler.scheduler import Scheduler
 
+RECOUNT_ENV_VAR = "KVLEDGER_RECOUNT_EVERY_STEP"
+
+
+def _recount_setting() -> bool:
+    return os.environ.get(RECOUNT_ENV_VAR, "0").strip().lower() in ("1", "true", "on", "yes")
+
+
+_Parts = tuple[str, int, int, int]  # account, KV tokens, Mamba slots, rows held by one request
+
 
 class Accounting:
     """Checks and the per-step snapshot the CLI plots."""
+
+    recount_every_step: bool = _recount_setting()
+    """Also run the full recount after every step and compare (slow; the ``deep`` profile's setting)."""
 
     def __init__(self, scheduler: Scheduler) -> None:
         self.s = scheduler
         self.enabled = ENABLED and scheduler.config.check_every_step
         self.checks_run = 0
+        # Per tracked request, the terms it contributed at the last count, and their sums per pool.
+        self._parts: dict[Req, _Parts] = {}
+        self._sums: dict[str, Counter[str]] = {"kv": Counter(), "mamba": Counter(), "req": Counter()}
+        # Changed since the last count (an ordered set); their ladders are verified when counted, so a
+        # request outside it has a ladder that held when it last changed.
+        self._dirty: dict[Req, None] = {}
+        self._by_owner: dict[Owner, Req] = {}
+        # The terms of the last after-step check, reused by the timeline snapshot taken right after it;
+        # any tracked change in between drops them.
+        self._last_terms: tuple[int, list[PoolTerms]] | None = None
+        # The pools' ledgers, and their counters read directly (``counters``: the identity checks them).
+        self._ledgers: dict[str, Any] = {
+            "kv": scheduler.kv_allocator.ledger,
+            "req": scheduler.req_to_token_pool.ledger,
+        }
+        if scheduler.mamba_pool is not None:
+            self._ledgers["mamba"] = scheduler.mamba_pool.ledger
+        self._sizes = {
+            "kv": scheduler.kv_allocator.size,
+            "req": scheduler.req_to_token_pool.size,
+            "mamba": 0 if scheduler.mamba_pool is None else scheduler.mamba_pool.size,
+        }
+
+    # ------------------------------------------------------------------ tracking
+    def track(self, req: Req) -> None:
+        """Follow ``req`` from its arrival until it is released (contracts on)."""
+        if not ENABLED:
+            return
+        req.watch = self
+        req.owner.watcher = self._owner_changed
+        self._by_owner[req.owner] = req
+        self._dirty[req] = None
+
+    def touch(self, req: Req) -> None:
+        """``req`` changed a tracked field (called by ``Req.__setattr__``)."""
+        self._dirty[req] = None
+        self._last_terms = None
+
+    def _owner_changed(self, owner: Owner) -> None:
+        req = self._by_owner.get(owner)
+        if req is not None:
+            self._dirty[req] = None
+            self._last_terms = None
+
+    def released(self, req: Req) -> None:
+        """``req`` gave everything back: recount it once more, then forget it."""
+        if req.watch is self:
+            self._dirty[req] = None
+
+    def tracked_requests(self) -> int:
+        """Requests the accounting still follows (what a long run must keep bounded)."""
+        return len(self._by_owner)
+
+    def _untrack(self, req: Req) -> None:
+        req.watch = None
+        req.owner.watcher = None
+        self._by_owner.pop(req.owner, None)
+
+    def _parts_of(self, req: Req) -> _Parts:
+        return (
+            req.owner.account.name,
+            self.s.memory.kv_held_tokens(req),
+            int(req.mamba_pool_idx is not None),
+            int(req.req_pool_idx is not None),
+        )
+
+    def _count_changed(self) -> None:
+        """Recount the requests marked since the last count: O(changed)."""
+        if not self._dirty:
+            return
+        dirty, self._dirty = self._dirty, {}
+        kv, mamba, rows = self._sums["kv"], self._sums["mamba"], self._sums["req"]
+        ps, ctx = self.s.config.page_size, self.s.config.max_context_len
+        for req in dirty:
+            if not ladder_holds(req, ps, ctx):
+                self._dirty.update(dirty)  # keep them for the report and the next check
+                raise ContractViolation(f"I-REQ-LADDER for every live request: {req!r}")
+            old = self._parts.pop(req, None)
+            if old is not None:
+                kv[old[0]] -= old[1]
+                mamba[old[0]] -= old[2]
+                rows[old[0]] -= old[3]
+            new = self._parts_of(req)
+            if new[1] or new[2] or new[3]:
+                self._parts[req] = new
+                kv[new[0]] += new[1]
+                mamba[new[0]] += new[2]
+                rows[new[0]] += new[3]
+            elif req.released:
+                self._untrack(req)
+
+    def ladders_hold(self) -> bool:
+        """I-REQ-LADDER for every request whose ladder fields changed since the last count (the count
+        verifies them too); for every live request under ``recount_every_step``."""
+        s = self.s
+        ps, ctx = s.config.page_size, s.config.max_context_len
+        if self.recount_every_step or not ENABLED:
+            return all(ladder_holds(r, ps, ctx) for r in s.live_requests())
+        for r in self._dirty:
+            if not ladder_holds(r, ps, ctx):
+                return False
+        if not self.enabled:  # nothing else consumes the marks: forget the verified ones
+            self._dirty.clear()
+        return True
 
     # ------------------------------------------------------------------ terms
-    def pool_terms(self) -> list[PoolTerms]:
-        s = self.s
-        mem = s.memory
-        live = s.live_requests()
-        kv_held: Counter[str] = Counter()
-        mamba_held: Counter[str] = Counter()
-        rows_held: Counter[str] = Counter()
-        for r in live:
+    def _request_held_recount(self) -> dict[str, Counter[str]]:
+        """Per pool and account, what live requests hold by their bookkeeping: O(live)."""
+        mem = self.s.memory
+        held: dict[str, Counter[str]] = {"kv": Counter(), "mamba": Counter(), "req": Counter()}
+        for r in self.s.live_requests():
             acct = r.owner.account.name
-            kv_held[acct] += mem.kv_held_tokens(r)
-            mamba_held[acct] += r.mamba_pool_idx is not None
-            rows_held[acct] += r.req_pool_idx is not None
-        tree = s.tree
+            held["kv"][acct] += mem.kv_held_tokens(r)
+            held["mamba"][acct] += r.mamba_pool_idx is not None
+            held["req"][acct] += r.req_pool_idx is not None
+        return held
+
+    def _request_held(self) -> dict[str, Counter[str]]:
+        """The same sums, kept incrementally (contracts on) or recounted (contracts off)."""
+        if not ENABLED:
+            return self._request_held_recount()
+        self._count_changed()
+        return self._sums
+
+    def pool_terms(self) -> list[PoolTerms]:
+        """The identity's terms with a full recount of the requests (quiescence, tests, reports)."""
+        return self._build_terms(self._request_held_recount())
+
+    def terms(self) -> list[PoolTerms]:
+        """The identity's terms as of now: incremental with contracts on."""
+        return self._build_terms(self._request_held())
+
+    def _build_terms(self, held: dict[str, Counter[str]]) -> list[PoolTerms]:
+        c = self.s.memory.counters
+        evictable, protected, m_evictable, m_protected = c.tree_counters()
+
+        def nonzero(c: Counter[str]) -> dict[str, int]:
+            return {k: v for k, v in c.items() if v}
+
         terms = [
             PoolTerms(
                 "kv",
                 "tokens",
-                s.kv_allocator.size,
-                s.kv_allocator.available_size(),
-                evictable=0 if tree is None else tree.evictable_size(),
-                protected=0 if tree is None else tree.protected_size(),
-                pending=s.kv_allocator.pending_free_size(),
-                held=dict(kv_held),
+                self._sizes["kv"],
+                c.kv_available(),
+                evictable=evictable,
+                protected=protected,
+                pending=c.kv_pending(),
+                held=nonzero(held["kv"]),
             ),
             PoolTerms(
                 "req",
                 "rows",
-                s.req_to_token_pool.size,
-                s.req_to_token_pool.available_size(),
-                pending=s.req_to_token_pool.pending_free_size(),
-                held=dict(rows_held),
+                self._sizes["req"],
+                c.rows_available(),
+                pending=c.rows_pending(),
+                held=nonzero(held["req"]),
             ),
         ]
-        if s.mamba_pool is not None:
-            mamba_tree = tree is not None and hasattr(tree, "mamba_evictable_size")
+        if "mamba" in self._ledgers:
             terms.append(
                 PoolTerms(
                     "mamba",
                     "slots",
-                    s.mamba_pool.size,
-                    s.mamba_pool.available_size(),
-                    evictable=tree.mamba_evictable_size() if mamba_tree else 0,
-                    protected=tree.mamba_protected_size() if mamba_tree else 0,
-                    pending=s.mamba_pool.pending_free_size(),
-                    held=dict(mamba_held),
+                    self._sizes["mamba"],
+                    c.mamba_available(),
+                    evictable=m_evictable,
+                    protected=m_protected,
+                    pending=c.mamba_pending(),
+                    held=nonzero(held["mamba"]),
                 )
             )
         return terms
@@ -85,10 +230,13 @@ class Accounting:
     def after_step(self) -> None:
         if not self.enabled:
             return
-        terms = self.pool_terms()
+        terms = self.terms()
+        self._last_terms = (self.s.step_no, terms)
         for t in terms:
             check_busy_identity(t)
         self._cross_check_ledgers(terms)
+        if self.recount_every_step:
+            self._check_incremental(terms, self.pool_terms())
         self.checks_run += 1
         self.s.stats.busy_checks += 1
         if self.s.is_quiescent():
@@ -98,13 +246,25 @@ class Accounting:
         """The strong identity and the full recounts; only meaningful at quiescence (I-QUIESCENT)."""
         if not self.s.is_quiescent():
             raise ContractViolation(f"I-QUIESCENT: check_quiescent outside quiescence: {self.s.describe_queues()}")
-        for t in terms if terms is not None else self.pool_terms():
+        recount = self.pool_terms()
+        if ENABLED:
+            self._check_incremental(terms if terms is not None else self.terms(), recount)
+        for t in recount:
             check_idle_identity(t)
         for pool in self._pools():
             pool.audit()
         if self.s.tree is not None:
             self.s.tree.audit()
         self.s.stats.idle_checks += 1
+
+    def _check_incremental(self, incremental: list[PoolTerms], recount: list[PoolTerms]) -> None:
+        """The incremental sums must equal a full recount of the requests' bookkeeping."""
+        for inc, full in zip(incremental, recount, strict=True):
+            if inc != full:
+                raise ContractViolation(
+                    f"[{inc.pool}] the incremental identity drifted from the recount (a write that"
+                    f" bypassed tracking?):\n  incremental {inc.table()}\n  recount     {full.table()}"
+                )
 
     def check_not_in_flight(self, batch: ScheduleBatch) -> None:
         """I-ROW-EXCLUSIVE-WHILE-IN-FLIGHT: what a launched batch references is not handed to another request.
@@ -139,10 +299,8 @@ class Accounting:
 
     def _cross_check_ledgers(self, terms: list[PoolTerms]) -> None:
         """I-LEDGER-AGREES: every identity term equals the ledger account of the same name."""
-        by_name = {"kv": self.s.kv_allocator, "req": self.s.req_to_token_pool, "mamba": self.s.mamba_pool}
         for t in terms:
-            pool = by_name[t.pool]
-            ledger = pool.ledger
+            ledger = self._ledgers[t.pool]
             if not ledger.enabled:
                 continue
             unit = ledger.unit
@@ -154,6 +312,8 @@ class Accounting:
             }
             expected.update(t.held)
             actual = {name: n * unit for name, n in ledger.account_sizes().items()}
+            if actual == {k: v for k, v in expected.items() if v}:
+                continue
             keys = set(expected) | set(actual)
             diff = {
                 k: (expected.get(k, 0), actual.get(k, 0))
@@ -161,11 +321,10 @@ class Accounting:
                 if expected.get(k, 0) != actual.get(k, 0)
             }
             if diff:
-                raise ContractViolation(self._explain(t, pool, diff))
+                raise ContractViolation(self._explain(t, ledger, diff))
 
-    def _explain(self, terms: PoolTerms, pool: Any, diff: dict[str, tuple[int, int]]) -> str:
+    def _explain(self, terms: PoolTerms, ledger: Any, diff: dict[str, tuple[int, int]]) -> str:
         """Name the request(s) whose bookkeeping disagrees with the ledger, and the ids in question."""
-        ledger = pool.ledger
         lines = [
             f"I-LEDGER-AGREES: [{terms.pool}] counters and ledger disagree (counted, ledger): {diff}",
             terms.table(),
@@ -193,10 +352,23 @@ class Accounting:
         return {s // page for s in slots.tolist()}
 
     # ------------------------------------------------------------------ reporting
+    def free_terms(self) -> dict[str, tuple[int, int]]:
+        """Per pool, (size, free + pending) from the counters: O(1), for a per-step peak-use figure."""
+        c = self.s.memory.counters
+        out = {
+            "kv": (self._sizes["kv"], c.kv_available() + c.kv_pending()),
+            "req": (self._sizes["req"], c.rows_available() + c.rows_pending()),
+        }
+        if "mamba" in self._ledgers:
+            out["mamba"] = (self._sizes["mamba"], c.mamba_available() + c.mamba_pending())
+        return out
+
     def snapshot(self) -> dict[str, dict[str, int]]:
         """Per pool, the identity's terms (in the pool's unit) — what the timeline plot stacks."""
         out: dict[str, dict[str, int]] = {}
-        for t in self.pool_terms():
+        last = self._last_terms
+        terms = last[1] if last is not None and last[0] == self.s.step_no else self.terms()
+        for t in terms:
             row = {
                 "size": t.size,
                 "free": t.free + t.pending,

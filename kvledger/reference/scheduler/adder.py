@@ -21,6 +21,7 @@ against what this round has left, so the allocations in ``prepare_for_extend`` c
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -28,7 +29,13 @@ from typing import Any
 from kvledger.contracts.arith import ceil_to_page, floor_to_page, remaining_new_tokens_clipped
 from kvledger.contracts.owners import REQ_CHUNKED, REQ_RUNNING
 from kvledger.reference.scheduler.config import SchedulerConfig
+from kvledger.reference.scheduler.counters import Counters
 from kvledger.reference.scheduler.request import Req
+
+# The budget arithmetic is pure and contract-checked (proved by CrossHair): each distinct input is
+# checked once, then looked up; a decode-heavy step asks for the same few values for every request.
+_remaining_clipped = functools.lru_cache(maxsize=4096)(remaining_new_tokens_clipped)
+_ceil_to_page = functools.lru_cache(maxsize=4096)(ceil_to_page)
 
 
 class AddReqResult(enum.Enum):
@@ -50,8 +57,13 @@ class PrefillAdder:
         mamba_pool: Any,
         running: Sequence[Req],
         new_token_ratio: float,
+        counters: Counters | None = None,
     ) -> None:
         self.config = config
+        # Budgets read the pools' and tree's counters directly (see ``counters``).
+        self.counters = counters or Counters(
+            kv_allocator=kv_allocator, req_to_token_pool=req_to_token_pool, mamba_pool=mamba_pool, tree=tree
+        )
         self.page_size = config.page_size
         self.tree = tree
         self.kv_allocator = kv_allocator
@@ -62,9 +74,7 @@ class PrefillAdder:
         self.rem_total_token_offset = 0.0
         self.cur_rem_token_offset = 0
         for r in running:
-            remaining = remaining_new_tokens_clipped(
-                r.max_new_tokens, len(r.output_ids), config.clip_max_new_tokens
-            )
+            remaining = _remaining_clipped(r.max_new_tokens, len(r.output_ids), config.clip_max_new_tokens)
             self.rem_total_token_offset += remaining * new_token_ratio
         self.rows_reserved = 0
         self.mamba_reserved = 0
@@ -76,15 +86,15 @@ class PrefillAdder:
 
     # ------------------------------------------------------------------ budgets
     def _evictable_tokens(self) -> int:
-        return 0 if self.tree is None else self.tree.evictable_size()
+        return self.counters.kv_evictable()
 
     @property
     def rem_total_tokens(self) -> float:
-        return self.kv_allocator.available_size() + self._evictable_tokens() - self.rem_total_token_offset
+        return self.counters.kv_available() + self.counters.kv_evictable() - self.rem_total_token_offset
 
     @property
     def cur_rem_tokens(self) -> int:
-        return self.kv_allocator.available_size() + self._evictable_tokens() - self.cur_rem_token_offset
+        return self.counters.kv_available() + self.counters.kv_evictable() - self.cur_rem_token_offset
 
     def budget_state(self) -> AddReqResult:
         if self.rem_total_tokens <= 0 or self.cur_rem_tokens <= 0:
@@ -94,7 +104,7 @@ class PrefillAdder:
         return AddReqResult.CONTINUE
 
     def _update_prefill_budget(self, prefix_len: int, extend_input_len: int, max_new_tokens: int) -> None:
-        extend_input_len = ceil_to_page(extend_input_len, self.page_size)
+        extend_input_len = _ceil_to_page(extend_input_len, self.page_size)
         self.rem_total_token_offset += extend_input_len + max_new_tokens
         self.cur_rem_token_offset += extend_input_len
         self.rem_input_tokens -= extend_input_len
@@ -106,8 +116,7 @@ class PrefillAdder:
     def _mamba_headroom(self) -> int:
         if self.mamba_pool is None:
             return 0
-        evictable = 0 if self.tree is None else getattr(self.tree, "mamba_evictable_size", lambda: 0)()
-        return self.mamba_pool.available_size() + evictable - self.mamba_reserved
+        return self.counters.mamba_available() + self.counters.mamba_evictable() - self.mamba_reserved
 
     def _side_demand_fits(self, req: Req) -> bool:
         """Row and Mamba demand of ``req`` against what this round has not yet promised.
@@ -116,7 +125,7 @@ class PrefillAdder:
         at match time and its lock protects a state, so admitting it may eat into slots already promised
         to requests appended before it (a livelock of admit-and-roll-back found by the oracle machine).
         """
-        if req.req_pool_idx is None and self.req_to_token_pool.available_size() - self.rows_reserved < 1:
+        if req.req_pool_idx is None and self.counters.rows_available() - self.rows_reserved < 1:
             return False
         if self.mamba_pool is None:
             return True
@@ -166,7 +175,7 @@ class PrefillAdder:
         self.last_appended = False
         prefix_len = req.kv_committed_len  # the matched prefix; nothing else is computed yet
         total_tokens = req.extend_input_len + self._clipped_max_new(req)
-        real_input_tokens = ceil_to_page(req.extend_input_len, self.page_size)
+        real_input_tokens = _ceil_to_page(req.extend_input_len, self.page_size)
         if total_tokens >= self.rem_total_tokens:
             return AddReqResult.NO_TOKEN
         if real_input_tokens >= self.rem_input_tokens and self.can_run_list:
@@ -205,6 +214,4 @@ class PrefillAdder:
         self.last_appended = True
 
     def _clipped_max_new(self, req: Req) -> int:
-        return remaining_new_tokens_clipped(
-            req.max_new_tokens, len(req.output_ids), self.config.clip_max_new_tokens
-        )
+        return _remaining_clipped(req.max_new_tokens, len(req.output_ids), self.config.clip_max_new_tokens)

@@ -35,6 +35,9 @@ class SchedulerConfig:
     eos_token_id: int | None = None
     cow_release_policy: CowReleasePolicy = "if_not_appended"
     check_every_step: bool = True  # the busy identity after every step (contracts on)
+    # Ended requests kept in full in ``Scheduler.requests`` (for inspection, tests and oracles); older
+    # ones are dropped so a long run's memory stays flat. Their outcome stays in ``Scheduler.stats``.
+    finished_window: int = 1024
 
     def __post_init__(self) -> None:
         if self.page_size < 1:
@@ -45,6 +48,8 @@ class SchedulerConfig:
             raise InvalidArgument(
                 f"chunked_prefill_size {self.chunked_prefill_size} must be >= page_size {self.page_size}"
             )
+        if self.finished_window < 0:
+            raise InvalidArgument(f"finished_window must be >= 0, got {self.finished_window}")
         if self.cow_release_policy not in ("if_not_appended", "keep", "on_failure"):
             raise InvalidArgument(f"unknown cow_release_policy {self.cow_release_policy!r}")
         if not 0.0 <= self.min_new_token_ratio <= self.init_new_token_ratio <= 1.0:

@@ -29,6 +29,7 @@ from kvledger.contracts.arith import ceil_to_page, extend_page_plan, floor_to_pa
 from kvledger.contracts.errors import ContractViolation
 from kvledger.contracts.owners import REQ_CHUNKED, REQ_RUNNING, REQ_WAITING
 from kvledger.contracts.switch import ensure, snapshot
+from kvledger.reference.scheduler.counters import Counters
 from kvledger.reference.scheduler.request import Req
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
@@ -59,6 +60,12 @@ class ReqMemory:
         self.is_mamba_tree = tree is not None and hasattr(tree, "evict_mamba")
         self.fault_injector = fault_injector
         self.device = kv_allocator.device
+        self.counters = Counters(
+            kv_allocator=kv_allocator, req_to_token_pool=req_to_token_pool, mamba_pool=mamba_pool, tree=tree
+        )
+        # ceil_to_page is pure and contract-checked: each distinct length is checked once, then looked
+        # up (the per-step identity asks for it for every request that changed).
+        self._ceil_memo: dict[int, int] = {}
 
     # ------------------------------------------------------------------ match
     def init_next_round_input(self, req: Req, *, cow: bool) -> None:
@@ -116,12 +123,12 @@ class ReqMemory:
             raise AllocationFailed(what)
 
     def _evict_kv_for(self, tokens: int) -> None:
-        short = tokens - self.kv_allocator.available_size()
+        short = tokens - self.counters.kv_available()
         if short > 0 and self.tree is not None:
             self.tree.evict(short)
 
     def _evict_mamba_for(self, slots: int) -> None:
-        short = slots - self.mamba_pool.available_size()
+        short = slots - self.counters.mamba_available()
         if short > 0 and self.is_mamba_tree:
             self.tree.evict_mamba(short)
 
@@ -221,31 +228,17 @@ class ReqMemory:
         except AllocationFailed:
             return None
         self._evict_kv_for(self.decode_demand_tokens(reqs))
+        rows = [r.req_pool_idx for r in reqs]
+        positions = [r.kv_allocated_len for r in reqs]
         if self.page_size == 1:
-            pieces: list[torch.Tensor] = []
-            for i, req in enumerate(reqs):
-                loc = self.kv_allocator.alloc(1, req.owner)
-                if loc is None:
-                    for r, p in zip(reqs[:i], pieces, strict=True):
-                        self.kv_allocator.free(p, r.owner)
-                    return None
-                pieces.append(loc)
-            out = torch.cat(pieces)
+            last_locs = [-1] * len(reqs)  # every decode token opens its own "page": nothing to continue
         else:
-            last_locs = [
-                int(
-                    self.req_to_token_pool.read(r.req_pool_idx, r.kv_allocated_len - 1, r.kv_allocated_len)[0]
-                )
-                for r in reqs
-            ]
-            out_or_none = self.kv_allocator.alloc_decode(
-                [r.kv_allocated_len + 1 for r in reqs], last_locs, [r.owner for r in reqs]
-            )
-            if out_or_none is None:
-                return None
-            out = out_or_none
-        for i, req in enumerate(reqs):
-            self.req_to_token_pool.write(req.req_pool_idx, req.kv_allocated_len, out[i : i + 1])
+            last_locs = self.req_to_token_pool.read_each(rows, [p - 1 for p in positions]).tolist()
+        out = self.kv_allocator.alloc_decode([p + 1 for p in positions], last_locs, [r.owner for r in reqs])
+        if out is None:
+            return None
+        self.req_to_token_pool.write_each(rows, positions, out)
+        for req in reqs:
             req.kv_allocated_len += 1
             req.kv_committed_len = req.kv_allocated_len
         return out
@@ -366,4 +359,8 @@ class ReqMemory:
         """SGLang's busy-check term: ``ceil_page(kv_allocated_len) - cache_protected_len``."""
         if req.req_pool_idx is None:
             return 0
-        return ceil_to_page(req.kv_allocated_len, self.page_size) - req.cache_protected_len
+        n = req.kv_allocated_len
+        ceiled = self._ceil_memo.get(n)
+        if ceiled is None:
+            ceiled = self._ceil_memo[n] = ceil_to_page(n, self.page_size)
+        return ceiled - req.cache_protected_len

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from kvledger.contracts.owners import REQ_WAITING, Owner
+from kvledger.contracts.switch import ENABLED
 
 
 class ReqState(enum.Enum):
@@ -76,6 +77,9 @@ class Req:
     finish_step: int | None = None
     prefix_hit_tokens: int = 0  # tokens served from the cache at admission (for the hit-rate report)
     prompt_counted: bool = False  # its prompt is in the statistics (once, at the first admission)
+    # The scheduler's accounting, told about every write of a field the identity or the ladder reads
+    # (contracts on): what makes the after-step identity O(changed). See ``_TRACKED``.
+    watch: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.owner = Owner("req", self.rid, REQ_WAITING)
@@ -103,6 +107,24 @@ class Req:
             f" protected={self.cache_protected_len}, committed={self.kv_committed_len},"
             f" allocated={self.kv_allocated_len})"
         )
+
+
+_TRACKED = frozenset(
+    ("req_pool_idx", "mamba_pool_idx", "cache_protected_len", "kv_committed_len", "kv_allocated_len")
+)
+"""The fields that decide what a request holds (the identity's terms) and its ladder."""
+
+
+def _tracking_setattr(self: Req, name: str, value: Any) -> None:
+    object.__setattr__(self, name, value)
+    if name in _TRACKED:
+        watch = self.__dict__.get("watch")
+        if watch is not None:
+            watch.touch(self)
+
+
+if ENABLED:  # contracts on: every write of a tracked field marks the request for the next check
+    Req.__setattr__ = _tracking_setattr  # type: ignore[method-assign,assignment]
 
 
 def ladder_holds(req: Req, page_size: int, max_context_len: int) -> bool:

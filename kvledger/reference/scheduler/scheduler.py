@@ -26,7 +26,7 @@ from kvledger.reference.scheduler.adder import AddReqResult, PrefillAdder
 from kvledger.reference.scheduler.batch import ScheduleBatch
 from kvledger.reference.scheduler.config import SchedulerConfig
 from kvledger.reference.scheduler.memory import ReqMemory
-from kvledger.reference.scheduler.request import Req, ReqState, ladder_holds
+from kvledger.reference.scheduler.request import Req, ReqState
 from kvledger.reference.scheduler.runner import HashTokenRunner, ModelRunner
 
 
@@ -49,6 +49,7 @@ class SchedulerStats:
     rollbacks: int = 0
     busy_checks: int = 0
     idle_checks: int = 0
+    finished: int = 0  # requests that ended with FINISHED (aborts and rejections are counted above)
     discarded_tokens: int = 0  # overlap: tokens sampled for requests that had already finished
     reject_reasons: dict[str, int] = field(default_factory=dict)
 
@@ -72,8 +73,8 @@ class FaultInjector:
 
 
 def _ladders_hold(self: Scheduler) -> bool:
-    ps, ctx = self.config.page_size, self.config.max_context_len
-    return all(ladder_holds(r, ps, ctx) for r in self.live_requests())
+    """I-REQ-LADDER; the accounting re-verifies only the requests whose ladder fields changed."""
+    return self.accounting.ladders_hold()
 
 
 @invariant(lambda self: _ladders_hold(self), "I-REQ-LADDER for every live request")
@@ -127,8 +128,11 @@ class Scheduler:
         self.chunked_req: Req | None = None
         self.last_prefill: ScheduleBatch | None = None
         self.inflight: deque[ScheduleBatch] = deque()
+        # Every request the scheduler still knows: the live ones and the last ``finished_window`` that
+        # ended (older ones are dropped, so a long run's memory stays flat; their results are in stats).
         self.requests: dict[int, Req] = {}
-        self.done: list[Req] = []
+        self.done: deque[Req] = deque()  # ended requests still in ``requests``, oldest first
+        self._live: dict[int, Req] = {}  # queued and not yet released (what the identity and ladder read)
         self.new_token_ratio = config.init_new_token_ratio
         self.stats = SchedulerStats()
         self.step_no = 0
@@ -155,6 +159,8 @@ class Scheduler:
             self.stats.rejections += 1
             self.stats.reject_reasons[reason] = self.stats.reject_reasons.get(reason, 0) + 1
             return req
+        self._live[rid] = req
+        self.accounting.track(req)
         self.waiting.append(req)
         return req
 
@@ -171,14 +177,20 @@ class Scheduler:
 
     # ------------------------------------------------------------------ queries
     def live_requests(self) -> list[Req]:
-        return [r for r in self.requests.values() if not r.state.is_done or r.owner.account is BATCH_INFLIGHT]
+        """Requests that may hold something: queued and not yet released (O(live), not O(all ever))."""
+        return [r for r in self._live.values() if not r.state.is_done or r.owner.account is BATCH_INFLIGHT]
+
+    def ended_count(self) -> int:
+        """Requests that finished, were aborted or were rejected so far."""
+        st = self.stats
+        return st.finished + st.aborts + st.rejections
 
     def is_quiescent(self) -> bool:
         """I-QUIESCENT: no batch in flight and no live request (waiting, chunked, running, just prefilled
         and not yet merged into the running batch, or parked on a batch)."""
         if self.waiting or self.running or self.chunked_req is not None or self.inflight:
             return False
-        return not any(not r.state.is_done for r in self.requests.values())
+        return not any(not r.state.is_done for r in self._live.values())
 
     def has_work(self) -> bool:
         return not self.is_quiescent()
@@ -266,6 +278,7 @@ class Scheduler:
             mamba_pool=self.mamba_pool,
             running=self.running,
             new_token_ratio=self.new_token_ratio,
+            counters=self.memory.counters,
         )
         if self.chunked_req is not None:
             chunked = self.chunked_req
@@ -360,10 +373,8 @@ class Scheduler:
         return self._new_batch(decode_reqs, is_decode=True, out_cache_loc=out)
 
     def _decode_fits(self) -> bool:
-        evictable = 0 if self.tree is None else self.tree.evictable_size()
-        return (
-            self.memory.decode_demand_tokens(self.running) <= self.kv_allocator.available_size() + evictable
-        )
+        counters = self.memory.counters
+        return self.memory.decode_demand_tokens(self.running) <= counters.kv_available() + counters.kv_evictable()
 
     def _retract_until_decode_fits(self) -> list[Req]:
         retracted: list[Req] = []
@@ -492,6 +503,7 @@ class Scheduler:
         return False
 
     def _finish(self, req: Req) -> None:
+        self.stats.finished += 1
         self._leave_queues(req)
         self._finish_state(req, ReqState.FINISHED, req.finish_reason or "length")
         self._release_or_defer(req)
@@ -520,12 +532,18 @@ class Scheduler:
             self.memory.release_without_insert(req)
         req.released = True
         req.pending_output_ids.clear()
+        self._live.pop(req.rid, None)
+        self.accounting.released(req)
 
     def _finish_state(self, req: Req, state: ReqState, reason: str) -> None:
         req.state = state
         req.finish_reason = reason
         req.finish_step = self.step_no
         self.done.append(req)
+        while len(self.done) > self.config.finished_window:
+            old = self.done.popleft()
+            if self.requests.get(old.rid) is old:
+                del self.requests[old.rid]
 
     # ------------------------------------------------------------------ abort
     def abort(self, rid: int) -> bool:

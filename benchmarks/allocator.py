@@ -1,0 +1,195 @@
+#!/usr/bin/env python
+"""Allocator alloc/s and free/s: kvledger (release and contracts on) next to an SGLang-style baseline.
+
+Issue 16 part 4: kvledger's release allocators must allocate and free at least as fast as SGLang's,
+with validation kept (range, repeats and double frees checked in O(n) against the per-slot state, no
+sort). SGLang cannot run here, so :class:`SGLangTokenBaseline` and :class:`SGLangPagedBaseline` below
+perform the tensor operations SGLang's ``TokenToKVPoolAllocator`` and ``PagedTokenToKVPoolAllocator``
+perform on ``alloc`` and ``free`` (``../shared/background/sglang-memory-model.md`` §1.1-1.2): slice
+the front of a ``free_pages`` tensor; free by ``torch.cat`` onto its end (token) or, for pages,
+``torch.unique`` of ``ids // page_size`` concatenated in front. They are this project's code, written
+from that description, not SGLang's, and they validate nothing (SGLang's free does not either).
+
+Method: for each pool size, page size and request size ``n`` (tokens per call), a round allocates
+``n`` tokens repeatedly until half the pool is taken, then frees the results in allocation order;
+rounds alternate between the baseline and kvledger in the same process so load hits both alike. The
+figures are calls per second of process CPU time (steadier than wall time on a shared machine), the
+best of ``--rounds`` rounds. Each setting of ``KVLEDGER_CONTRACTS`` runs in its own child (the switch
+is read at import); the baseline is measured in the release child.
+
+    benchmarks/allocator.py            # pools of 4,096 and 65,536 tokens
+    benchmarks/allocator.py --quick    # a smoke run for tests
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _figures import figure, per_second
+
+# (page size, tokens per call): a decode token and a prefill chunk at page 1; one page and 16 at page 16.
+CASES = ((1, 1), (1, 64), (16, 16), (16, 256))
+
+
+class SGLangTokenBaseline:
+    """The tensor operations of SGLang's ``TokenToKVPoolAllocator`` (page size 1) on alloc and free."""
+
+    page_size = 1
+
+    def __init__(self, size: int) -> None:
+        import torch
+
+        self.torch = torch
+        self.free_pages = torch.arange(1, size + 1, dtype=torch.int64)
+
+    def alloc(self, need_size: int) -> Any:
+        if need_size > len(self.free_pages):
+            return None
+        select_index = self.free_pages[:need_size]
+        self.free_pages = self.free_pages[need_size:]
+        return select_index
+
+    def free(self, free_index: Any) -> None:
+        if free_index.numel() == 0:
+            return
+        self.free_pages = self.torch.cat((self.free_pages, free_index))
+
+
+class SGLangPagedBaseline:
+    """The tensor operations of SGLang's ``PagedTokenToKVPoolAllocator`` on alloc and free."""
+
+    def __init__(self, size: int, page_size: int) -> None:
+        import torch
+
+        self.torch = torch
+        self.page_size = page_size
+        self.free_pages = torch.arange(1, size // page_size + 1, dtype=torch.int64)
+        self.offsets = torch.arange(page_size, dtype=torch.int64)
+
+    def alloc(self, need_size: int) -> Any:
+        num_pages = need_size // self.page_size
+        if num_pages > len(self.free_pages):
+            return None
+        out_pages = self.free_pages[:num_pages]
+        self.free_pages = self.free_pages[num_pages:]
+        return (out_pages[:, None] * self.page_size + self.offsets).reshape(-1)
+
+    def free(self, free_index: Any) -> None:
+        if free_index.numel() == 0:
+            return
+        free_page_indices = self.torch.unique(free_index // self.page_size)
+        self.free_pages = self.torch.cat((free_page_indices, self.free_pages))
+
+
+def _round(alloc: Any, free: Any, n: int, calls: int) -> tuple[float, float]:
+    """CPU seconds for ``calls`` allocations of ``n`` tokens, then for freeing them in order."""
+    out = []
+    start = time.process_time()
+    for _ in range(calls):
+        out.append(alloc(n))
+    mid = time.process_time()
+    for ids in out:
+        free(ids)
+    end = time.process_time()
+    if any(ids is None for ids in out):
+        raise RuntimeError("an allocation failed: the round asked for more than the pool has")
+    return mid - start, end - mid
+
+
+def _child(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from kvledger.contracts import switch
+    from kvledger.contracts.owners import REQ_RUNNING, Owner
+    from kvledger.reference.pools import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+
+    torch.set_num_threads(1)
+    owner = Owner("req", 0, REQ_RUNNING)
+    results: list[dict[str, Any]] = []
+    for size in args.pools:
+        for page, n in CASES:
+            calls = max(size // 2 // n, 1)
+            ours: Any = TokenToKVPoolAllocator(size) if page == 1 else PagedTokenToKVPoolAllocator(size, page)
+            theirs: Any = SGLangTokenBaseline(size) if page == 1 else SGLangPagedBaseline(size, page)
+            variants = {"kvledger": (lambda k, o=ours: o.alloc(k, owner), lambda ids, o=ours: o.free(ids, owner))}
+            if not switch.ENABLED:
+                variants["sglang_baseline"] = (theirs.alloc, theirs.free)
+            best: dict[str, list[float]] = {name: [float("inf"), float("inf")] for name in variants}
+            for r in range(args.rounds + 1):  # round 0 warms up
+                for name, (alloc, free) in variants.items():
+                    a, f = _round(alloc, free, n, calls)
+                    if r:
+                        best[name][0] = min(best[name][0], a)
+                        best[name][1] = min(best[name][1], f)
+            assert ours.available_size() == ours.size, "the rounds leaked"
+            ours.audit()
+            row: dict[str, Any] = {"pool": size, "page_size": page, "tokens_per_call": n, "calls": calls}
+            for name, (a, f) in best.items():
+                row[name] = {"alloc_per_s": per_second(calls, a), "free_per_s": per_second(calls, f)}
+            results.append(row)
+    return {"contracts": switch.ENABLED, "rows": results}
+
+
+def _run_child(contracts: str, args: argparse.Namespace) -> dict[str, Any]:
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", f"--rounds={args.rounds}"]
+    cmd += [f"--pool={p}" for p in args.pools]
+    env = dict(os.environ, KVLEDGER_CONTRACTS=contracts)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"child with KVLEDGER_CONTRACTS={contracts} failed:\n{done.stderr}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pool", dest="pools", type=int, action="append", help="pool size in tokens")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="one small pool, one round")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.pools, args.rounds = [1024], 1
+    args.pools = args.pools or [4096, 65536]
+    if args.child:
+        print(json.dumps(_child(args)))
+        return 0
+    off, on = _run_child("0", args), _run_child("1", args)
+    rows = []
+    figures = []
+    for a, b in zip(off["rows"], on["rows"], strict=True):
+        row = {k: a[k] for k in ("pool", "page_size", "tokens_per_call", "calls")}
+        row["release"] = a["kvledger"]
+        row["contracts_on"] = b["kvledger"]
+        row["sglang_baseline"] = a["sglang_baseline"]
+        rows.append(row)
+        case = f"pool {a['pool']}, page {a['page_size']}, {a['tokens_per_call']} tok/call"
+        for op in ("alloc", "free"):
+            key = f"{op}_per_s"
+            rel, base = a["kvledger"][key], a["sglang_baseline"][key]
+            figures.append(
+                figure(
+                    "allocator",
+                    f"{op}/s ({case})",
+                    "calls/s",
+                    release=rel,
+                    contracts_on=b["kvledger"][key],
+                    target="release >= baseline; on/off <= 2",
+                    sglang_baseline=base,
+                    release_vs_baseline=None if rel is None or not base else rel / base,
+                )
+            )
+    print(json.dumps({"benchmark": "allocator", "rounds": args.rounds, "rows": rows, "figures": figures}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
