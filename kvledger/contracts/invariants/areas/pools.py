@@ -119,7 +119,10 @@ AREA = Area(
             origin=Origin.SGLANG,
             parts=(*ALL_POOLS, "ledger", "scheduler"),
             checks=(
-                contract(f"{LEDGER}:Ledger", "class invariant: the accounts sum to the size"),
+                contract(
+                    f"{LEDGER}:Ledger._check_count",
+                    "at every transfer and retag (the ledger's public boundaries): the accounts sum to the size",
+                ),
                 contract(
                     f"{TOKEN}:TokenToKVPoolAllocator", "class invariant: ledger free == available_size()"
                 ),

@@ -92,7 +92,11 @@ AREA = Area(
             parts=("scheduler",),
             checks=(
                 contract("kvledger/reference/scheduler/request.py:ladder_holds"),
-                contract(f"{SCHED}:Scheduler", "class invariant over every live request"),
+                contract(
+                    f"{SCHED}:Scheduler",
+                    "class invariant over every request whose lengths changed since they were last counted",
+                ),
+                contract(f"{ACCOUNTING}:Accounting._count_changed", "every changed request, after every step"),
             ),
             exercised_by=(MACHINE,),
         ),
