@@ -84,8 +84,7 @@ class IdFreeList:
         self.count = count
         self.unit = unit  # tokens per id (the page size of a paged pool)
         self.device = device
-        self.reuse = reuse
-        self._lifo = reuse == "lifo"
+        self.reuse = reuse  # sets ``_lifo`` (see the property)
         self._on_cpu = device.type == "cpu"
         # The state of every id, three views of one buffer: bytes (scalar access), numpy (vectors),
         # and a CPU tensor for readers that index with tensors.
@@ -107,6 +106,15 @@ class IdFreeList:
         # (debug builds), so a stale read of a freed slot is visible in the data (I-POISON-ON-FREE).
         self.on_alloc: Callable[[torch.Tensor], None] | None = None
         self.on_release: Callable[[torch.Tensor], None] | None = None
+
+    @property
+    def reuse(self) -> str:
+        """``"fifo"`` or ``"lifo"`` (I-REUSE-ORDER); a plain flag is what the hot path reads."""
+        return "lifo" if self._lifo else "fifo"
+
+    @reuse.setter
+    def reuse(self, value: str) -> None:
+        self._lifo = value == "lifo"
 
     # ------------------------------------------------------------------ queries
     def available(self) -> int:
