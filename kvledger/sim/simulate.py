@@ -194,6 +194,8 @@ def run_simulation(opts: SimOptions, progress: Callable[[int, int], None] | None
 def _options_dict(opts: SimOptions) -> dict[str, Any]:
     d = asdict(opts)
     d.update(d.pop("workload"))
+    if d["max_waiting"] is None:  # open-loop arrivals (the default): the summary reads as it always did
+        del d["max_waiting"]
     return d
 
 
