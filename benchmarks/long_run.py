@@ -104,7 +104,7 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
     start, cpu = time.perf_counter(), time.process_time()
     result = sim.run_simulation(opts, progress=progress)
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
-    samples.append((workload.total, rss_kib()))
+    # Samples are taken while requests are served (the end of the run releases memory: not a sample).
     # Warm-up: the first quarter, and until every move log is full (their fixed size is reached then).
     warmup = max(args.warmup, steady_from[0] if steady_from else workload.total)
     after = [s for s in samples if s[0] >= warmup]
