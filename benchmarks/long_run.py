@@ -3,20 +3,20 @@
 
 Issue 17: a contract-enabled build must be able to run for days, so its memory must not grow with the
 number of requests served. Each setting runs in its own child process (the switch is read at
-import): a steady generated-shared-prefix workload (``--requests``, 20,000 by default; short prompts so
+import): a steady generated-shared-prefix workload (``--requests``, 40,000 by default; short prompts so
 the run takes minutes, closed-loop arrivals so the waiting queue stays bounded as in a server at steady
 load), through the same ``run_simulation`` that ``kvledger simulate`` uses (timeline, peak use, the
 after-step identity). Resident memory (``/proc/self/statm``) is sampled every ``--sample-every``
-finished requests. After the warm-up (``--warmup`` requests, a quarter of the run by default, and at
-least until every ledger's move log is full: pools, caches, logs and the timeline then have their
-steady size) a least-squares line through the samples gives the **slope in KiB per 1,000 requests**,
+finished requests. After the warm-up (``--warmup`` requests, half the run by default, and at least
+until every ledger's move log is full: pools, caches, logs and the timeline then have their steady
+size; the allocator's arenas take a few thousand more requests to settle) a least-squares line through the samples gives the **slope in KiB per 1,000 requests**,
 with its standard error. Flat means a slope within about two standard errors of 0.
 
 The child also reports what a run would accumulate if something leaked: requests the scheduler still
 holds, owners registered in each ledger, the ledgers' log lengths, requests the accounting follows and
 the timeline's length.
 
-    benchmarks/long_run.py                  # 20,000 requests per setting
+    benchmarks/long_run.py                  # 40,000 requests per setting, the slope over the last 20,000
     benchmarks/long_run.py --quick          # 400 requests: a smoke run for tests
 """
 
@@ -105,7 +105,7 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
     result = sim.run_simulation(opts, progress=progress)
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     # Samples are taken while requests are served (the end of the run releases memory: not a sample).
-    # Warm-up: the first quarter, and until every move log is full (their fixed size is reached then).
+    # Warm-up: the first half, and until every move log is full (their fixed size is reached then).
     warmup = max(args.warmup, steady_from[0] if steady_from else workload.total)
     after = [s for s in samples if s[0] >= warmup]
     slope, stderr = slope_per_1000(after)
@@ -157,9 +157,9 @@ def _run_child(contracts: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=20_000)
+    parser.add_argument("--requests", type=int, default=40_000)
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_REQUESTS} requests")
-    parser.add_argument("--warmup", type=int, default=None, help="requests before the slope is fitted (1/4)")
+    parser.add_argument("--warmup", type=int, default=None, help="requests before the slope is fitted (1/2)")
     parser.add_argument("--sample-every", type=int, default=None, help="requests between RSS samples")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         args.requests = QUICK_REQUESTS
     if args.requests < 100:
         parser.error("--requests must be >= 100")
-    args.warmup = args.warmup if args.warmup is not None else args.requests // 4
+    args.warmup = args.warmup if args.warmup is not None else args.requests // 2
     args.sample_every = args.sample_every or max(args.requests // 100, 10)
     if args.child:
         print(json.dumps(_child(args)))
