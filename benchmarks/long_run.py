@@ -9,8 +9,9 @@ load), through the same ``run_simulation`` that ``kvledger simulate`` uses (time
 after-step identity). Resident memory (``/proc/self/statm``) is sampled every ``--sample-every``
 finished requests. After the warm-up (``--warmup`` requests, half the run by default, and at least
 until every ledger's move log is full: pools, caches, logs and the timeline then have their steady
-size; the allocator's arenas take a few thousand more requests to settle) a least-squares line through the samples gives the **slope in KiB per 1,000 requests**,
-with its standard error. Flat means a slope within about two standard errors of 0.
+size; the allocator's arenas take a few thousand more requests to settle) a least-squares line
+through the samples gives the **slope in KiB per 1,000 requests**, with its standard error. Flat
+means a slope within about two standard errors of 0.
 
 The child also reports what a run would accumulate if something leaked: requests the scheduler still
 holds, owners registered in each ledger, the ledgers' log lengths, requests the accounting follows and
