@@ -5,7 +5,9 @@ Discovery: every ``benchmarks/*.py`` whose name does not start with ``_`` (helpe
 except this script. A benchmark prints JSON objects on stdout (one per line); a figure is an entry of
 an object's ``figures`` list (see ``_figures.figure``: release, contracts on, their ratio, a target).
 A benchmark that prints no ``figures`` still shows up: each number in its JSON becomes a row (its
-dotted path as the name), so a new script is covered the moment it lands here.
+dotted path as the name), so a new script is covered the moment it lands here. A script that refuses
+to run without arguments (argparse's "required" error, e.g. a before/after driver that needs a
+baseline tree) is listed as skipped, not failed.
 
     python benchmarks/run_all.py                 # everything, full size (tens of minutes on 2 cores)
     python benchmarks/run_all.py --quick         # every benchmark's --quick mode (a few minutes)
@@ -29,6 +31,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
+SKIPPED = "skipped (needs arguments): "
 
 
 def discover(only: list[str], skip: list[str]) -> list[Path]:
@@ -88,6 +91,8 @@ def run(script: Path, quick: bool, timeout: float) -> tuple[list[dict[str, Any]]
     except subprocess.TimeoutExpired:
         return [], f"timed out after {timeout:.0f} s", time.perf_counter() - start
     elapsed = time.perf_counter() - start
+    if done.returncode == 2 and "the following arguments are required" in done.stderr:
+        return [], SKIPPED + done.stderr.strip().splitlines()[-1], elapsed  # a driver that needs input
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
         return [], f"exit {done.returncode}: {' | '.join(tail)}", elapsed
@@ -148,6 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     for script in scripts:
         print(f"running {script.name}{' --quick' if args.quick else ''} ...", file=sys.stderr, flush=True)
         figures, error, elapsed = run(script, args.quick, args.timeout)
+        if error is not None and error.startswith(SKIPPED):
+            rows.append({"benchmark": script.stem, "figure": "SKIPPED", "note": error})
+            print(f"  {script.name}: {error}", file=sys.stderr)
+            continue
         if error is not None:
             failed = True
             rows.append({"benchmark": script.stem, "figure": "FAILED", "note": error, "error": error})

@@ -44,6 +44,9 @@ print(json.dumps({"benchmark": "fake", "figures": [
 """
 FAKE_PLAIN = 'import json\nprint(json.dumps({"tokens_per_s": 123.5, "nested": {"steps": 7}, "ok": True}))\n'
 FAKE_BROKEN = "raise SystemExit('no GPU here')\n"
+FAKE_NEEDS_ARGS = (
+    "import argparse\np = argparse.ArgumentParser()\np.add_argument('--baseline', required=True)\np.parse_args()\n"
+)
 
 
 def test_every_benchmark_script_is_discovered() -> None:
@@ -59,6 +62,7 @@ def test_figures_tables_and_json_lines(
     (tmp_path / "fake.py").write_text(FAKE_WITH_FIGURES)
     (tmp_path / "plain.py").write_text(FAKE_PLAIN)
     (tmp_path / "broken.py").write_text(FAKE_BROKEN)
+    (tmp_path / "driver.py").write_text(FAKE_NEEDS_ARGS)
     (tmp_path / "_helper.py").write_text("raise RuntimeError('helpers are not benchmarks')\n")
     monkeypatch.setattr(run_all, "HERE", tmp_path)
     status = run_all.main([])
@@ -71,6 +75,7 @@ def test_figures_tables_and_json_lines(
     assert by[("plain", "nested.steps")]["release"] == 7.0
     assert ("plain", "ok") not in by  # booleans are not figures
     assert "no GPU here" in by[("broken", "FAILED")]["error"]
+    assert "--baseline" in by[("driver", "SKIPPED")]["note"] and "error" not in by[("driver", "SKIPPED")]
     assert not any(r["benchmark"] == "_helper" for r in rows)
     table = out.split("\n\n")[0].splitlines()
     assert table[0].split()[:3] == ["benchmark", "figure", "unit"]

@@ -26,7 +26,7 @@ from kvledger import kernels
 from kvledger.contracts.errors import ContractViolation, InvalidArgument, KVLedgerError
 from kvledger.contracts.owners import FREE, Owner
 from kvledger.contracts.switch import ensure, invariant, require, snapshot
-from kvledger.reference.pools.id_free_list import IdFreeList
+from kvledger.reference.pools.id_free_list import HELD, IdFreeList
 from kvledger.reference.pools.validate import (
     as_index_tensor,
     check_count,
