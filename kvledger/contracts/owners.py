@@ -6,8 +6,8 @@ Every slot of every pool has exactly one owner at every step boundary. An :class
 size`` that its slots are counted in. Owners change account (a node gets locked, a request is
 admitted) without their slots moving; slots move between owners only through ledger transfers.
 
-New holders (PD queues, sessions, in-flight DMA) are new accounts, not new code paths: declare an
-``Account("pd.prefill.inflight")`` and give the holder an ``Owner`` in it.
+New holders (PD queues, sessions, in-flight DMA) are new accounts, not new code paths: the PD queues
+below are declared this way (``PD_ACCOUNTS``), and a holder gets an ``Owner`` in one of them.
 """
 
 from __future__ import annotations
@@ -72,6 +72,31 @@ STANDARD_ACCOUNTS: tuple[Account, ...] = (
     REQ_RUNNING,
     BATCH_INFLIGHT,
 )
+
+# Prefill/decode disaggregation (spec/pd.md): the queues around each instance's scheduler. A PD prefill
+# instance's waiting, chunked and running requests use the accounts above (its waiting requests also
+# hold a metadata slot); these are the holders SGLang's busy check does not count.
+PD_PREFILL_BOOTSTRAP = Account("pd.prefill.bootstrap")  # handshake pending; holds nothing
+PD_PREFILL_INFLIGHT = Account("pd.prefill.inflight")  # prompt done, KV being sent: row, state, tail, lock, meta
+PD_PREFILL_LEASE = Account("pd.prefill.lease")  # ended while a send may still read its ids (reader lease)
+PD_DECODE_PREALLOC = Account("pd.decode.prealloc")  # handshake / memory pending; holds nothing
+PD_DECODE_TRANSFER = Account("pd.decode.transfer")  # pre-allocated row, KV, state, metadata slot; being written
+PD_DECODE_WAITING = Account("pd.decode.waiting")  # transferred, prebuilt, not yet running: row, KV, state
+PD_DECODE_RETRACTED = Account("pd.decode.retracted")  # retracted to a host copy; holds no pool id
+PD_DECODE_LEASE = Account("pd.decode.lease")  # ended while a transfer may still write its ids (writer lease)
+
+PD_ACCOUNTS: tuple[Account, ...] = (
+    PD_PREFILL_BOOTSTRAP,
+    PD_PREFILL_INFLIGHT,
+    PD_PREFILL_LEASE,
+    PD_DECODE_PREALLOC,
+    PD_DECODE_TRANSFER,
+    PD_DECODE_WAITING,
+    PD_DECODE_RETRACTED,
+    PD_DECODE_LEASE,
+)
+LEASE_ACCOUNTS: frozenset[Account] = frozenset({PD_PREFILL_LEASE, PD_DECODE_LEASE})
+"""Accounts of requests that have ended but may not release yet: a transfer may still touch their ids."""
 
 
 _serials = itertools.count(1)

@@ -47,6 +47,8 @@ class EngineSpec:
     eos_token_id: int | None = None
     model: ModelKind = "hash"
     vocab_size: int = 32000
+    reserved_rows: int = 0  # padding rows before the usable ones (1 on a PD decode instance)
+    name_prefix: str = ""  # prefixes the pools' names (``prefill.kv``): ledger reports name the instance
 
     def __post_init__(self) -> None:
         if self.tree == "mamba_radix" and not self.hybrid:
@@ -61,13 +63,39 @@ def model_weights(vocab_size: int) -> TinyHybridWeights:
     return TinyHybridWeights(TinyHybridConfig(vocab_size=vocab_size))
 
 
-def build_engine(spec: EngineSpec) -> Scheduler:
+@dataclass
+class EngineParts:
+    """Everything a scheduler is built from; ``kv_buffer`` is None with the hash runner (no KV data)."""
+
+    config: SchedulerConfig
+    kv_allocator: Any
+    req_to_token_pool: ReqToTokenPool
+    mamba_pool: MambaPool | None
+    tree: Any
+    runner: Any
+    kv_buffer: KVBufferPool | None
+
+    def scheduler_kwargs(self) -> dict[str, Any]:
+        return {
+            "kv_allocator": self.kv_allocator,
+            "req_to_token_pool": self.req_to_token_pool,
+            "mamba_pool": self.mamba_pool,
+            "tree": self.tree,
+            "runner": self.runner,
+        }
+
+
+def build_parts(spec: EngineSpec) -> EngineParts:
+    """Pools, cache, runner and scheduler config for ``spec`` (the PD builder reuses this per instance)."""
     kv: Any
+    prefix = spec.name_prefix
     if spec.page_size == 1:
-        kv = TokenToKVPoolAllocator(spec.kv_tokens)
+        kv = TokenToKVPoolAllocator(spec.kv_tokens, name=f"{prefix}kv")
     else:
-        kv = PagedTokenToKVPoolAllocator(spec.kv_tokens, spec.page_size)
-    rows = ReqToTokenPool(spec.rows, spec.max_context_len)
+        kv = PagedTokenToKVPoolAllocator(spec.kv_tokens, spec.page_size, name=f"{prefix}kv")
+    rows = ReqToTokenPool(
+        spec.rows, spec.max_context_len, name=f"{prefix}req", reserved_rows=spec.reserved_rows
+    )
     model = model_weights(spec.vocab_size) if spec.model == "tiny-hybrid" else None
     mamba = None
     if spec.hybrid:
@@ -79,6 +107,7 @@ def build_engine(spec: EngineSpec) -> Scheduler:
             num_layers=1 if model else spec.mamba_layers,
             conv_state_shape=conv,
             temporal_state_shape=temporal,
+            name=f"{prefix}mamba",
         )
     tree: Any = None
     if spec.tree == "mamba_radix":
@@ -86,6 +115,7 @@ def build_engine(spec: EngineSpec) -> Scheduler:
     elif spec.tree == "radix":
         tree = RadixCache(kv)
     runner: Any = HashTokenRunner(spec.vocab_size)
+    kv_buffer = None
     if model is not None:
         c = model.config
         kv_buffer = KVBufferPool.for_allocator(
@@ -109,6 +139,9 @@ def build_engine(spec: EngineSpec) -> Scheduler:
         cow_release_policy=spec.cow_release_policy,
         eos_token_id=spec.eos_token_id,
     )
-    return Scheduler(
-        config, kv_allocator=kv, req_to_token_pool=rows, mamba_pool=mamba, tree=tree, runner=runner
-    )
+    return EngineParts(config, kv, rows, mamba, tree, runner, kv_buffer)
+
+
+def build_engine(spec: EngineSpec) -> Scheduler:
+    parts = build_parts(spec)
+    return Scheduler(parts.config, **parts.scheduler_kwargs())

@@ -117,6 +117,17 @@ class TinyHybridRunner:
         live = torch.arange(width, device=table.device) < torch.tensor(ends, device=table.device)[:, None]
         return torch.where(live, table, 0)
 
+    def note_external_writes(self, slots: Sequence[int], tokens: Sequence[int], positions: Sequence[int]) -> None:
+        """K/V stored by something other than this runner's forward (a PD transfer landing, a host copy
+        restored): record which token at which position now sits in each slot, so I-KV-ROW-CONTENT keeps
+        checking the reads of those slots."""
+        device = self.kv_buffer.device
+        self.written.record(
+            torch.tensor(list(slots), dtype=torch.int64, device=device),
+            torch.tensor(list(tokens), dtype=torch.int64, device=device),
+            torch.tensor(list(positions), dtype=torch.int64, device=device),
+        )
+
     def _check_reads(
         self,
         reqs: Sequence[Req],

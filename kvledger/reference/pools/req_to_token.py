@@ -1,6 +1,7 @@
 """``ReqToTokenPool``: request rows and the ``req_to_token`` table that maps positions to KV slots.
 
-Rows ``0..size-1`` (no reserved row, as in SGLang's non-PD pool). A row is owned by one request from
+Rows ``0..size-1`` (no reserved row, as in SGLang's non-PD pool), or ``1..size`` with ``reserved_rows=1``
+(row 0 kept as padding, as SGLang's PD decode pool does). A row is owned by one request from
 admission to release (2026 semantics, PR #17850: a chunked request keeps its row across chunks, so a
 launched forward never sees its row reassigned, I-ROW-EXCLUSIVE-WHILE-IN-FLIGHT).
 """
@@ -34,21 +35,31 @@ from kvledger.reference.pools.validate import (
 )
 @invariant(lambda self: 0 <= self._rows.available() + self._rows.pending_count() <= self.size, "I-CAP")
 class ReqToTokenPool:
-    """``size`` rows of ``max_context_len`` int32 KV-slot ids each."""
+    """``size`` usable rows of ``max_context_len`` int32 KV-slot ids each, after ``reserved_rows`` padding rows."""
 
     def __init__(
-        self, size: int, max_context_len: int, *, device: str | torch.device = "cpu", name: str = "req"
+        self,
+        size: int,
+        max_context_len: int,
+        *,
+        device: str | torch.device = "cpu",
+        name: str = "req",
+        reserved_rows: int = 0,
     ) -> None:
         check_positive(size, "size")
         check_positive(max_context_len, "max_context_len")
+        check_count(reserved_rows, "reserved_rows")
         self.size = size
+        self.reserved_rows = reserved_rows
         self.max_context_len = max_context_len
         self.name = name
         self.device = resolve_device(device)
-        self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.int32, device=self.device)
+        self.req_to_token = torch.zeros(
+            (reserved_rows + size, max_context_len), dtype=torch.int32, device=self.device
+        )
         # On CPU, a numpy view of the same memory for the batched per-cell reads and writes.
         self._table = self.req_to_token.numpy() if self.device.type == "cpu" else None
-        self._rows = IdFreeList(name, 0, size, self.device, reuse="fifo")
+        self._rows = IdFreeList(name, reserved_rows, size, self.device, reuse="fifo")
         self._free_what = f"{name}.free"
 
     @property
@@ -91,8 +102,8 @@ class ReqToTokenPool:
         values = as_index_tensor(values, self.device, f"{self.name}.write")  # int32/int64, pool device
         check_count(row, "row")
         check_count(start, "start")
-        if row >= self.size:
-            raise InvalidArgument(f"[{self.name}] row {row} outside [0, {self.size})")
+        if row >= self.reserved_rows + self.size:
+            raise InvalidArgument(f"[{self.name}] row {row} outside [0, {self.reserved_rows + self.size})")
         if start + values.numel() > self.max_context_len:
             raise InvalidArgument(
                 f"[{self.name}] write of {values.numel()} ids at {start} exceeds max_context_len {self.max_context_len}"
@@ -120,8 +131,8 @@ class ReqToTokenPool:
         for row, pos in zip(rows, positions, strict=True):
             check_count(row, "row")
             check_count(pos, "position")
-            if row >= self.size:
-                raise InvalidArgument(f"[{self.name}] row {row} outside [0, {self.size})")
+            if row >= self.reserved_rows + self.size:
+                raise InvalidArgument(f"[{self.name}] row {row} outside [0, {self.reserved_rows + self.size})")
             if pos >= self.max_context_len:
                 raise InvalidArgument(f"[{self.name}] position {pos} outside [0, {self.max_context_len})")
             if not self._rows.is_held(row):

@@ -292,9 +292,13 @@ class Accounting:
                     )
 
     def _pools(self) -> list[Any]:
-        pools = [self.s.kv_allocator, self.s.req_to_token_pool]
+        return list(self.pools_by_name().values())
+
+    def pools_by_name(self) -> dict[str, Any]:
+        """The pools the identity covers, keyed by the ``PoolTerms.pool`` name of their terms."""
+        pools = {"kv": self.s.kv_allocator, "req": self.s.req_to_token_pool}
         if self.s.mamba_pool is not None:
-            pools.append(self.s.mamba_pool)
+            pools["mamba"] = self.s.mamba_pool
         return pools
 
     def _cross_check_ledgers(self, terms: list[PoolTerms]) -> None:

@@ -27,7 +27,7 @@ import torch
 
 from kvledger.contracts.arith import ceil_to_page, extend_page_plan, floor_to_page, pages_needed
 from kvledger.contracts.errors import ContractViolation
-from kvledger.contracts.owners import REQ_CHUNKED, REQ_RUNNING, REQ_WAITING
+from kvledger.contracts.owners import REQ_CHUNKED, REQ_RUNNING, REQ_WAITING, Account
 from kvledger.contracts.switch import ensure, snapshot
 from kvledger.reference.scheduler.counters import Counters
 from kvledger.reference.scheduler.request import Req
@@ -152,10 +152,14 @@ class ReqMemory:
         lambda self, reqs, result, OLD: result is not None or self.holdings(reqs) == OLD.held,
         "I-ATOMIC-ADMISSION: a failed admission leaves every request holding exactly what it held",
     )
-    def prepare_extend(self, reqs: Sequence[Req], chunked: Req | None) -> torch.Tensor | None:
+    def prepare_extend(
+        self, reqs: Sequence[Req], chunked: Req | None, *, admit_account: Account | None = None
+    ) -> torch.Tensor | None:
         """Rows, working slots and KV for this round's extends, all or none; returns ``out_cache_loc``.
 
         On failure everything allocated here is freed again and the requests are as before the call.
+        On success the requests move to ``req.chunked`` / ``req.running``, or to ``admit_account`` (a PD
+        decode instance pre-allocating into its transfer queue).
         """
         undo: list[tuple[Any, torch.Tensor | list[int], Req]] = []
         saved = [(r.req_pool_idx, r.mamba_pool_idx, r.kv_allocated_len) for r in reqs]
@@ -171,7 +175,8 @@ class ReqMemory:
             return None
         for req in reqs:
             req.kv_committed_len = req.kv_allocated_len
-            req.owner.set_account(REQ_CHUNKED if req is chunked else REQ_RUNNING, op="admit")
+            account = admit_account or (REQ_CHUNKED if req is chunked else REQ_RUNNING)
+            req.owner.set_account(account, op="admit")
         return torch.cat(pieces) if pieces else _EMPTY.to(self.device)
 
     def _extend_one(self, req: Req, undo: list[tuple[Any, Any, Req]]) -> torch.Tensor:

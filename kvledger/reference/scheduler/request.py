@@ -32,6 +32,13 @@ class ReqState(enum.Enum):
     FINISHED = "finished"
     ABORTED = "aborted"
     REJECTED = "rejected"  # can never fit: refused with a reason instead of blocking the queue
+    # Prefill/decode disaggregation (kvledger.reference.disagg, spec/pd.md): the queues around the scheduler.
+    BOOTSTRAP = "bootstrap"  # prefill: handshake with the decode side pending
+    INFLIGHT = "inflight"  # prefill: prompt done, its KV and state being sent
+    PREALLOC = "prealloc"  # decode: handshake or memory pending
+    TRANSFER = "transfer"  # decode: pre-allocated, receiving its KV and state
+    PREBUILT = "prebuilt"  # decode: transferred, waiting to join the running batch (no forward)
+    RETRACTED = "retracted"  # decode: retracted, its KV and state kept in a host copy
 
     @property
     def is_done(self) -> bool:
@@ -99,6 +106,20 @@ class Req:
 
     def holds_kv(self) -> bool:
         return self.kv_allocated_len > self.cache_protected_len
+
+    def handles(self) -> list[tuple[str, str, list[int]]]:
+        """``(field, pool, ids)`` for every pool id a field of this request names (I-HANDLE-OWNED).
+
+        Each must be owned by this request in its pool's ledger whenever the field is set: a released id
+        left in a handle is reused later without being allocated (#12432, #26941). Subclasses with more
+        handles (PD metadata slots, Mamba V2 ping-pong slots) extend the list.
+        """
+        out: list[tuple[str, str, list[int]]] = []
+        if self.req_pool_idx is not None:
+            out.append(("req_pool_idx", "req", [self.req_pool_idx]))
+        if self.mamba_pool_idx is not None:
+            out.append(("mamba_pool_idx", "mamba", self.mamba_pool_idx.tolist()))
+        return out
 
     def __repr__(self) -> str:
         return (

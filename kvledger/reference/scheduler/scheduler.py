@@ -19,7 +19,8 @@ from typing import Any
 
 from kvledger.contracts.arith import ceil_to_page
 from kvledger.contracts.errors import ContractViolation, InvalidArgument, KVLedgerError
-from kvledger.contracts.owners import BATCH_INFLIGHT, REQ_CHUNKED, REQ_WAITING
+from kvledger.contracts.handles import HandleClaim, check_handles_owned
+from kvledger.contracts.owners import BATCH_INFLIGHT, REQ_CHUNKED, REQ_WAITING, Account
 from kvledger.contracts.switch import ensure, invariant
 from kvledger.reference.scheduler.accounting import Accounting
 from kvledger.reference.scheduler.adder import AddReqResult, PrefillAdder
@@ -83,7 +84,15 @@ def _ladders_hold(self: Scheduler) -> bool:
     "the chunked request is in state CHUNKED",
 )
 class Scheduler:
-    """Drives requests through the pools and the (optional) radix cache."""
+    """Drives requests through the pools and the (optional) radix cache.
+
+    Subclasses (the PD prefill and decode instances, ``kvledger.reference.disagg``) extend it through the
+    small hooks ``new_request``, ``enqueue_arrival``, ``before_schedule``, ``after_results``,
+    ``process_prefill_chunk`` and ``parked_accounts``, never by copying its logic.
+    """
+
+    parked_accounts: frozenset[Account] = frozenset({BATCH_INFLIGHT})
+    """Accounts in which a request that has ended may still hold ids (released later, on an event)."""
 
     def __init__(
         self,
@@ -139,19 +148,15 @@ class Scheduler:
         self._next_batch_id = 0
 
     # ------------------------------------------------------------------ requests in
-    @ensure(lambda self, result: result.state in (ReqState.WAITING, ReqState.REJECTED))
+    @ensure(
+        lambda self, result: result.state is ReqState.REJECTED
+        or (self._live.get(result.rid) is result and not result.state.is_done)
+    )
     def add_request(self, rid: int, prompt: Sequence[int], max_new_tokens: int) -> Req:
         """Queue a request; one that can never fit is rejected with a reason instead of blocking the queue
         (I-LIVENESS)."""
-        if isinstance(rid, bool) or not isinstance(rid, int) or rid in self.requests:
-            raise InvalidArgument(f"request id {rid!r} is not a fresh int")
-        if not prompt or not all(isinstance(t, int) and t >= 0 for t in prompt):
-            raise InvalidArgument(f"request {rid}: prompt must be a non-empty sequence of token ids >= 0")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise InvalidArgument(
-                f"request {rid}: max_new_tokens must be an int >= 1, got {max_new_tokens!r}"
-            )
-        req = Req(rid, list(prompt), max_new_tokens, arrival_step=self.step_no)
+        self.validate_arrival(rid, prompt, max_new_tokens)
+        req = self.new_request(rid, list(prompt), max_new_tokens)
         self.requests[rid] = req
         reason = self._never_fits(req)
         if reason is not None:
@@ -161,8 +166,27 @@ class Scheduler:
             return req
         self._live[rid] = req
         self.accounting.track(req)
-        self.waiting.append(req)
+        self.enqueue_arrival(req)
         return req
+
+    def validate_arrival(self, rid: int, prompt: Sequence[int], max_new_tokens: int) -> None:
+        """Bad input is a typed error (InvalidArgument) before anything changes."""
+        if isinstance(rid, bool) or not isinstance(rid, int) or rid in self.requests:
+            raise InvalidArgument(f"request id {rid!r} is not a fresh int")
+        if not prompt or not all(isinstance(t, int) and t >= 0 for t in prompt):
+            raise InvalidArgument(f"request {rid}: prompt must be a non-empty sequence of token ids >= 0")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise InvalidArgument(
+                f"request {rid}: max_new_tokens must be an int >= 1, got {max_new_tokens!r}"
+            )
+
+    def new_request(self, rid: int, prompt: list[int], max_new_tokens: int) -> Req:
+        """Hook: the request object for an arrival (PD instances use a subclass with PD handles)."""
+        return Req(rid, prompt, max_new_tokens, arrival_step=self.step_no)
+
+    def enqueue_arrival(self, req: Req) -> None:
+        """Hook: where an accepted arrival waits (PD: the bootstrap or pre-allocation queue)."""
+        self.waiting.append(req)
 
     def _never_fits(self, req: Req) -> str | None:
         total = len(req.origin_input_ids) + req.max_new_tokens
@@ -177,8 +201,9 @@ class Scheduler:
 
     # ------------------------------------------------------------------ queries
     def live_requests(self) -> list[Req]:
-        """Requests that may hold something: queued and not yet released (O(live), not O(all ever))."""
-        return [r for r in self._live.values() if not r.state.is_done or r.owner.account is BATCH_INFLIGHT]
+        """Requests that may hold something: queued and not yet released, not ended unless parked in one of
+        ``parked_accounts`` (a launched batch, a PD lease). O(live), not O(all ever)."""
+        return [r for r in self._live.values() if not r.state.is_done or r.owner.account in self.parked_accounts]
 
     def ended_count(self) -> int:
         """Requests that finished, were aborted or were rejected so far."""
@@ -200,6 +225,7 @@ class Scheduler:
         """One event-loop iteration; returns the batch launched (None: nothing could run)."""
         self.step_no += 1
         self.stats.steps += 1
+        self.before_schedule()
         batch = self.get_next_batch_to_run()
         if batch is not None:
             self._launch(batch)
@@ -211,10 +237,51 @@ class Scheduler:
         if batch is None:
             self.stats.idle_steps += 1
             self._update_ratio_on_idle()
-        self.accounting.after_step()
+        self.after_results()
+        self._check_step()
         if self.on_step is not None:
             self.on_step(self)
         return batch
+
+    def before_schedule(self) -> None:
+        """Hook, at the start of a step: PD instances move their transfer queues here."""
+
+    def after_results(self) -> None:
+        """Hook, after this step's results were processed: PD instances poll their in-flight transfers."""
+
+    # ------------------------------------------------------------------ per-step checks
+    def _check_step(self) -> None:
+        """The checks after every step: handles first (their message names the slot and the holder), then
+        that ended requests released what they held, then the busy identity and the ledger cross-check."""
+        if self.accounting.enabled:
+            self.check_handles_owned()
+            self.check_ended_requests_released()
+        self.accounting.after_step()
+
+    def check_handles_owned(self) -> int:
+        """I-HANDLE-OWNED for every live request, O(live): every id a handle names is owned by the request."""
+        ledgers = {name: pool.ledger for name, pool in self.accounting.pools_by_name().items()}
+        claims = (
+            HandleClaim(r.owner, field_name, pool, ids)
+            for r in self.live_requests()
+            for field_name, pool, ids in r.handles()
+        )
+        return check_handles_owned(claims, ledgers)
+
+    def check_ended_requests_released(self) -> None:
+        """I-OWNER-RELEASE at the step boundary: a request that has ended was released, or is parked in one
+        of ``parked_accounts`` (a launched batch, a PD lease) that releases it later."""
+        for r in self._live.values():  # live_requests() leaves out exactly the requests this looks for
+            if r.state.is_done and r.owner.account not in self.parked_accounts:
+                held = {
+                    name: sorted(pool.ledger.holdings(r.owner))[:8]
+                    for name, pool in self.accounting.pools_by_name().items()
+                    if pool.ledger.enabled and pool.ledger.held_count(r.owner)
+                }
+                raise ContractViolation(
+                    f"I-OWNER-RELEASE: {r.owner!r} ended ({r.state.value}: {r.finish_reason}) at step"
+                    f" {r.finish_step} but was neither released nor parked; it still holds {held}: {r!r}"
+                )
 
     def run_until_idle(self, max_steps: int = 1_000_000) -> int:
         """Step until quiescent; returns the steps taken. Raises if it does not drain (liveness)."""
@@ -240,11 +307,17 @@ class Scheduler:
             self.chunked_req is not None
             and self.chunked_req.kv_committed_len > self.chunked_req.cache_protected_len
         ):
-            self.memory.cache_unfinished(self.chunked_req)
+            self.process_prefill_chunk(self.chunked_req)
         batch = self.get_new_batch_prefill()
         if batch is not None:
             return batch
         return self.update_running_batch()
+
+    def process_prefill_chunk(self, req: Req) -> None:
+        """Between chunks: the tree adopts the finished chunk and the lock moves to it. The request keeps its
+        row and working slot (2026 SGLang, PR #17850; the late-2025 PD path freed both: bug B4, #12432).
+        A PD prefill instance also sends the chunk's whole pages here."""
+        self.memory.cache_unfinished(req)
 
     def _merge_last_prefill(self) -> None:
         """Requests of the last prefill batch whose prompt is complete join the running batch."""
@@ -424,7 +497,7 @@ class Scheduler:
             n += 1
         if n:
             self._reset_ratio_after_retract()
-        self.accounting.after_step()
+        self._check_step()
         return n
 
     def _reset_ratio_after_retract(self) -> None:
@@ -557,7 +630,7 @@ class Scheduler:
             req.abort_requested = True  # released when that batch's results are processed
             return True
         self._abort_now(req, "aborted by client")
-        self.accounting.after_step()
+        self._check_step()
         return True
 
     def _abort_now(self, req: Req, reason: str) -> None:

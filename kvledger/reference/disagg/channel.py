@@ -1,0 +1,574 @@
+"""``TransferChannel``: the transfer engine between a prefill and a decode instance, with faults.
+
+A discrete-event model of SGLang's KV sender/receiver pair (Mooncake, NIXL) for one process:
+
+* **Rooms.** Every request has a ``bootstrap_room``; both sides open it at arrival. The handshake
+  completes ``latency`` steps later (``Poll.WAITING_FOR_INPUT``).
+* **Control messages** are reliable and take ``latency`` steps: the decode side's pre-allocation info
+  (``init_receiver``: destination KV slots, Mamba slot, metadata slot), aborts from either side, and the
+  prefill engine's drain acknowledgement (``ABORT_ACK``, SGLang #35049).
+* **Data messages**, per component: KV chunks (non-last chunks floored to a page by the sender), and
+  with the last chunk the Mamba state and the metadata slot. A message is *dispatched* once the decode's
+  destination info has reached the sender and *resolves* as its own event later: it lands (the data is
+  copied through the kernels, :mod:`kvledger.reference.disagg.landing`), is lost, or fails. An abort, a
+  timeout or a retraction can therefore happen while it is in flight, which is the whole point.
+* **Faults** per component (``BOOTSTRAP``, ``KV``, ``MAMBA``, ``META``): ``DROP`` (lost silently: the
+  sender believes it went out, the receiver waits until its transfer timeout), ``DELAY`` (lands
+  ``delay_steps`` later), ``FAIL`` (both sides see the room fail) and ``TIMEOUT`` (hangs until
+  ``message_timeout``, then fails). Injected one at a time (``inject``) or at random (``fault_rate``).
+
+Status as SGLang's ``KVPoll``: the sender's (prefill's) and the receiver's (decode's) views differ, e.g.
+a dropped message leaves the sender at ``SUCCESS`` and the receiver at ``TRANSFERRING`` until it times
+out. ``missing_components`` is the ground truth the decode's commit checks (I-TRANSFER-ATOMIC).
+
+Leases: ``reads_drained`` (prefill: no dispatched message of the room may still read its ids) and
+``writes_drained`` (decode: the sender acknowledged the abort and no message may still write its ids).
+An instance releases an ended request's ids only when these say so (I-WRITER-LEASE).
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import random
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvledger.contracts.errors import ContractViolation, InvalidArgument
+from kvledger.reference.disagg import landing
+
+
+class Component(str, enum.Enum):
+    BOOTSTRAP = "bootstrap"
+    KV = "kv"
+    MAMBA = "mamba"
+    META = "meta"
+
+
+class Fault(str, enum.Enum):
+    DROP = "drop"
+    DELAY = "delay"
+    FAIL = "fail"
+    TIMEOUT = "timeout"
+
+
+class Poll(enum.IntEnum):
+    """SGLang's ``KVPoll`` values."""
+
+    FAILED = 0
+    BOOTSTRAPPING = 1
+    WAITING_FOR_INPUT = 2
+    TRANSFERRING = 3
+    SUCCESS = 4
+
+
+class Outcome(str, enum.Enum):
+    LAND = "landed"
+    LOSE = "lost"
+    FAIL = "failed"
+
+
+@dataclass(frozen=True)
+class ChannelConfig:
+    """Latencies and timeouts in scheduler steps; random faults for ``kvledger simulate --pd``."""
+
+    latency: int = 1
+    delay_steps: int = 3
+    bootstrap_timeout: int = 24
+    transfer_timeout: int = 48  # decode: steps without progress on a pre-allocated room before it fails
+    message_timeout: int = 8  # a hung (TIMEOUT) message fails this many steps after dispatch
+    fault_rate: float = 0.0  # probability that a message (or handshake) draws a random fault
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("latency", "bootstrap_timeout", "transfer_timeout", "message_timeout"):
+            if getattr(self, name) < 1:
+                raise InvalidArgument(f"ChannelConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.delay_steps < 0:
+            raise InvalidArgument(f"ChannelConfig.delay_steps must be >= 0, got {self.delay_steps}")
+        if not 0.0 <= self.fault_rate <= 1.0:
+            raise InvalidArgument(f"ChannelConfig.fault_rate must be in [0, 1], got {self.fault_rate}")
+
+    @property
+    def max_message_life(self) -> int:
+        """The longest a dispatched message stays unresolved."""
+        return max(self.latency + self.delay_steps, self.message_timeout)
+
+    @property
+    def drain_bound(self) -> int:
+        """I-DRAIN: steps within which an aborted request has left every queue of both instances.
+
+        The abort reaches the other side (``latency``); that side notices at its next step (+1) and, if a
+        message of the room is in flight, waits for it to resolve (``max_message_life``); the sender's
+        acknowledgement travels back (``latency``) and the decode releases at its next step (+1). A
+        chunked prefill notices within one batch (+2 with the overlap scheduler). Nothing else waits.
+        """
+        return 2 * self.latency + self.max_message_life + 4
+
+
+@dataclass
+class DstInfo:
+    """The decode's pre-allocation, as sent to the prefill (SGLang ``kv_receiver.init``)."""
+
+    kv_slots: list[int]  # token slots for positions [0, plan_len)
+    mamba_slot: int | None
+    meta_idx: int
+    row: int
+
+
+@dataclass
+class Send:
+    """A chunk the prefill handed to the engine: KV positions ``[start, end)``, plus state and metadata."""
+
+    start: int
+    end: int
+    src_slots: list[int]
+    tokens: list[int]
+    state_src: int | None = None
+    meta_src: int | None = None
+
+
+@dataclass(eq=False)
+class Message:
+    """One dispatched data message of one component; ``src`` are prefill ids, ``dst`` decode ids."""
+
+    seq: int
+    room: int
+    component: Component
+    sent_step: int
+    resolve_step: int
+    outcome: Outcome
+    reason: str
+    src: list[int]
+    dst: list[int]
+    start: int = 0
+    end: int = 0
+    tokens: list[int] = field(default_factory=list)
+
+    def __repr__(self) -> str:
+        span = f" [{self.start}, {self.end})" if self.component is Component.KV else ""
+        return (
+            f"Message#{self.seq}(room {self.room}, {self.component.value}{span}, sent {self.sent_step},"
+            f" resolves {self.resolve_step} as {self.outcome.value})"
+        )
+
+
+@dataclass(eq=False)
+class Room:
+    room: int
+    plan_len: int
+    created: int
+    bootstrapped: bool = False
+    handshake_failed: bool = False
+    # sender (prefill) side
+    sender_failure: str | None = None
+    sender_aborted: bool = False  # the sender will dispatch nothing more for this room
+    sender_closed: bool = False
+    dst: DstInfo | None = None
+    pending: list[Send] = field(default_factory=list)
+    last_handed: bool = False
+    dispatched_kv: int = 0  # positions dispatched so far (sends come in order)
+    unresolved: dict[int, Message] = field(default_factory=dict)
+    # receiver (decode) side
+    receiver_failure: str | None = None
+    receiver_closed: bool = False
+    expects_state: bool = False
+    init_step: int | None = None
+    last_progress: int = 0
+    kv_landed: int = 0
+    landed_positions: bytearray = field(default_factory=bytearray)
+    state_landed: bool = False
+    meta_landed: bool = False
+    drain_requested: bool = False
+    ack_sent: bool = False
+    ack_received: bool = False
+
+    @property
+    def closed(self) -> bool:
+        return self.sender_closed and self.receiver_closed and not self.unresolved
+
+
+@dataclass
+class InstanceData:
+    """What the channel reads or writes on one instance: its buffers and pools (by reference)."""
+
+    kv_buffer: Any  # KVBufferPool, or None (the hash runner has no KV data)
+    mamba_pool: Any  # MambaPool, or None (attention-only model)
+    metadata_pool: Any
+    note_kv_written: Callable[[list[int], list[int], list[int]], None] | None = None
+
+
+@dataclass
+class ChannelStats:
+    rooms_opened: int = 0
+    messages: Counter[tuple[str, str]] = field(default_factory=Counter)  # (component, outcome)
+    faults: Counter[tuple[str, str]] = field(default_factory=Counter)  # (component, fault)
+    acks: int = 0
+
+
+class TransferChannel:
+    """One prefill-decode pair's transfer engine. ``advance(now)`` runs every event due at ``now``."""
+
+    def __init__(self, config: ChannelConfig | None = None) -> None:
+        self.config = config or ChannelConfig()
+        self.now = 0
+        self.rooms: dict[int, Room] = {}
+        self.stats = ChannelStats()
+        self._events: list[tuple[int, int, str, int, Any]] = []  # (step, seq, kind, room, payload)
+        self._seq = 0
+        self._rng = random.Random(self.config.seed)
+        self._injected: list[tuple[Component, Fault, int | None]] = []
+        self.prefill: InstanceData | None = None
+        self.decode: InstanceData | None = None
+        # Called before a message's data is written (the system's lease check: I-WRITER-LEASE).
+        self.before_land: Callable[[Message], None] | None = None
+
+    def attach(self, prefill: InstanceData, decode: InstanceData) -> None:
+        self.prefill, self.decode = prefill, decode
+
+    # ------------------------------------------------------------------ faults
+    def inject(self, component: Component, fault: Fault, *, room: int | None = None, times: int = 1) -> None:
+        """The next ``times`` messages of ``component`` (of ``room``, if given) get ``fault``."""
+        self._injected.extend([(Component(component), Fault(fault), room)] * times)
+
+    def clear_faults(self) -> None:
+        self._injected.clear()
+
+    def _draw_fault(self, component: Component, room: int) -> Fault | None:
+        for i, (c, f, r) in enumerate(self._injected):
+            if c is component and (r is None or r == room):
+                del self._injected[i]
+                self.stats.faults[(component.value, f.value)] += 1
+                return f
+        if self.config.fault_rate and self._rng.random() < self.config.fault_rate:
+            f = self._rng.choice(list(Fault))
+            self.stats.faults[(component.value, f.value)] += 1
+            return f
+        return None
+
+    # ------------------------------------------------------------------ events
+    def _schedule(self, step: int, kind: str, room: int, payload: Any = None) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (step, self._seq, kind, room, payload))
+
+    def advance(self, now: int) -> None:
+        """Run every event due at or before ``now``, then the timeouts."""
+        self.now = now
+        while self._events and self._events[0][0] <= now:
+            _, _, kind, room_id, payload = heapq.heappop(self._events)
+            room = self.rooms.get(room_id)
+            if room is None:
+                continue  # the room was closed: its late control messages go nowhere
+            getattr(self, f"_on_{kind}")(room, payload)
+        self._check_timeouts()
+
+    def _check_timeouts(self) -> None:
+        c = self.config
+        for room in self.rooms.values():
+            if not room.bootstrapped and room.sender_failure is None and self.now - room.created >= c.bootstrap_timeout:
+                self._fail_both(room, "bootstrap timeout")
+            elif (
+                room.init_step is not None
+                and room.receiver_failure is None
+                and not room.receiver_closed
+                and self.missing_components(room.room)
+                and self.now - room.last_progress >= c.transfer_timeout
+            ):
+                room.receiver_failure = "transfer timeout"
+
+    # ------------------------------------------------------------------ rooms
+    def open(self, room_id: int, plan_len: int, *, expects_state: bool) -> None:
+        """Both sides register ``room_id``; the handshake starts now."""
+        if room_id in self.rooms:
+            raise InvalidArgument(f"bootstrap room {room_id} is already open")
+        room = Room(room_id, plan_len, self.now, expects_state=expects_state)
+        room.landed_positions = bytearray(plan_len)
+        self.rooms[room_id] = room
+        self.stats.rooms_opened += 1
+        fault = self._draw_fault(Component.BOOTSTRAP, room_id)
+        if fault in (Fault.DROP, Fault.TIMEOUT):
+            return  # the handshake never completes: both sides time out
+        delay = self.config.latency + (self.config.delay_steps if fault is Fault.DELAY else 0)
+        self._schedule(self.now + delay, "handshake", room_id, fault is Fault.FAIL)
+
+    def _on_handshake(self, room: Room, failed: bool) -> None:
+        if failed:
+            room.handshake_failed = True
+            self._fail_both(room, "bootstrap failed")
+        else:
+            room.bootstrapped = True
+
+    def close(self, room_id: int, side: str) -> None:
+        """One side is done with the room (its request released); the room goes once both are."""
+        room = self.rooms.get(room_id)
+        if room is None:
+            return
+        if side == "prefill":
+            room.sender_closed = True
+            room.sender_aborted = True  # a closed sender dispatches nothing more
+            room.pending.clear()
+        else:
+            room.receiver_closed = True
+        self._maybe_delete(room)
+
+    def _maybe_delete(self, room: Room) -> None:
+        if room.closed:
+            del self.rooms[room.room]
+
+    def _fail_both(self, room: Room, reason: str) -> None:
+        room.sender_failure = room.sender_failure or reason
+        room.receiver_failure = room.receiver_failure or reason
+
+    # ------------------------------------------------------------------ status (SGLang KVPoll)
+    def sender_status(self, room_id: int) -> Poll:
+        room = self.rooms.get(room_id)
+        if room is None or room.sender_failure is not None:
+            return Poll.FAILED
+        if not room.bootstrapped:
+            return Poll.BOOTSTRAPPING
+        if room.last_handed and not room.pending and not room.unresolved:
+            return Poll.SUCCESS
+        if room.last_handed or room.dispatched_kv or room.pending:
+            return Poll.TRANSFERRING
+        return Poll.WAITING_FOR_INPUT
+
+    def receiver_status(self, room_id: int) -> Poll:
+        room = self.rooms.get(room_id)
+        if room is None or room.receiver_failure is not None:
+            return Poll.FAILED
+        if not room.bootstrapped:
+            return Poll.BOOTSTRAPPING
+        if room.init_step is None:
+            return Poll.WAITING_FOR_INPUT
+        if self._receiver_done(room):
+            return Poll.SUCCESS
+        return Poll.TRANSFERRING
+
+    def _receiver_done(self, room: Room) -> bool:
+        """Success for the receiver: every component landed and nothing of the room is in flight."""
+        return not self.missing_components(room.room)
+
+    def failure_reason(self, room_id: int, side: str) -> str:
+        room = self.rooms.get(room_id)
+        if room is None:
+            return "room closed"
+        reason = room.sender_failure if side == "prefill" else room.receiver_failure
+        return reason or "no failure"
+
+    def missing_components(self, room_id: int) -> list[str]:
+        """What the receiver still lacks (I-TRANSFER-ATOMIC: commit only when this is empty)."""
+        room = self.rooms[room_id]
+        missing = []
+        if room.kv_landed < room.plan_len:
+            missing.append(f"kv {room.plan_len - room.kv_landed}/{room.plan_len} positions")
+        if room.expects_state and not room.state_landed:
+            missing.append("mamba state")
+        if not room.meta_landed:
+            missing.append("metadata")
+        if room.unresolved:
+            missing.append(f"{len(room.unresolved)} message(s) in flight")
+        return missing
+
+    # ------------------------------------------------------------------ decode side
+    def init_receiver(self, room_id: int, dst: DstInfo) -> None:
+        """The decode pre-allocated: tell the sender where to write (lands ``latency`` steps later)."""
+        room = self.rooms[room_id]
+        if room.init_step is not None:
+            raise ContractViolation(f"room {room_id}: the receiver was initialised twice")
+        if len(dst.kv_slots) != room.plan_len:
+            raise ContractViolation(
+                f"room {room_id}: the decode pre-allocated {len(dst.kv_slots)} KV slots for a plan of"
+                f" {room.plan_len} positions"
+            )
+        room.init_step = room.last_progress = self.now
+        self._schedule(self.now + self.config.latency, "init", room_id, dst)
+
+    def _on_init(self, room: Room, dst: DstInfo) -> None:
+        if room.sender_aborted:
+            return
+        room.dst = dst
+        self._dispatch_pending(room)
+
+    def request_drain(self, room_id: int) -> None:
+        """The decode ended the request (its abort is on its way to the sender) while writes may come:
+        the sender acknowledges once it dispatches nothing more and nothing of the room is in flight."""
+        room = self.rooms.get(room_id)
+        if room is None or room.drain_requested:
+            return
+        room.drain_requested = True
+        self._maybe_ack(room)
+
+    def writes_may_land(self, room_id: int) -> bool:
+        """The receiver told the sender where to write, has not committed, and has no acknowledgement."""
+        room = self.rooms.get(room_id)
+        return room is not None and room.init_step is not None and not room.receiver_closed and not room.ack_received
+
+    def writes_drained(self, room_id: int) -> bool:
+        """The sender acknowledged: no message of the room is in flight or will be dispatched."""
+        room = self.rooms.get(room_id)
+        return room is None or room.ack_received
+
+    # ------------------------------------------------------------------ prefill side
+    def send_chunk(self, room_id: int, send: Send, *, last: bool) -> bool:
+        """Hand a chunk to the engine; False when the room has failed or was aborted (nothing queued)."""
+        room = self.rooms.get(room_id)
+        if room is None or room.sender_failure is not None or room.sender_aborted or room.last_handed:
+            return False
+        if send.start != room.dispatched_kv + sum(s.end - s.start for s in room.pending):
+            raise ContractViolation(
+                f"room {room_id}: chunk [{send.start}, {send.end}) does not continue the positions already sent"
+            )
+        if send.end > room.plan_len or (last and send.end != room.plan_len):
+            raise ContractViolation(
+                f"room {room_id}: chunk [{send.start}, {send.end}) (last={last}) disagrees with the"
+                f" receiver's plan of {room.plan_len} positions"
+            )
+        room.pending.append(send)
+        room.last_handed = last
+        self._dispatch_pending(room)
+        return True
+
+    def abort(self, room_id: int, side: str, reason: str) -> None:
+        """One side aborted the request: tell the other side (a control message, ``latency`` steps)."""
+        room = self.rooms.get(room_id)
+        if room is None:
+            return
+        if side == "prefill":
+            room.sender_aborted = True
+            room.pending.clear()
+            room.sender_failure = room.sender_failure or reason
+            self._schedule(self.now + self.config.latency, "abort_at_receiver", room_id, "aborted by prefill")
+            self._maybe_ack(room)
+        else:
+            room.receiver_failure = room.receiver_failure or reason
+            self._schedule(self.now + self.config.latency, "abort_at_sender", room_id, "aborted by decode")
+
+    def _on_abort_at_receiver(self, room: Room, reason: str) -> None:
+        room.receiver_failure = room.receiver_failure or reason
+
+    def _on_abort_at_sender(self, room: Room, reason: str) -> None:
+        room.sender_aborted = True
+        room.pending.clear()
+        room.sender_failure = room.sender_failure or reason
+        self._maybe_ack(room)
+
+    def _maybe_ack(self, room: Room) -> None:
+        """ABORT_ACK once the sender will dispatch nothing more and nothing of the room is in flight."""
+        if room.drain_requested and room.sender_aborted and not room.unresolved and not room.ack_sent:
+            room.ack_sent = True
+            self._schedule(self.now + self.config.latency, "ack", room.room)
+
+    def _on_ack(self, room: Room, _: Any) -> None:
+        room.ack_received = True
+        self.stats.acks += 1
+        self._maybe_delete(room)
+
+    def reads_drained(self, room_id: int) -> bool:
+        """No dispatched message of the room may still read the prefill's ids, and none will be dispatched."""
+        room = self.rooms.get(room_id)
+        return room is None or (room.sender_aborted and not room.unresolved)
+
+    # ------------------------------------------------------------------ data messages
+    def _dispatch_pending(self, room: Room) -> None:
+        if room.dst is None or room.sender_aborted:
+            return
+        dst = room.dst
+        for send in room.pending:
+            if send.end > send.start:
+                self._dispatch(
+                    room,
+                    Component.KV,
+                    send.src_slots,
+                    dst.kv_slots[send.start : send.end],
+                    start=send.start,
+                    end=send.end,
+                    tokens=send.tokens,
+                )
+            room.dispatched_kv = send.end
+            if send.state_src is not None and dst.mamba_slot is not None:
+                self._dispatch(room, Component.MAMBA, [send.state_src], [dst.mamba_slot])
+            if send.meta_src is not None:
+                self._dispatch(room, Component.META, [send.meta_src], [dst.meta_idx])
+        room.pending.clear()
+
+    def _dispatch(self, room: Room, component: Component, src: list[int], dst: list[int], **span: Any) -> None:
+        c = self.config
+        fault = self._draw_fault(component, room.room)
+        outcome, reason, life = Outcome.LAND, "", c.latency
+        if fault is Fault.DELAY:
+            life += c.delay_steps
+        elif fault is Fault.DROP:
+            outcome, reason = Outcome.LOSE, "dropped"
+        elif fault is Fault.FAIL:
+            outcome, reason = Outcome.FAIL, f"{component.value} transfer failed"
+        elif fault is Fault.TIMEOUT:
+            outcome, reason, life = Outcome.FAIL, f"{component.value} transfer timed out", c.message_timeout
+        self._seq += 1
+        msg = Message(self._seq, room.room, component, self.now, self.now + life, outcome, reason, src, dst, **span)
+        room.unresolved[msg.seq] = msg
+        self._schedule(msg.resolve_step, "resolve", room.room, msg)
+
+    def _on_resolve(self, room: Room, msg: Message) -> None:
+        del room.unresolved[msg.seq]
+        self.stats.messages[(msg.component.value, msg.outcome.value)] += 1
+        if msg.outcome is Outcome.LAND:
+            if self.before_land is not None:
+                self.before_land(msg)
+            self._write(msg)
+            if not room.receiver_closed:
+                self._record_landing(room, msg)
+        elif msg.outcome is Outcome.FAIL:
+            self._fail_both(room, msg.reason)
+        self._maybe_ack(room)
+        self._maybe_delete(room)
+
+    def _write(self, msg: Message) -> None:
+        """The one-sided write: it happens whatever the receiver now thinks of the room."""
+        assert self.prefill is not None and self.decode is not None, "attach() both instances first"
+        p, d = self.prefill, self.decode
+        if msg.component is Component.KV:
+            if p.kv_buffer is not None and d.kv_buffer is not None:
+                landing.copy_kv(p.kv_buffer, msg.src, d.kv_buffer, msg.dst)
+            if d.note_kv_written is not None:
+                d.note_kv_written(msg.dst, msg.tokens, list(range(msg.start, msg.end)))
+        elif msg.component is Component.MAMBA:
+            landing.copy_state(p.mamba_pool, msg.src[0], d.mamba_pool, msg.dst[0])
+        else:
+            landing.copy_metadata(p.metadata_pool, msg.src[0], d.metadata_pool, msg.dst[0])
+
+    def _record_landing(self, room: Room, msg: Message) -> None:
+        room.last_progress = self.now
+        if msg.component is Component.KV:
+            for pos in range(msg.start, msg.end):
+                if room.landed_positions[pos]:
+                    raise ContractViolation(f"room {room.room}: position {pos} landed twice ({msg!r})")
+                room.landed_positions[pos] = 1
+            room.kv_landed += msg.end - msg.start
+        elif msg.component is Component.MAMBA:
+            room.state_landed = True
+        else:
+            room.meta_landed = True
+
+    # ------------------------------------------------------------------ queries
+    def in_flight(self) -> Iterator[Message]:
+        """Every dispatched, unresolved message (what the lease check walks each step)."""
+        for room in self.rooms.values():
+            yield from room.unresolved.values()
+
+    def is_idle(self) -> bool:
+        return not self.rooms
+
+    def describe_room(self, room_id: int) -> str:
+        room = self.rooms.get(room_id)
+        if room is None:
+            return f"room {room_id}: closed"
+        return (
+            f"room {room_id}: bootstrapped={room.bootstrapped} sender(failure={room.sender_failure},"
+            f" aborted={room.sender_aborted}, closed={room.sender_closed}, last_handed={room.last_handed},"
+            f" pending={len(room.pending)}) receiver(failure={room.receiver_failure},"
+            f" closed={room.receiver_closed}, init={room.init_step}, kv={room.kv_landed}/{room.plan_len},"
+            f" state={room.state_landed}, meta={room.meta_landed}, drain={room.drain_requested},"
+            f" ack={room.ack_received}) in flight={list(room.unresolved.values())}"
+        )

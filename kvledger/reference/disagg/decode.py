@@ -1,0 +1,269 @@
+"""``DecodeScheduler``: the decode instance (SGLang ``disaggregation/decode.py``, 2026 behaviour).
+
+Queues: prealloc → transfer → waiting (prebuilt, no forward) → running, plus retracted:
+
+| state | account | holds |
+|---|---|---|
+| ``PREALLOC`` | ``pd.decode.prealloc`` | nothing (a receiver) |
+| ``TRANSFER`` | ``pd.decode.transfer`` | row, KV for the whole prompt, working slot, metadata slot; being written |
+| ``PREBUILT`` | ``pd.decode.waiting`` | row, KV, working slot (the metadata slot went back at commit) |
+| ``RUNNING`` | ``req.running`` | as any decoding request |
+| ``RETRACTED`` | ``pd.decode.retracted`` | no pool id: KV and state in a host copy |
+| ended, writes may land | ``pd.decode.lease`` | all of the above until the sender acknowledged the drain |
+
+No radix cache (SGLang's default ``ChunkCache``). Rows are ``max_running + pre_alloc`` with row 0
+reserved and the Mamba pool sized to cover every row (I-SIZING). One step is SGLang's
+``process_decode_queue`` then the decode batch: release drained leases, resume retracted requests (while
+any remains, nothing new is pre-allocated), pop pre-allocated requests (FIFO; each needs a row, a
+metadata slot, a Mamba slot and KV within the token budget), poll the transfer queue (commit only when
+every component landed: I-TRANSFER-ATOMIC; the metadata must name the request's room), move prebuilt
+requests into the running batch, decode.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kvledger.contracts.arith import ceil_to_page, remaining_new_tokens_clipped
+from kvledger.contracts.errors import ContractViolation
+from kvledger.contracts.owners import (
+    PD_DECODE_LEASE,
+    PD_DECODE_RETRACTED,
+    PD_DECODE_TRANSFER,
+    PD_DECODE_WAITING,
+    REQ_RUNNING,
+)
+from kvledger.contracts.sizing import check_decode_sizing
+from kvledger.reference.disagg import landing
+from kvledger.reference.disagg.channel import DstInfo, Poll
+from kvledger.reference.disagg.instance import PDScheduler
+from kvledger.reference.disagg.request import DECODE, HostCopy, PDReq
+from kvledger.reference.scheduler.request import Req, ReqState
+
+
+class DecodeScheduler(PDScheduler):
+    side = DECODE
+    lease_account = PD_DECODE_LEASE
+
+    def __init__(
+        self,
+        *args: Any,
+        reserved_decode_tokens: int = 4,
+        mamba_slots_per_req: int = 1,
+        note_kv_written: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        if self.tree is not None:
+            raise ContractViolation("the decode instance models SGLang's default ChunkCache: no radix cache")
+        self.reserved_decode_tokens = reserved_decode_tokens
+        self.mamba_slots_per_req = mamba_slots_per_req
+        self.note_kv_written = note_kv_written
+        check_decode_sizing(
+            rows=self.req_to_token_pool.size,
+            mamba_slots=None if self.mamba_pool is None else self.mamba_pool.size,
+            slots_per_req=mamba_slots_per_req,
+            metadata_slots=self.metadata_pool.size,
+        )
+        self.prealloc_queue: list[PDReq] = []
+        self.transfer_queue: list[PDReq] = []
+        self.prebuilt_queue: list[PDReq] = []
+        self.retracted_queue: list[PDReq] = []
+
+    def pd_queues(self) -> dict[str, list[PDReq]]:
+        return {
+            "prealloc": self.prealloc_queue,
+            "transfer": self.transfer_queue,
+            "prebuilt": self.prebuilt_queue,
+            "retracted": self.retracted_queue,
+            **super().pd_queues(),
+        }
+
+    def enqueue_arrival(self, req: Req) -> None:
+        assert isinstance(req, PDReq)
+        self.prealloc_queue.append(req)
+
+    # ------------------------------------------------------------------ process_decode_queue
+    def before_schedule(self) -> None:
+        self.process_leases()
+        self.resume_retracted()
+        self.pop_preallocated()
+        self.pop_transferred()
+        self.get_new_prebuilt_batch()
+
+    def _allocatable_tokens(self) -> int:
+        """SGLang's ``_allocatable_token_budgets``: free KV minus what running, transferring and prebuilt
+        requests are promised (the largest running request must still be able to finish, since
+        transfer-queue requests cannot be retracted)."""
+        promised = self.reserved_decode_tokens * (
+            len(self.running) + len(self.transfer_queue) + len(self.prebuilt_queue)
+        )
+        largest = max(
+            (
+                remaining_new_tokens_clipped(r.max_new_tokens, len(r.output_ids), self.config.clip_max_new_tokens)
+                for r in self.running
+            ),
+            default=0,
+        )
+        return self.kv_allocator.available_size() - max(promised, largest)
+
+    def _fits(self, length: int) -> bool:
+        """A row, a metadata slot, the Mamba slots and ``length`` positions of KV for one more request."""
+        if self.req_to_token_pool.available_size() < 1 or self.metadata_pool.available_size() < 1:
+            return False
+        if self.mamba_pool is not None and self.mamba_pool.available_size() < self.mamba_slots_per_req:
+            return False
+        need = ceil_to_page(length, self.config.page_size) + self.reserved_decode_tokens
+        return need <= self._allocatable_tokens()
+
+    def _allocate(self, req: PDReq, length: int, account: Any) -> torch.Tensor | None:
+        """Row, working slot and KV for positions ``[0, length)`` (all or nothing), via the scheduler's path."""
+        req.cache_protected_len = req.kv_committed_len = req.kv_allocated_len = 0
+        req.extend_input_len = length
+        return self.memory.prepare_extend([req], None, admit_account=account)
+
+    def pop_preallocated(self) -> None:
+        """Pre-allocate bootstrapped requests, FIFO, stopping at the first that does not fit."""
+        for req in list(self.prealloc_queue):
+            status = self.channel.receiver_status(req.bootstrap_room)
+            if status is Poll.FAILED:
+                self.abort_for(req, self.channel.failure_reason(req.bootstrap_room, DECODE))
+                continue
+            if status is Poll.BOOTSTRAPPING or self.retracted_queue:
+                continue
+            if not self._fits(len(req.origin_input_ids)) or not self._pre_alloc(req):
+                self.pd_stats.retries += 1
+                break
+
+    def _pre_alloc(self, req: PDReq) -> bool:
+        idx = self.metadata_pool.alloc(req.owner)
+        if idx is None:
+            return False
+        req.metadata_idx = idx
+        out = self._allocate(req, len(req.origin_input_ids), PD_DECODE_TRANSFER)
+        if out is None:
+            self.metadata_pool.free(idx, req.owner)
+            req.metadata_idx = None
+            return False
+        self.prealloc_queue.remove(req)
+        self._enter(req, ReqState.TRANSFER, PD_DECODE_TRANSFER, "pre-allocated")
+        self.transfer_queue.append(req)
+        assert req.req_pool_idx is not None
+        self.channel.init_receiver(
+            req.bootstrap_room,
+            DstInfo(
+                kv_slots=out.tolist(),
+                mamba_slot=None if req.mamba_pool_idx is None else int(req.mamba_pool_idx[0]),
+                meta_idx=idx,
+                row=req.req_pool_idx,
+            ),
+        )
+        self.pd_stats.transfers_started += 1
+        return True
+
+    def pop_transferred(self) -> None:
+        """Commit transferred requests; abort failed ones (released, or leased while writes may land)."""
+        for req in list(self.transfer_queue):
+            status = self.channel.receiver_status(req.bootstrap_room)
+            if status is Poll.FAILED:
+                self.abort_for(req, self.channel.failure_reason(req.bootstrap_room, DECODE))
+            elif status is Poll.SUCCESS:
+                self.commit_transfer(req)
+
+    def commit_transfer(self, req: PDReq) -> None:
+        """SGLang ``_commit_transfer_to_req``: the first token from the metadata; the request is prebuilt.
+
+        I-TRANSFER-ATOMIC: only when every component (all KV positions, the state, the metadata) landed
+        and nothing of the room is in flight; a "success" that is not (#30890) is a ContractViolation.
+        """
+        missing = self.channel.missing_components(req.bootstrap_room)
+        if missing:
+            raise ContractViolation(
+                f"I-TRANSFER-ATOMIC: {req.owner!r} committed with components missing: {missing};"
+                f" {self.channel.describe_room(req.bootstrap_room)}"
+            )
+        assert req.metadata_idx is not None
+        room, first_token = self.metadata_pool.read(req.metadata_idx)
+        if room != req.bootstrap_room:
+            why = "no metadata landed" if room == 0 else f"metadata buffer index collision (room {room})"
+            self.abort_for(req, why)
+            return
+        self.metadata_pool.free(req.metadata_idx, req.owner)
+        req.metadata_idx = None
+        self.channel.close(req.bootstrap_room, DECODE)
+        self.transfer_queue.remove(req)
+        req.output_ids.append(first_token)
+        req.first_token_step = self.step_no
+        self.stats.generated_tokens += 1
+        self.pd_stats.transfers_succeeded += 1
+        self._enter(req, ReqState.PREBUILT, PD_DECODE_WAITING, "transferred")
+        self.prebuilt_queue.append(req)
+
+    def get_new_prebuilt_batch(self) -> None:
+        """Prebuilt requests join the running batch without a forward (finished ones finish here)."""
+        for req in list(self.prebuilt_queue):
+            if len(self.running) >= self.config.max_running_requests:
+                break
+            self.prebuilt_queue.remove(req)
+            if self._finished(req, req.output_ids[-1]):
+                self._finish(req)
+                continue
+            self._enter(req, ReqState.RUNNING, REQ_RUNNING, "prebuilt")
+            self.running.append(req)
+
+    # ------------------------------------------------------------------ retraction
+    def retract(self, req: Req) -> None:
+        """Keep a host copy, release as the scheduler does, park in the retracted queue."""
+        assert isinstance(req, PDReq)
+        req.host_copy = self._host_copy(req)
+        super().retract(req)
+        self.waiting.remove(req)
+        self._enter(req, ReqState.RETRACTED, PD_DECODE_RETRACTED, "retract to host")
+        self.retracted_queue.append(req)
+
+    def _host_copy(self, req: PDReq) -> HostCopy:
+        n = req.kv_committed_len
+        assert req.req_pool_idx is not None
+        slots = self.req_to_token_pool.read(req.req_pool_idx, 0, n)
+        k = v = conv = temporal = None
+        if self.kv_buffer is not None:
+            k = self.kv_buffer.k_buffer[:, slots].clone().cpu()
+            v = self.kv_buffer.v_buffer[:, slots].clone().cpu()
+        if self.mamba_pool is not None and req.mamba_pool_idx is not None:
+            conv = self.mamba_pool.conv_state[:, req.mamba_pool_idx].clone().cpu()
+            temporal = self.mamba_pool.temporal_state[:, req.mamba_pool_idx].clone().cpu()
+        return HostCopy(n, k, v, conv, temporal)
+
+    def resume_retracted(self) -> None:
+        """Bring retracted requests back from their host copy (SGLang ``resume_retracted_reqs``), FIFO."""
+        for req in list(self.retracted_queue):
+            copy = req.host_copy
+            assert copy is not None
+            if not self._fits(copy.length):
+                self.pd_stats.retries += 1
+                break
+            out = self._allocate(req, copy.length, PD_DECODE_WAITING)
+            if out is None:
+                self.pd_stats.retries += 1
+                break
+            landing.restore(self.kv_buffer, out, copy, self.mamba_pool, req.mamba_pool_idx)
+            if self.note_kv_written is not None:
+                self.note_kv_written(out.tolist(), req.context_ids()[: copy.length], list(range(copy.length)))
+            req.host_copy = None
+            self.retracted_queue.remove(req)
+            self._enter(req, ReqState.PREBUILT, PD_DECODE_WAITING, "resumed from host")
+            self.prebuilt_queue.append(req)
+            self.pd_stats.resumes += 1
+
+    # ------------------------------------------------------------------ writer lease
+    def transfer_may_touch(self, req: PDReq) -> bool:
+        """Writes may land while the receiver was initialised and the sender has not acknowledged."""
+        return self.channel.writes_may_land(req.bootstrap_room)
+
+    def start_lease(self, req: PDReq) -> None:
+        self.channel.request_drain(req.bootstrap_room)
+
+    def lease_drained(self, req: PDReq) -> bool:
+        return self.channel.writes_drained(req.bootstrap_room)
