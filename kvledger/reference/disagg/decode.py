@@ -125,13 +125,18 @@ class DecodeScheduler(PDScheduler):
         return self.memory.prepare_extend([req], None, admit_account=account)
 
     def pop_preallocated(self) -> None:
-        """Pre-allocate bootstrapped requests, FIFO, stopping at the first that does not fit."""
+        """Pre-allocate bootstrapped requests, FIFO, stopping at the first that does not fit.
+
+        Failed entries go first, all of them: the FIFO stop must not keep an aborted request queued
+        behind one that waits for memory (I-DRAIN; SGLang removes aborted entries at the top too).
+        """
         for req in list(self.prealloc_queue):
-            status = self.channel.receiver_status(req.bootstrap_room)
-            if status is Poll.FAILED:
+            if self.channel.receiver_status(req.bootstrap_room) is Poll.FAILED:
                 self.abort_for(req, self.channel.failure_reason(req.bootstrap_room, DECODE))
-                continue
-            if status is Poll.BOOTSTRAPPING or self.retracted_queue:
+        if self.retracted_queue:
+            return  # while a retracted request waits, nothing new is pre-allocated
+        for req in list(self.prealloc_queue):
+            if self.channel.receiver_status(req.bootstrap_room) is Poll.BOOTSTRAPPING:
                 continue
             if not self._fits(len(req.origin_input_ids)) or not self._pre_alloc(req):
                 self.pd_stats.retries += 1

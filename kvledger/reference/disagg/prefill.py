@@ -79,13 +79,13 @@ class PrefillScheduler(PDScheduler):
                 self.abort_for(req, self.channel.failure_reason(req.bootstrap_room, PREFILL))
 
     def pop_bootstrapped(self) -> None:
-        """Bootstrapped requests take a metadata slot and join the waiting queue (FIFO)."""
+        """Bootstrapped requests take a metadata slot and join the waiting queue (FIFO; failed entries
+        are removed first, all of them, so none waits behind an entry short of a slot: I-DRAIN)."""
         for req in list(self.bootstrap_queue):
-            status = self.channel.sender_status(req.bootstrap_room)
-            if status is Poll.FAILED:
+            if self.channel.sender_status(req.bootstrap_room) is Poll.FAILED:
                 self.abort_for(req, self.channel.failure_reason(req.bootstrap_room, PREFILL))
-                continue
-            if status is Poll.BOOTSTRAPPING:
+        for req in list(self.bootstrap_queue):
+            if self.channel.sender_status(req.bootstrap_room) is Poll.BOOTSTRAPPING:
                 continue
             idx = self.metadata_pool.alloc(req.owner)
             if idx is None:

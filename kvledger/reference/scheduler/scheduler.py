@@ -258,12 +258,13 @@ class Scheduler:
             self.check_ended_requests_released()
         self.accounting.after_step()
 
-    def check_handles_owned(self) -> int:
-        """I-HANDLE-OWNED for every live request, O(live): every id a handle names is owned by the request."""
+    def check_handles_owned(self, reqs: Sequence[Req] | None = None) -> int:
+        """I-HANDLE-OWNED: every id a handle of ``reqs`` (default: every live request) names is owned by
+        that request. O(requests checked), never O(pool); returns the number of ids checked."""
         ledgers = {name: pool.ledger for name, pool in self.accounting.pools_by_name().items()}
         claims = (
             HandleClaim(r.owner, field_name, pool, ids)
-            for r in self.live_requests()
+            for r in (self.live_requests() if reqs is None else reqs)
             for field_name, pool, ids in r.handles()
         )
         return check_handles_owned(claims, ledgers)
@@ -524,6 +525,8 @@ class Scheduler:
             self._next_batch_id, list(reqs), is_decode, extend_lens, out_cache_loc, chunked_req
         )
         self.accounting.check_not_in_flight(batch)
+        if self.accounting.enabled:
+            self.check_handles_owned(batch.reqs)  # a forward never runs on an id its request does not own
         return batch
 
     def _launch(self, batch: ScheduleBatch) -> None:

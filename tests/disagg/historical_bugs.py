@@ -1,0 +1,256 @@
+"""Historical PD memory bugs, re-enacted outside the reference code, one scoped patch each.
+
+Every entry of :data:`BUGS` is a :class:`HistoricalBug`: its catalogue id (``sglang-memory-model.md``
+B1-B22, ``pd-disaggregation-and-2026-bugs.md`` N1-N18), the upstream thread, what went wrong, the
+kvledger check that catches it, and ``reenact``: a context manager that puts the bug back into the
+reference implementation for the duration of a ``with`` block by replacing exactly one clearly factored
+method (or builder function) and restoring it afterwards. The reference code itself has no fault
+branches (house rule). The tests in ``test_historical_bugs.py`` run a scenario with and without each
+re-enactment: with it, the named check fires at the first bad step; without it, the scenario passes.
+
+A later "museum" of historical bugs (issue 9) can iterate :data:`BUGS`: ids, threads and the checks
+that catch them are data here, not prose.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from kvledger.reference.disagg import builder as pd_builder
+from kvledger.reference.disagg.channel import Room, TransferChannel
+from kvledger.reference.disagg.decode import DecodeScheduler
+from kvledger.reference.disagg.instance import PDScheduler
+from kvledger.reference.disagg.prefill import PrefillScheduler
+from kvledger.reference.disagg.request import PDReq
+from kvledger.reference.pools import MambaPool
+from kvledger.reference.pools.validate import as_index_tensor
+from kvledger.reference.scheduler import Scheduler
+from kvledger.reference.scheduler.request import Req, ReqState
+
+
+@dataclass(frozen=True)
+class HistoricalBug:
+    id: str  # catalogue id
+    upstream: str  # the thread(s), fix included
+    title: str
+    caught_by: str  # the kvledger invariant whose check fires first
+    reenact: Callable[[], contextlib.AbstractContextManager[None]]
+
+
+@contextlib.contextmanager
+def patched(owner: Any, name: str, wrap: Callable[[Any], Any]) -> Iterator[None]:
+    """Replace ``owner.name`` by ``wrap(original)`` for the duration of the block (a method of the class
+    ``owner``, possibly inherited, or a module function); the original is restored afterwards."""
+    own = name in vars(owner)
+    original = vars(owner)[name] if own else getattr(owner, name)
+    setattr(owner, name, wrap(original))
+    try:
+        yield
+    finally:
+        if own:
+            setattr(owner, name, original)
+        else:
+            delattr(owner, name)  # it was inherited: remove the override
+
+
+# ---------------------------------------------------------------------------------------------- B4
+def _late_2025_process_prefill_chunk(original: Callable[..., None]) -> Callable[..., None]:
+    def process_prefill_chunk(self: PrefillScheduler, req: Req) -> None:
+        """Late-2025 ``process_prefill_chunk``: cache the chunk, send it, then
+        ``req_to_token_pool.free(chunked_req.req_pool_idx)`` with the default ``free_mamba_cache=True``:
+        the row goes (the next chunk takes a new one) and so does the working Mamba slot, while
+        ``req.mamba_pool_idx`` stays set, so the next chunk's ``alloc`` reuses it without allocating."""
+        original(self, req)
+        assert req.req_pool_idx is not None and req.mamba_pool_idx is not None
+        self.req_to_token_pool.free(req.req_pool_idx, req.owner)
+        req.req_pool_idx = None
+        self.mamba_pool.free(req.mamba_pool_idx, req.owner)  # the handle is left set
+
+    return process_prefill_chunk
+
+
+@contextlib.contextmanager
+def b4_chunk_frees_mamba_slot() -> Iterator[None]:
+    """B4 — sglang#12432, fixed by #12994 (``free_mamba_cache=False``), per-chunk free removed by #17850.
+
+    PD prefill, hybrid model, chunked prefill: every chunk boundary freed the request's row together with
+    its working Mamba slot and left ``req.mamba_pool_idx`` set. The slot was free and in use at once,
+    and freed again at the end; SGLang's idle check saw the over-free much later
+    (``mamba_available_size=473, mamba_evictable_size=4`` for a pool of 476).
+    """
+    with patched(PrefillScheduler, "process_prefill_chunk", _late_2025_process_prefill_chunk):
+        yield
+
+
+def _unchecked_mamba_free(original: Any) -> Callable[..., None]:
+    def free(self: MambaPool, slots: Any, owner: Any) -> None:
+        """SGLang's ``MambaPool.free`` of the time: concatenate onto the free list, no duplicate detection."""
+        self._free_unchecked(as_index_tensor(slots, self.device, f"{self.name}.free"), owner)
+
+    return free
+
+
+@contextlib.contextmanager
+def sglang_2025_mamba_pool() -> Iterator[None]:
+    """Not a bug of its own: the pool semantics B4 ran on. kvledger's pools refuse a double free and a copy
+    from a free slot, even with contracts off; to show what SGLang's idle check saw, the pool must behave
+    as SGLang's did: ``free`` takes a slot twice, ``fork_from``/``copy_from`` read any slot."""
+    with patched(MambaPool, "free", _unchecked_mamba_free), patched(
+        MambaPool, "_check_held", lambda original: lambda self, slots, what: None
+    ):
+        yield
+
+
+# ---------------------------------------------------------------------------------------------- B10
+def _release_forgetting_prebuilt(original: Any) -> Callable[..., None]:
+    def _release_finished_or_aborted(self: DecodeScheduler, req: Req) -> None:
+        """Before #9817 the abort handler did not call ``release_kv_cache`` for a decode request that was
+        pre-allocated and transferred and sat in the waiting (prebuilt) queue."""
+        assert isinstance(req, PDReq)
+        if req.state is ReqState.ABORTED and req.ended_from is ReqState.PREBUILT:
+            return
+        PDScheduler._release_finished_or_aborted(self, req)
+
+    return _release_finished_or_aborted
+
+
+@contextlib.contextmanager
+def b10_decode_abort_leaks_prebuilt() -> Iterator[None]:
+    """B10 — sglang PR #9817: aborting a PD decode request in the waiting (prebuilt) queue leaked its
+    pre-allocated row, KV and Mamba slot."""
+    with patched(DecodeScheduler, "_release_finished_or_aborted", _release_forgetting_prebuilt):
+        yield
+
+
+# ---------------------------------------------------------------------------------------------- B11
+@contextlib.contextmanager
+def b11_decode_mamba_pool_ignores_rows() -> Iterator[None]:
+    """B11 — sglang PR #19002 (and #22462/#23267): the decode Mamba pool was sized without the rows it
+    serves (``max_num_reqs``-sized while rows are ``size + pre_alloc``); ``_pre_alloc`` then found no
+    working slot (``AssertionError: Not enough space for mamba ping pong idx``)."""
+
+    def ignoring_rows(original: Any) -> Callable[[int, int, int], int]:
+        return lambda requested, rows, slots_per_req: requested
+
+    with patched(pd_builder, "decode_mamba_slots", ignoring_rows):
+        yield
+
+
+# ---------------------------------------------------------------------------------------------- N4
+@contextlib.contextmanager
+def n4_decode_releases_mid_transfer() -> Iterator[None]:
+    """N4 — sglang#24527 (fixes #27372, #35049 deferred release, #38961 hardening): an abort or a failure
+    on the decode side freed the pre-allocated pages, row and metadata slot at once, without waiting for
+    the prefill's writer; the pages went to the next request and the late write landed in its KV."""
+    with patched(DecodeScheduler, "transfer_may_touch", lambda original: lambda self, req: False):
+        yield
+
+
+@contextlib.contextmanager
+def n4_prefill_releases_while_sending() -> Iterator[None]:
+    """N4, reader side — one of #38961's items: on ``Failed`` the prefill ran ``release_kv_cache`` at once
+    while a send could still read the source pages, row and state slot."""
+    with patched(PrefillScheduler, "transfer_may_touch", lambda original: lambda self, req: False):
+        yield
+
+
+# ---------------------------------------------------------------------------------------------- N5
+@contextlib.contextmanager
+def n5_idle_predicate_ignores_leases() -> Iterator[None]:
+    """N5 — sglang-omni PR #2080: ``is_fully_idle()`` did not see the PD holders (an ended request whose
+    KV lease waits for the other side), so idle-only work (``flush_cache``, the idle leak check) ran
+    over live state."""
+    with patched(PDScheduler, "is_quiescent", lambda original: Scheduler.is_quiescent):
+        yield
+
+
+# ---------------------------------------------------------------------------------------------- N6a
+@contextlib.contextmanager
+def n6a_waiting_queue_not_polled() -> Iterator[None]:
+    """N6a — sglang PR #28236: a request aborted by the decode side after bootstrap sat in the prefill's
+    waiting queue holding its metadata slot, since nothing polled its sender there; it left only when
+    scheduled."""
+    with patched(PrefillScheduler, "poll_waiting_failures", lambda original: lambda self: None):
+        yield
+
+
+# ---------------------------------------------------------------------------------------------- N9
+def _done_when_metadata_landed(original: Any) -> Callable[[TransferChannel, Room], bool]:
+    return lambda self, room: room.meta_landed
+
+
+@contextlib.contextmanager
+def n9_success_from_metadata_alone() -> Iterator[None]:
+    """N9 — sglang PR #30890: Mooncake's final chunk discarded the status of ``maybe_send_extra`` (the
+    Mamba/SWA state) and reported Success from the metadata (aux) transfer alone; decode committed a stale
+    state. The receiver's "done" is reduced to "the metadata landed"."""
+    with patched(TransferChannel, "_receiver_done", _done_when_metadata_landed):
+        yield
+
+
+BUGS: dict[str, HistoricalBug] = {
+    bug.id: bug
+    for bug in (
+        HistoricalBug(
+            "B4",
+            "sgl-project/sglang#12432 (fix #12994)",
+            "PD prefill chunk boundary frees the working Mamba slot, the handle stays set",
+            "I-HANDLE-OWNED",
+            b4_chunk_frees_mamba_slot,
+        ),
+        HistoricalBug(
+            "B10",
+            "sgl-project/sglang#9817",
+            "decode abort of a prebuilt request leaks its pre-allocation",
+            "I-OWNER-RELEASE",
+            b10_decode_abort_leaks_prebuilt,
+        ),
+        HistoricalBug(
+            "B11",
+            "sgl-project/sglang#19002 (#22462, #23267)",
+            "decode Mamba pool smaller than rows x slots per request",
+            "I-SIZING",
+            b11_decode_mamba_pool_ignores_rows,
+        ),
+        HistoricalBug(
+            "N4",
+            "sgl-project/sglang#24527 (fixes #27372, #35049, #38961)",
+            "decode releases pages mid-transfer; the late write lands in another request",
+            "I-WRITER-LEASE",
+            n4_decode_releases_mid_transfer,
+        ),
+        HistoricalBug(
+            "N4-reader",
+            "sgl-project/sglang#38961",
+            "prefill releases source pages while a send still reads them",
+            "I-WRITER-LEASE",
+            n4_prefill_releases_while_sending,
+        ),
+        HistoricalBug(
+            "N5",
+            "sgl-project/sglang-omni#2080",
+            "idle predicate blind to PD leases: idle-only work runs over live state",
+            "I-QUIESCENT",
+            n5_idle_predicate_ignores_leases,
+        ),
+        HistoricalBug(
+            "N6a",
+            "sgl-project/sglang#28236",
+            "decode-side abort leaves the prefill waiting entry holding its metadata slot",
+            "I-DRAIN",
+            n6a_waiting_queue_not_polled,
+        ),
+        HistoricalBug(
+            "N9",
+            "sgl-project/sglang#30890",
+            "transfer reported successful from the metadata alone",
+            "I-TRANSFER-ATOMIC",
+            n9_success_from_metadata_alone,
+        ),
+    )
+}
+
+__all__ = ["BUGS", "HistoricalBug", "patched", "sglang_2025_mamba_pool"]
