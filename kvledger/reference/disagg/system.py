@@ -128,6 +128,7 @@ class PDSystem:
         for side, inst in ((PREFILL, self.prefill), (DECODE, self.decode)):
             with self._side(side):
                 inst.accounting.check_quiescent()
+        self.check_drain()
         if self.undrained:
             raise ContractViolation(f"I-DRAIN: quiescent with aborted requests not drained: {self.undrained}")
 
