@@ -167,6 +167,16 @@ def _parser() -> argparse.ArgumentParser:
             " through the pools (about 40x slower; needs the Mamba pool) (default: %(default)s)"
         ),
     )
+    d = s.add_argument_group("prefill/decode disaggregation")
+    d.add_argument(
+        "--pd",
+        action="store_true",
+        help="run through a prefill instance, a decode instance and a faulty transfer channel",
+    )
+    d.add_argument("--pd-fault-rate", type=float, default=0.0, help="probability of a fault per message")
+    d.add_argument("--pd-abort-rate", type=float, default=0.0, help="probability per step of a client abort")
+    d.add_argument("--pd-latency", type=int, default=1, help="steps a transfer message takes")
+    d.add_argument("--pd-transfer-timeout", type=int, default=64, help="decode: steps without progress")
     o = s.add_argument_group("run")
     o.add_argument(
         "--contracts",
@@ -321,6 +331,8 @@ def _simulate(ns: argparse.Namespace) -> int:
             " shorten it",
             file=sys.stderr,
         )
+    if ns.pd:
+        return _simulate_pd(ns, opts, console)
     show_progress = not ns.no_progress and not ns.json
     try:
         if show_progress:
@@ -358,6 +370,31 @@ def _simulate(ns: argparse.Namespace) -> int:
     if plot_error is not None:
         print(f"kvledger simulate: error: {plot_error}", file=sys.stderr)
         return 1
+    return 1 if result.violations else 0
+
+
+def _simulate_pd(ns: argparse.Namespace, opts: object, console: object) -> int:
+    from kvledger.sim.pd import PDSimOptions, run_pd_simulation
+    from kvledger.sim.report import plot_pd_timelines, print_pd_summary
+
+    result = run_pd_simulation(
+        PDSimOptions(
+            base=opts,  # type: ignore[arg-type]
+            fault_rate=ns.pd_fault_rate,
+            abort_rate=ns.pd_abort_rate,
+            latency=ns.pd_latency,
+            transfer_timeout=ns.pd_transfer_timeout,
+        )
+    )
+    plots = [] if ns.no_plot else plot_pd_timelines(result, ns.plot)
+    if ns.json:
+        out = result.summary()
+        out["plots"] = [str(p) for p in plots]
+        print(json.dumps(out))
+    else:
+        print_pd_summary(result, console)  # type: ignore[arg-type]
+        for path in plots:
+            console.print(f"ledger timeline written to {path}")  # type: ignore[attr-defined]
     return 1 if result.violations else 0
 
 

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
-from kvledger.contracts.owners import STANDARD_ACCOUNTS
+from kvledger.contracts.owners import PD_ACCOUNTS, STANDARD_ACCOUNTS
 from kvledger.sim.simulate import SimResult
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kvledger.sim.pd import PDSimResult
 
 _COLOURS = {
     "free": "#d9d9d9",
@@ -19,6 +23,14 @@ _COLOURS = {
     "req.chunked": "#fb8500",
     "req.running": "#e63946",
     "batch.inflight": "#6a4c93",
+    "pd.prefill.bootstrap": "#c7e9c0",
+    "pd.prefill.inflight": "#41ab5d",
+    "pd.prefill.lease": "#005a32",
+    "pd.decode.prealloc": "#dadaeb",
+    "pd.decode.transfer": "#9e9ac8",
+    "pd.decode.waiting": "#6a51a3",
+    "pd.decode.retracted": "#fdae6b",
+    "pd.decode.lease": "#3f007d",
 }
 
 
@@ -61,22 +73,29 @@ def print_summary(result: SimResult, console: Console | None = None) -> None:
 
 def plot_timeline(result: SimResult, path: Path) -> Path:
     """Per pool, stacked areas of the identity's terms over the steps; the stack reaches the pool size."""
+    return _plot_timeline(result.timeline, path, "kvledger ledger timeline", result.timeline_steps)
+
+
+def _plot_timeline(
+    timeline: list[dict[str, dict[str, int]]], path: Path, title: str, steps_taken: list[int] | None = None
+) -> Path:
+    """Stacked areas per pool; ``steps_taken`` are the steps the samples were taken at (default 1, 2, ...)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    pools = list(result.timeline[0].keys()) if result.timeline else []
+    pools = list(timeline[0].keys()) if timeline else []
     fig, axes = plt.subplots(
         len(pools) or 1, 1, figsize=(11, 2.8 * max(1, len(pools))), sharex=True, squeeze=False
     )
-    steps = result.timeline_steps or list(range(1, len(result.timeline) + 1))
-    order = [a.name for a in STANDARD_ACCOUNTS]
+    steps = list(steps_taken) if steps_taken else list(range(1, len(timeline) + 1))
+    order = [a.name for a in (*STANDARD_ACCOUNTS, *PD_ACCOUNTS)]
     for ax, pool in zip(axes[:, 0], pools, strict=False):
-        series_names = [n for n in order if any(s[pool].get(n, 0) for s in result.timeline)]
-        extra = sorted({k for s in result.timeline for k in s[pool] if k not in order and k != "size"})
+        series_names = [n for n in order if any(s[pool].get(n, 0) for s in timeline)]
+        extra = sorted({k for s in timeline for k in s[pool] if k not in order and k != "size"})
         series_names += extra
-        values = [[s[pool].get(n, 0) for s in result.timeline] for n in series_names]
+        values = [[s[pool].get(n, 0) for s in timeline] for n in series_names]
         ax.stackplot(
             steps,
             values,
@@ -84,15 +103,84 @@ def plot_timeline(result: SimResult, path: Path) -> Path:
             colors=[_COLOURS.get(n, "#999999") for n in series_names],
             linewidth=0,
         )
-        size = result.timeline[0][pool]["size"]
+        size = timeline[0][pool]["size"]
         ax.axhline(size, color="black", linewidth=0.8, linestyle="--")
         ax.set_ylabel(pool)
         ax.set_ylim(0, size * 1.03)
         ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
     axes[-1, 0].set_xlabel("scheduler step")
-    fig.suptitle("kvledger ledger timeline: every slot's account per step (dashed: pool size)")
+    fig.suptitle(f"{title}: every slot's account per step (dashed: pool size)")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+# ---------------------------------------------------------------------------------------------- PD
+def pd_summary_tables(result: PDSimResult) -> list[Table]:
+    """The run's totals, then one column per instance (transfers, failures, retries, aborts by stage)."""
+    top = Table(title="kvledger simulate --pd", show_header=True, header_style="bold")
+    top.add_column("metric")
+    top.add_column("value", justify="right")
+    for k, v in [
+        (
+            "requests (finished / aborted / rejected, decode side)",
+            f"{result.requests} ({result.finished} / {result.aborted} / {result.rejected})",
+        ),
+        ("system steps", f"{result.steps}"),
+        ("steps/s", f"{result.steps_per_s}"),
+        ("generated tokens", f"{result.generated_tokens}"),
+        ("prefix hit rate (prefill)", f"{result.prefix_hit_rate:.1%}"),
+        ("channel messages", _fmt(result.channel["messages"])),
+        ("channel faults", _fmt(result.channel["faults"])),
+        ("abort acknowledgements", f"{result.channel['abort_acks']}"),
+        (
+            "aborts drained (longest / bound, steps)",
+            f"{result.drained_aborts} ({result.longest_drain} / {result.drain_bound})",
+        ),
+        ("contracts", "on" if result.contracts else "off"),
+        ("violations", f"{result.violations}"),
+        ("wall time", f"{result.wall_s:.2f} s"),
+    ]:
+        top.add_row(k, v)
+    per = Table(title="per instance", show_header=True, header_style="bold")
+    per.add_column("metric")
+    names = list(result.instances)
+    for name in names:
+        per.add_column(name, justify="right")
+    rows: list[tuple[str, object]] = [
+        ("transfers (started / succeeded)", lambda s: f"{s.transfers_started} / {s.transfers_succeeded}"),
+        ("room failures", lambda s: _fmt(s.failures)),
+        ("retries (waited for a row, slot or memory)", lambda s: f"{s.retries}"),
+        ("aborts by stage", lambda s: _fmt(s.aborts_by_stage)),
+        ("leases (longest, steps)", lambda s: f"{s.leases} ({s.longest_lease})"),
+        ("retractions / resumes", lambda s: f"{s.retractions} / {s.resumes}"),
+        ("prefill / decode batches", lambda s: f"{s.prefill_batches} / {s.decode_batches}"),
+        ("busy checks", lambda s: f"{s.contract_checks}"),
+        ("peak use", lambda s: _fmt({k: f"{v:.0%}" for k, v in s.peak_use.items()})),
+    ]
+    for label, cell in rows:
+        per.add_row(label, *[cell(result.instances[n]) for n in names])  # type: ignore[operator]
+    return [top, per]
+
+
+def _fmt(d: dict[str, object]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in d.items()) or "-"
+
+
+def print_pd_summary(result: PDSimResult, console: Console | None = None) -> None:
+    console = console or Console()
+    for table in pd_summary_tables(result):
+        console.print(table)
+    if result.violation:
+        console.print("[bold red]ContractViolation[/bold red]")
+        console.print(result.violation, markup=False, highlight=False)
+
+
+def plot_pd_timelines(result: PDSimResult, path: Path) -> list[Path]:
+    """One timeline per instance: ``NAME.prefill.png`` and ``NAME.decode.png`` beside ``path``."""
+    return [
+        _plot_timeline(timeline, path.with_name(f"{path.stem}.{side}{path.suffix}"), f"{side} instance")
+        for side, timeline in result.timelines.items()
+    ]

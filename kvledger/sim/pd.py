@@ -1,0 +1,181 @@
+"""``kvledger simulate --pd``: the same workload through a prefill instance, a decode instance and a
+faulty channel, with a summary per instance and a ledger timeline per instance.
+
+Both instances get the pool sizes of :class:`~kvledger.sim.simulate.SimOptions` (the decode instance
+sized by I-SIZING on top: ``max_running + pre_alloc`` rows, a Mamba pool covering them). Random faults
+(``fault_rate``: each message and handshake draws drop / delay / fail / timeout with that probability)
+and random client aborts (``abort_rate``: each step, with that probability, one live request is aborted
+at a random side) are seeded by the workload seed.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from kvledger.contracts import switch
+from kvledger.contracts.errors import ContractViolation
+from kvledger.reference.disagg import DECODE, PREFILL, ChannelConfig, PDScheduler, PDSpec, PDSystem, build_pd
+from kvledger.sim.simulate import SimOptions, _options_dict, _peak_use
+
+
+@dataclass(frozen=True)
+class PDSimOptions:
+    base: SimOptions = field(default_factory=SimOptions)
+    fault_rate: float = 0.0
+    abort_rate: float = 0.0
+    latency: int = 1
+    transfer_timeout: int = 64
+
+    def spec(self) -> PDSpec:
+        engine = self.base.engine_spec()
+        channel = ChannelConfig(
+            latency=self.latency,
+            transfer_timeout=self.transfer_timeout,
+            bootstrap_timeout=max(24, 4 * self.latency),
+            fault_rate=self.fault_rate,
+            seed=self.base.workload.seed,
+        )
+        decode = replace(engine, tree="none", chunk=None)
+        return PDSpec(prefill=engine, decode=decode, channel=channel)
+
+
+@dataclass
+class InstanceSummary:
+    """One instance's counts for the report."""
+
+    transfers_started: int
+    transfers_succeeded: int
+    failures: dict[str, int]
+    retries: int
+    aborts_by_stage: dict[str, int]
+    leases: int
+    longest_lease: int
+    resumes: int
+    retractions: int
+    prefill_batches: int
+    decode_batches: int
+    contract_checks: int
+    peak_use: dict[str, float]
+
+    @staticmethod
+    def of(inst: PDScheduler, timeline: list[dict[str, dict[str, int]]]) -> InstanceSummary:
+        st, pd = inst.stats, inst.pd_stats
+        return InstanceSummary(
+            transfers_started=pd.transfers_started,
+            transfers_succeeded=pd.transfers_succeeded,
+            failures=dict(pd.failures),
+            retries=pd.retries,
+            aborts_by_stage=dict(pd.aborts_by_stage),
+            leases=pd.leases,
+            longest_lease=pd.longest_lease,
+            resumes=pd.resumes,
+            retractions=st.retractions,
+            prefill_batches=st.prefill_batches,
+            decode_batches=st.decode_batches,
+            contract_checks=st.busy_checks,
+            peak_use=_peak_use(timeline),
+        )
+
+
+@dataclass
+class PDSimResult:
+    options: dict[str, Any]
+    contracts: bool
+    steps: int
+    wall_s: float
+    steps_per_s: float
+    requests: int
+    finished: int
+    aborted: int
+    rejected: int
+    generated_tokens: int
+    prefix_hit_rate: float
+    instances: dict[str, InstanceSummary]
+    channel: dict[str, Any]
+    drained_aborts: int
+    longest_drain: int
+    drain_bound: int
+    violations: int
+    violation: str | None
+    timelines: dict[str, list[dict[str, dict[str, int]]]] = field(repr=False)
+
+    def summary(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.pop("timelines")
+        return out
+
+
+def run_pd_simulation(opts: PDSimOptions, progress: Callable[[int, int], None] | None = None) -> PDSimResult:
+    """Run the workload through both instances to completion; a violation is reported, not hidden."""
+    system = build_pd(opts.spec())
+    arrivals = opts.base.workload.requests()
+    total = len(arrivals)
+    rng = random.Random(opts.base.workload.seed + 1)
+    timelines: dict[str, list[dict[str, dict[str, int]]]] = {PREFILL: [], DECODE: []}
+    violation: str | None = None
+    start = time.perf_counter()
+    next_arrival = 0
+    per_step = opts.base.workload.arrivals_per_step
+    try:
+        while next_arrival < total or system.has_work():
+            for rid, prompt, max_new in arrivals[next_arrival : next_arrival + per_step]:
+                system.add_request(rid, prompt, max_new)
+            next_arrival = min(total, next_arrival + per_step)
+            if opts.abort_rate and rng.random() < opts.abort_rate:
+                _abort_one(system, rng)
+            system.step()
+            timelines[PREFILL].append(system.prefill.accounting.snapshot())
+            timelines[DECODE].append(system.decode.accounting.snapshot())
+            if progress is not None:
+                progress(sum(d.state.is_done for _, d in system.pairs.values()), total)
+            if system.step_no >= opts.base.max_steps:
+                raise ContractViolation(f"I-LIVENESS: not drained after {opts.base.max_steps} steps")
+        if switch.ENABLED:
+            system.check_quiescent()
+    except ContractViolation as exc:
+        violation = str(exc)
+    wall = time.perf_counter() - start
+    decode_states = [d.state.value for _, d in system.pairs.values()]
+    p_stats = system.prefill.stats
+    ch = system.channel.stats
+    return PDSimResult(
+        options={**_options_dict(opts.base), **{k: v for k, v in asdict(opts).items() if k != "base"}},
+        contracts=switch.ENABLED,
+        steps=system.step_no,
+        wall_s=round(wall, 3),
+        steps_per_s=round(system.step_no / wall, 1) if wall > 0 else 0.0,
+        requests=total,
+        finished=decode_states.count("finished"),
+        aborted=decode_states.count("aborted"),
+        rejected=decode_states.count("rejected"),
+        generated_tokens=sum(len(d.output_ids) for _, d in system.pairs.values()),
+        prefix_hit_rate=(
+            round(p_stats.cached_prompt_tokens / p_stats.prompt_tokens, 4) if p_stats.prompt_tokens else 0.0
+        ),
+        instances={
+            PREFILL: InstanceSummary.of(system.prefill, timelines[PREFILL]),
+            DECODE: InstanceSummary.of(system.decode, timelines[DECODE]),
+        },
+        channel={
+            "rooms": ch.rooms_opened,
+            "messages": {f"{c}.{o}": n for (c, o), n in sorted(ch.messages.items())},
+            "faults": {f"{c}.{f}": n for (c, f), n in sorted(ch.faults.items())},
+            "abort_acks": ch.acks,
+        },
+        drained_aborts=system.drained_aborts,
+        longest_drain=system.longest_drain,
+        drain_bound=system.channel.config.drain_bound,
+        violations=int(violation is not None),
+        violation=violation,
+        timelines=timelines,
+    )
+
+
+def _abort_one(system: PDSystem, rng: random.Random) -> None:
+    live = [rid for rid, (p, d) in system.pairs.items() if not (p.state.is_done and d.state.is_done)]
+    if live:
+        system.abort(rng.choice(live), rng.choice([PREFILL, DECODE]))
