@@ -30,13 +30,7 @@ from kvledger.reference.disagg import DECODE, PREFILL, ChannelConfig, Component,
 from kvledger.reference.scheduler import ReqState
 from tests.disagg.harness import build, expected, pd_spec
 from tests.scheduler.harness import long_fuzz_settings
-
-FAMILIES = [
-    [],
-    [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22],
-    [31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50],
-    [11, 12, 13, 14, 15, 16, 70, 71, 72, 73],
-]
+from tests.scheduler.test_scheduler_machine import FAMILIES
 
 
 @st.composite
