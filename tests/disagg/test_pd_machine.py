@@ -27,6 +27,7 @@ from hypothesis.stateful import (
 
 from kvledger.contracts.identity import check_busy_identity
 from kvledger.reference.disagg import DECODE, PREFILL, ChannelConfig, Component, Fault, PDSpec
+from kvledger.reference.disagg.instance import check_queues
 from kvledger.reference.scheduler import ReqState
 from tests.disagg.harness import build, expected, pd_spec
 from tests.scheduler.harness import long_fuzz_settings
@@ -132,10 +133,12 @@ class PDMachine(RuleBasedStateMachine):
             inst.accounting._cross_check_ledgers(terms)
             inst.check_handles_owned()
             inst.check_ended_requests_released()
+            check_queues(inst)
             for pool in inst.accounting.pools_by_name().values():
                 pool.audit()
             if inst.tree is not None:
                 inst.tree.audit()
+        self.system.channel.audit()
         self.system.check_leases()
         self.system.check_drain()
 

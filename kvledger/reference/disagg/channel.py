@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvledger.contracts.errors import ContractViolation, InvalidArgument
+from kvledger.contracts.switch import require
 from kvledger.reference.disagg import landing
 
 
@@ -253,6 +254,7 @@ class TransferChannel:
         self._seq += 1
         heapq.heappush(self._events, (step, self._seq, kind, room, payload))
 
+    @require(lambda self, now: now >= self.now, "time does not run backwards")
     def advance(self, now: int) -> None:
         """Run every event due at or before ``now``, then the timeouts."""
         self.now = now
@@ -552,6 +554,23 @@ class TransferChannel:
             room.meta_landed = True
 
     # ------------------------------------------------------------------ queries
+    def audit(self) -> None:
+        """The channel's own consistency, O(rooms + messages in flight): what a landing may rely on."""
+        for room in self.rooms.values():
+            landed = sum(room.landed_positions)
+            overdue = any(m.resolve_step <= self.now for m in room.unresolved.values())
+            checks = [
+                (room.kv_landed != landed, f"kv_landed {room.kv_landed} != positions marked {landed}"),
+                (room.dispatched_kv > room.plan_len, f"dispatched {room.dispatched_kv} > plan {room.plan_len}"),
+                (bool(room.unresolved) and room.dst is None, "messages in flight for a room with no destination"),
+                (overdue, "a message is past its resolve step"),
+                (room.closed, "a closed room was kept"),
+                (bool(room.pending) and room.sender_aborted, "pending sends on an aborted sender"),
+            ]
+            problems = [what for bad, what in checks if bad]
+            if problems:
+                raise ContractViolation(f"channel: {problems}: {self.describe_room(room.room)}")
+
     def in_flight(self) -> Iterator[Message]:
         """Every dispatched, unresolved message (what the lease check walks each step)."""
         for room in self.rooms.values():

@@ -55,6 +55,10 @@ class DecodeScheduler(PDScheduler):
         note_kv_written: Any = None,
         **kwargs: Any,
     ) -> None:
+        self.prealloc_queue: list[PDReq] = []
+        self.transfer_queue: list[PDReq] = []
+        self.prebuilt_queue: list[PDReq] = []
+        self.retracted_queue: list[PDReq] = []
         super().__init__(*args, **kwargs)
         if self.tree is not None:
             raise ContractViolation("the decode instance models SGLang's default ChunkCache: no radix cache")
@@ -67,10 +71,6 @@ class DecodeScheduler(PDScheduler):
             slots_per_req=mamba_slots_per_req,
             metadata_slots=self.metadata_pool.size,
         )
-        self.prealloc_queue: list[PDReq] = []
-        self.transfer_queue: list[PDReq] = []
-        self.prebuilt_queue: list[PDReq] = []
-        self.retracted_queue: list[PDReq] = []
 
     def pd_queues(self) -> dict[str, list[PDReq]]:
         return {

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvledger.contracts.errors import InvalidArgument
+from kvledger.contracts.errors import ContractViolation, InvalidArgument
 from kvledger.contracts.owners import LEASE_ACCOUNTS, Account
 from kvledger.reference.disagg.accounting import PDAccounting
 from kvledger.reference.disagg.channel import TransferChannel
@@ -43,6 +43,37 @@ class PDStats:
     longest_lease: int = 0  # steps
 
 
+# The state each PD queue's entries are in, and the queues whose entries hold no pool id at all.
+QUEUE_STATES: dict[str, ReqState] = {
+    "bootstrap": ReqState.BOOTSTRAP,
+    "inflight": ReqState.INFLIGHT,
+    "prealloc": ReqState.PREALLOC,
+    "transfer": ReqState.TRANSFER,
+    "prebuilt": ReqState.PREBUILT,
+    "retracted": ReqState.RETRACTED,
+    "lease": ReqState.ABORTED,
+}
+HOLDS_NOTHING = frozenset({"bootstrap", "prealloc", "retracted"})
+
+
+def check_queues(sched: PDScheduler) -> None:
+    """Each PD queue holds live requests in its own state; bootstrap, prealloc and retracted entries hold no
+    pool id (no handle, no KV); a leased request keeps its room. O(queued requests).
+
+    Checked with the scheduler's per-step checks rather than as an icontract class invariant: icontract
+    2.7.3 adds a subclass's invariants to the wrappers of the base class's methods, so a plain
+    ``Scheduler`` would then evaluate this one.
+    """
+    for name, queue in sched.pd_queues().items():
+        for req in queue:
+            if req.state is not QUEUE_STATES[name] or sched._live.get(req.rid) is not req:
+                raise ContractViolation(f"PD queue {sched.side}.{name} holds {req!r} (state or liveness wrong)")
+            if name in HOLDS_NOTHING and (req.handles() or req.kv_allocated_len):
+                raise ContractViolation(f"{req!r} in the {sched.side} {name} queue holds ids: {req.handles()}")
+            if name == "lease" and sched.rooms.get(req.bootstrap_room) is not req:
+                raise ContractViolation(f"leased {req!r} lost its room {req.bootstrap_room}")
+
+
 class PDScheduler(Scheduler):
     """A scheduler with PD queues. Subclasses set ``side``, ``lease_account`` and the queue hooks."""
 
@@ -58,13 +89,13 @@ class PDScheduler(Scheduler):
         kv_buffer: Any = None,
         **parts: Any,
     ) -> None:
+        self.lease_queue: list[PDReq] = []
+        self.rooms: dict[int, PDReq] = {}  # bootstrap room -> this side's live request
         super().__init__(config, **parts)
         self.metadata_pool = metadata_pool
         self.channel = channel
         self.kv_buffer = kv_buffer
         self.accounting = PDAccounting(self)
-        self.rooms: dict[int, PDReq] = {}  # bootstrap room -> this side's live request
-        self.lease_queue: list[PDReq] = []
         self.pd_stats = PDStats()
         self.abort_log: list[tuple[int, int]] = []  # (rid, step): read by the system's I-DRAIN check
 
@@ -161,6 +192,11 @@ class PDScheduler(Scheduler):
 
     def lease_drained(self, req: PDReq) -> bool:
         raise NotImplementedError
+
+    def _check_step(self) -> None:
+        if self.accounting.enabled:
+            check_queues(self)
+        super()._check_step()
 
     # ------------------------------------------------------------------ queues
     def pd_queues(self) -> dict[str, list[PDReq]]:

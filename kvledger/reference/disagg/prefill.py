@@ -33,9 +33,9 @@ class PrefillScheduler(PDScheduler):
     lease_account = PD_PREFILL_LEASE
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(*args, **kwargs)
         self.bootstrap_queue: list[PDReq] = []
         self.inflight_queue: list[PDReq] = []
+        super().__init__(*args, **kwargs)
 
     def pd_queues(self) -> dict[str, list[PDReq]]:
         return {"bootstrap": self.bootstrap_queue, "inflight": self.inflight_queue, **super().pd_queues()}

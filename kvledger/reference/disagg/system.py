@@ -102,6 +102,7 @@ class PDSystem:
             self.decode.step()
         self._note_aborts()
         if self.checking:
+            self.channel.audit()
             self.check_leases()
             self.check_drain()
 
@@ -128,6 +129,7 @@ class PDSystem:
         for side, inst in ((PREFILL, self.prefill), (DECODE, self.decode)):
             with self._side(side):
                 inst.accounting.check_quiescent()
+        self.channel.audit()
         self.check_drain()
         if self.undrained:
             raise ContractViolation(f"I-DRAIN: quiescent with aborted requests not drained: {self.undrained}")
