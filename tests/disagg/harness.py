@@ -6,7 +6,7 @@ from dataclasses import replace
 from typing import Any
 
 from kvledger.reference.disagg import ChannelConfig, PDSpec, PDSystem, build_pd
-from kvledger.reference.engine import EngineSpec
+from kvledger.reference.engine import EngineSpec, ModelKind, TreeKind
 from tests.scheduler.harness import expected_output, model_expected_output
 
 FAST_CHANNEL = ChannelConfig(latency=1, delay_steps=2, bootstrap_timeout=8, transfer_timeout=16, message_timeout=4)
@@ -14,8 +14,8 @@ FAST_CHANNEL = ChannelConfig(latency=1, delay_steps=2, bootstrap_timeout=8, tran
 
 def pd_spec(
     *,
-    tree: str = "mamba_radix",
-    model: str = "hash",
+    tree: TreeKind = "mamba_radix",
+    model: ModelKind = "hash",
     page_size: int = 1,
     hybrid: bool = True,
     prefill_kv: int = 200,

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,7 @@ def _finish_and_check(system: PDSystem, max_steps: int = 500) -> None:
             assert d.output_ids == expected(system, d.origin_input_ids, d.max_new_tokens)
 
 
-def _step_until(system: PDSystem, cond, limit: int = 100) -> None:  # type: ignore[no-untyped-def]
+def _step_until(system: PDSystem, cond: Callable[[], bool], limit: int = 100) -> None:
     for _ in range(limit):
         if cond():
             return
@@ -176,6 +177,7 @@ def test_n4_prefill_abort_while_a_send_still_reads(bug: bool) -> None:
         system.add_request(0, list(range(10, 20)), 3)
         _step_until(system, lambda: system.pairs[0][0].state is ReqState.INFLIGHT)
         p = system.pairs[0][0]
+        assert p.mamba_pool_idx is not None
         slot = int(p.mamba_pool_idx[0])
         system.abort(0, PREFILL)
         if bug:

@@ -172,21 +172,22 @@ class PDMachine(RuleBasedStateMachine):
 
 
 TestPDMachine = PDMachine.TestCase
-TestPDMachine.settings = settings(max_examples=max(10, settings.default.max_examples // 3))
+_DEFAULT = settings()  # the loaded profile's settings
+TestPDMachine.settings = settings(max_examples=max(10, _DEFAULT.max_examples // 3))
 
 
 class PDModelMachine(PDMachine):
     """The same machine with the tiny hybrid model on both sides (fewer runs: the model costs more)."""
 
     @initialize(spec=pd_setups(model="tiny-hybrid"))
-    def init(self, spec: PDSpec) -> None:  # type: ignore[override]
+    def init(self, spec: PDSpec) -> None:
         self.spec = spec
         self.system = build(spec)
         self.next_rid = 0
 
 
 TestPDModelMachine = PDModelMachine.TestCase
-TestPDModelMachine.settings = settings(max_examples=max(6, settings.default.max_examples // 12))
+TestPDModelMachine.settings = settings(max_examples=max(6, _DEFAULT.max_examples // 12))
 
 
 @pytest.mark.deep

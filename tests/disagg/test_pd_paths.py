@@ -3,6 +3,8 @@ retraction through the host copy, the PD busy terms, and the checks each broken 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -30,7 +32,7 @@ def _drain(system: PDSystem, max_steps: int = 500) -> None:
             assert d.output_ids == expected(system, d.origin_input_ids, d.max_new_tokens), d
 
 
-def _step_until(system: PDSystem, cond, limit: int = 100) -> None:  # type: ignore[no-untyped-def]
+def _step_until(system: PDSystem, cond: Callable[[], bool], limit: int = 100) -> None:
     for _ in range(limit):
         if cond():
             return
@@ -238,6 +240,7 @@ def test_handle_owned_fires_on_the_plain_scheduler_for_a_slot_freed_behind_the_h
     req = sched.add_request(0, [1, 2, 3, 4], 6)
     sched.step()
     slot = req.mamba_pool_idx
+    assert slot is not None
     sched.mamba_pool._free_unchecked(slot, req.owner, "a path that forgot the handle")
     named = rf"I-HANDLE-OWNED: req#0\[req.running\].mamba_pool_idx names mamba id {int(slot[0])}"
     with pytest.raises(ContractViolation, match=named):
@@ -260,7 +263,7 @@ def test_metadata_pool_alloc_free_and_contents() -> None:
     a = Owner("req", 1, REQ_WAITING)
     b = Owner("req", 2, REQ_WAITING)
     i, j = pool.alloc(a), pool.alloc(b)
-    assert (i, j) == (0, 1) and pool.available_size() == 1 and pool.read(i) == (0, 0)
+    assert i == 0 and j == 1 and pool.available_size() == 1 and pool.read(i) == (0, 0)
     pool.set_buf(i, 7, 42)
     assert pool.read(i) == (7, 42)
     with pytest.raises(ForeignSlot):

@@ -20,6 +20,8 @@ token rides with the metadata) and a request whose prompt is complete goes to th
 
 from __future__ import annotations
 
+from typing import Any
+
 from kvledger.contracts.arith import floor_to_page
 from kvledger.contracts.owners import PD_PREFILL_INFLIGHT, PD_PREFILL_LEASE, REQ_WAITING
 from kvledger.reference.disagg.channel import Poll, Send
@@ -32,7 +34,7 @@ class PrefillScheduler(PDScheduler):
     side = PREFILL
     lease_account = PD_PREFILL_LEASE
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.bootstrap_queue: list[PDReq] = []
         self.inflight_queue: list[PDReq] = []
         super().__init__(*args, **kwargs)
