@@ -191,11 +191,13 @@ TestPDModelMachine.settings = settings(max_examples=max(6, _DEFAULT.max_examples
 
 
 @pytest.mark.deep
+@pytest.mark.timeout(7200)  # its own budget, not the suite's 600 s default
 def test_pd_machine_long_fuzz() -> None:
     """Nightly-style fuzzing of both instances and the channel: ``pytest -m deep``."""
     run_state_machine_as_test(PDMachine, settings=long_fuzz_settings(2000, 120))
 
 
 @pytest.mark.deep
+@pytest.mark.timeout(7200)
 def test_pd_model_machine_long_fuzz() -> None:
     run_state_machine_as_test(PDModelMachine, settings=long_fuzz_settings(300, 60))
