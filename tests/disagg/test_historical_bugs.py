@@ -61,6 +61,7 @@ def test_the_museum_entries_are_self_describing() -> None:
 
 # ------------------------------------------------------------------ B4: the seed (#12432 / #12994)
 @needs_contracts
+@pytest.mark.fires("I-HANDLE-OWNED")
 def test_b4_seed_caught_at_the_first_chunk_boundary_naming_slot_holder_and_moves() -> None:
     out = seed_12432.run("kvledger")
     msg = out["caught"]
@@ -110,7 +111,10 @@ def _prebuilt_behind_a_running_request(system: PDSystem) -> int:
 
 
 @needs_contracts
-@pytest.mark.parametrize("bug", [True, False])
+@pytest.mark.parametrize(
+    "bug",
+    [pytest.param(True, marks=pytest.mark.fires("I-OWNER-RELEASE"), id="reenacted"), pytest.param(False, id="fixed")],
+)
 def test_b10_decode_abort_of_a_prebuilt_request(bug: bool) -> None:
     with _reenacted("B10", bug):
         system = build(decode_running=1)
@@ -128,7 +132,10 @@ def test_b10_decode_abort_of_a_prebuilt_request(bug: bool) -> None:
 
 # ------------------------------------------------------------------ B11: #19002
 @needs_contracts
-@pytest.mark.parametrize("bug", [True, False])
+@pytest.mark.parametrize(
+    "bug",
+    [pytest.param(True, marks=pytest.mark.fires("I-SIZING"), id="reenacted"), pytest.param(False, id="fixed")],
+)
 def test_b11_decode_mamba_pool_must_cover_every_row(bug: bool) -> None:
     with _reenacted("B11", bug):
         spec = pd_spec(decode_running=4, decode_mamba=4)  # 4 running + 8 pre-allocated rows
@@ -142,7 +149,10 @@ def test_b11_decode_mamba_pool_must_cover_every_row(bug: bool) -> None:
 
 # ------------------------------------------------------------------ N4: #24527, #38961
 @needs_contracts
-@pytest.mark.parametrize("bug", [True, False])
+@pytest.mark.parametrize(
+    "bug",
+    [pytest.param(True, marks=pytest.mark.fires("I-WRITER-LEASE"), id="reenacted"), pytest.param(False, id="fixed")],
+)
 def test_n4_decode_abort_mid_transfer_pages_reused_while_the_write_lands(bug: bool) -> None:
     with _reenacted("N4", bug):
         system = build(tree="none", page_size=4, hybrid=False, prefill_kv=128, decode_kv=32, decode_running=2)
@@ -169,7 +179,10 @@ def test_n4_decode_abort_mid_transfer_pages_reused_while_the_write_lands(bug: bo
 
 
 @needs_contracts
-@pytest.mark.parametrize("bug", [True, False])
+@pytest.mark.parametrize(
+    "bug",
+    [pytest.param(True, marks=pytest.mark.fires("I-WRITER-LEASE"), id="reenacted"), pytest.param(False, id="fixed")],
+)
 def test_n4_prefill_abort_while_a_send_still_reads(bug: bool) -> None:
     with _reenacted("N4-reader", bug):
         system = build()
@@ -193,7 +206,10 @@ def test_n4_prefill_abort_while_a_send_still_reads(bug: bool) -> None:
 
 # ------------------------------------------------------------------ N5: sglang-omni #2080
 @needs_contracts
-@pytest.mark.parametrize("bug", [True, False])
+@pytest.mark.parametrize(
+    "bug",
+    [pytest.param(True, marks=pytest.mark.fires("I-IDLE-IDENTITY"), id="reenacted"), pytest.param(False, id="fixed")],
+)
 def test_n5_idle_work_must_wait_for_leases(bug: bool) -> None:
     with _reenacted("N5", bug):
         system = build()
@@ -214,7 +230,10 @@ def test_n5_idle_work_must_wait_for_leases(bug: bool) -> None:
 
 # ------------------------------------------------------------------ N6a: #28236
 @needs_contracts
-@pytest.mark.parametrize("bug", [True, False])
+@pytest.mark.parametrize(
+    "bug",
+    [pytest.param(True, marks=pytest.mark.fires("I-DRAIN"), id="reenacted"), pytest.param(False, id="fixed")],
+)
 def test_n6a_decode_abort_must_free_the_prefill_waiting_entry(bug: bool) -> None:
     with _reenacted("N6a", bug):
         system = build(tree="none", prefill_rows=1, chunk=4, prefill_kv=400, decode_kv=400, max_context_len=200)
@@ -237,7 +256,10 @@ def test_n6a_decode_abort_must_free_the_prefill_waiting_entry(bug: bool) -> None
 
 # ------------------------------------------------------------------ N9: #30890
 @needs_contracts
-@pytest.mark.parametrize("bug", [True, False])
+@pytest.mark.parametrize(
+    "bug",
+    [pytest.param(True, marks=pytest.mark.fires("I-TRANSFER-ATOMIC"), id="reenacted"), pytest.param(False, id="fixed")],
+)
 def test_n9_a_transfer_missing_its_state_never_commits(bug: bool) -> None:
     with _reenacted("N9", bug):
         system = build()

@@ -200,6 +200,7 @@ def test_retracted_decode_requests_resume_from_their_host_copy_with_the_same_tok
 
 # ------------------------------------------------------------------ the PD busy check
 @needs_contracts
+@pytest.mark.fires("I-COUNT")
 def test_pd_busy_terms_name_every_holder_and_the_ledger_agrees() -> None:
     system = build()
     system.channel.inject(Component.KV, Fault.DELAY, times=3)
@@ -222,6 +223,7 @@ def test_pd_busy_terms_name_every_holder_and_the_ledger_agrees() -> None:
 
 
 @needs_contracts
+@pytest.mark.fires("I-COUNT")
 def test_the_pd_busy_check_names_a_request_whose_metadata_bookkeeping_lies() -> None:
     system = build()
     p, _ = system.add_request(0, PREFIX, 3)
@@ -235,6 +237,7 @@ def test_the_pd_busy_check_names_a_request_whose_metadata_bookkeeping_lies() -> 
 
 # ------------------------------------------------------------------ I-HANDLE-OWNED is generic
 @needs_contracts
+@pytest.mark.fires("I-HANDLE-OWNED")
 def test_handle_owned_fires_on_the_plain_scheduler_for_a_slot_freed_behind_the_handle() -> None:
     sched = build_plain(Setup(tree="none", kv_tokens=96, rows=2, mamba_slots=3, chunk=None))
     req = sched.add_request(0, [1, 2, 3, 4], 6)

@@ -57,6 +57,10 @@ PARTS = frozenset(
         "scheduler",  # admission, chunking, decode, retraction, finish, abort, overlap
         "model-runner",  # the tiny hybrid model reading KV and states through the pools
         "kernels",  # Triton kernels and their torch references
+        "metadata-pool",  # MetadataBufferPool (PD metadata slots)
+        "pd-prefill",  # the PD prefill instance and its queues
+        "pd-decode",  # the PD decode instance and its queues
+        "pd-channel",  # the PD transfer channel
     }
 )
 """The parts of the system an invariant can concern. A new part (PD queues, Mamba V2) is one line here."""

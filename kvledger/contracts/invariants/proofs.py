@@ -55,4 +55,7 @@ PROOFS: tuple[Proof, ...] = (
     Proof(f"{ARITH}.matched_prefix_len", ("I-NODE-NONEMPTY",)),
     Proof(f"{ARITH}.remaining_new_tokens_clipped", ("I-ATOMIC-ADMISSION",)),
     Proof("kvledger.contracts.identity.identity_gap", ("I-COUNT",)),
+    Proof("kvledger.contracts.sizing.default_pre_alloc_size", ("I-SIZING",)),
+    Proof("kvledger.contracts.sizing.decode_rows", ("I-SIZING",)),
+    Proof("kvledger.contracts.sizing.decode_mamba_slots", ("I-SIZING",)),
 )

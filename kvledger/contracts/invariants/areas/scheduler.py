@@ -68,15 +68,19 @@ AREA = Area(
             title="strong checks only at quiescence",
             statement=(
                 "Strong checks run only when no batch is in flight and no request is live (waiting, chunked,"
-                ' running, just prefilled, parked on a batch); "no batch this step" is not quiescence.'
+                ' running, just prefilled, parked on a batch); "no batch this step" is not quiescence. With PD,'
+                " no PD queue entry and no lease either (an ended request whose ids a transfer may still touch"
+                " is live state), and no transfer room open."
             ),
             severity=Severity.BUG,
             origin=Origin.SGLANG,
-            parts=("scheduler",),
-            upstream=("the false positive of SGLang PR #16067",),
+            parts=("scheduler", "pd-prefill", "pd-decode", "pd-channel"),
+            upstream=("the false positive of SGLang PR #16067", "N5: sglang-omni PR #2080"),
             checks=(
                 contract(f"{SCHED}:Scheduler.is_quiescent", "the predicate"),
                 contract(f"{ACCOUNTING}:Accounting.check_quiescent", "refuses outside quiescence"),
+                contract("kvledger/reference/disagg/instance.py:PDScheduler.is_quiescent", "PD queues, leases"),
+                contract("kvledger/reference/disagg/system.py:PDSystem.check_quiescent", "both sides, no room"),
             ),
             exercised_by=(MACHINE,),
         ),
@@ -127,17 +131,41 @@ AREA = Area(
             statement=(
                 "Every transition out of a holding state releases exactly what the request holds, once:"
                 " finish, abort (waiting with or without a copy-on-write slot, chunked, running, in flight),"
-                " retract. A second release is a bug."
+                " retract. A second release is a bug. At every step boundary a request that has ended is"
+                " released or parked in one of the scheduler's `parked_accounts` (`batch.inflight`; with PD"
+                " the two lease accounts)."
             ),
             severity=Severity.BUG,
             origin=Origin.SGLANG,
             parts=ALL,
-            upstream=("B5, SGLang PR #12693", "B7, SGLang #20182"),
+            upstream=("B5, SGLang PR #12693", "B7, SGLang #20182", "B10, SGLang PR #9817"),
             checks=(
                 contract(f"{MEMORY}:ReqMemory._guard_release", "a second release"),
                 contract(f"{MEMORY}:ReqMemory._free_owned"),
+                contract(f"{SCHED}:Scheduler.check_ended_requests_released", "every step"),
             ),
             exercised_by=(MACHINE,),
+        ),
+        Invariant(
+            id="I-HANDLE-OWNED",
+            title="a handle implies ownership",
+            statement=(
+                "Every id a request's handles name (`req_pool_idx`, `mamba_pool_idx`, a PD `metadata_idx`;"
+                " Mamba V2 ping-pong slots to come) is owned by that request in the pool's ledger: checked"
+                " every step and for the requests of every batch when it is formed, in O(live requests). A"
+                " release that leaves a handle set is caught at once, naming the slot, the holder and the"
+                " slot's moves, while the counting identity is still balanced."
+            ),
+            severity=Severity.BUG,
+            origin=Origin.KVLEDGER,
+            parts=(*ALL, "metadata-pool", "ledger"),
+            upstream=("B4: SGLang #12432 (fix #12994)", "N1: SGLang PR #26941"),
+            checks=(
+                contract("kvledger/contracts/handles.py:check_handles_owned"),
+                contract(f"{SCHED}:Scheduler.check_handles_owned", "claims from `Req.handles()`"),
+                contract(f"{SCHED}:Scheduler._new_batch", "a forward never runs on an id its request does not own"),
+            ),
+            exercised_by=(MACHINE, "tests/disagg/test_pd_machine.py:PDMachine"),
         ),
         Invariant(
             id="I-COW-STOPPER",
