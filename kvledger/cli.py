@@ -14,7 +14,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from kvledger import __version__
 from kvledger.contracts import switch
@@ -41,6 +41,16 @@ def _int_at_least(low: int) -> Callable[[str], int]:
 
     parse.__name__ = f"integer >= {low}"
     return parse
+
+
+def _probability(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a probability in [0, 1], got {value}")
+    return value
 
 
 def _int(text: str) -> int:
@@ -171,12 +181,40 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument(
         "--pd",
         action="store_true",
-        help="run through a prefill instance, a decode instance and a faulty transfer channel",
+        help=(
+            "run through a prefill instance and a decode instance (both with the pool sizes above; the"
+            " decode rows and Mamba slots raised to SGLang's PD sizing) joined by a faulty transfer channel;"
+            " one summary and one timeline per instance"
+        ),
     )
-    d.add_argument("--pd-fault-rate", type=float, default=0.0, help="probability of a fault per message")
-    d.add_argument("--pd-abort-rate", type=float, default=0.0, help="probability per step of a client abort")
-    d.add_argument("--pd-latency", type=int, default=1, help="steps a transfer message takes")
-    d.add_argument("--pd-transfer-timeout", type=int, default=64, help="decode: steps without progress")
+    d.add_argument(
+        "--pd-fault-rate",
+        metavar="P",
+        type=_probability,
+        default=0.0,
+        help="probability that a message or handshake drops, is delayed, fails or hangs (default: %(default)s)",
+    )
+    d.add_argument(
+        "--pd-abort-rate",
+        metavar="P",
+        type=_probability,
+        default=0.0,
+        help="probability per step that one live request is aborted at a random side (default: %(default)s)",
+    )
+    d.add_argument(
+        "--pd-latency",
+        metavar="STEPS",
+        type=_int_at_least(1),
+        default=1,
+        help="steps a transfer or control message takes (default: %(default)s)",
+    )
+    d.add_argument(
+        "--pd-transfer-timeout",
+        metavar="STEPS",
+        type=_int_at_least(1),
+        default=64,
+        help="steps without progress after which the decode side fails a transfer (default: %(default)s)",
+    )
     o = s.add_argument_group("run")
     o.add_argument(
         "--contracts",
@@ -256,6 +294,9 @@ def check_options(ns: argparse.Namespace) -> str | None:
             f" is {ns.kv_pool_tokens}: all {ns.gsp_num_groups * ns.gsp_prompts_per_group} requests would be"
             f" rejected; use --kv-pool-tokens {needed} or more"
         )
+    pd_only = [o for o, v in (("--pd-fault-rate", ns.pd_fault_rate), ("--pd-abort-rate", ns.pd_abort_rate)) if v]
+    if pd_only and not ns.pd:
+        return f"{pd_only[0]} applies to --pd runs only: add --pd"
     if not ns.no_plot:
         return _plot_problem(ns.plot)
     return None
@@ -373,28 +414,41 @@ def _simulate(ns: argparse.Namespace) -> int:
     return 1 if result.violations else 0
 
 
-def _simulate_pd(ns: argparse.Namespace, opts: object, console: object) -> int:
+def _simulate_pd(ns: argparse.Namespace, opts: Any, console: Any) -> int:
+    """``--pd``: the same workload through both instances; one summary and one timeline per instance."""
+    from kvledger.contracts.errors import KVLedgerError
     from kvledger.sim.pd import PDSimOptions, run_pd_simulation
     from kvledger.sim.report import plot_pd_timelines, print_pd_summary
 
-    result = run_pd_simulation(
-        PDSimOptions(
-            base=opts,  # type: ignore[arg-type]
-            fault_rate=ns.pd_fault_rate,
-            abort_rate=ns.pd_abort_rate,
-            latency=ns.pd_latency,
-            transfer_timeout=ns.pd_transfer_timeout,
-        )
+    pd_opts = PDSimOptions(
+        base=opts,
+        fault_rate=ns.pd_fault_rate,
+        abort_rate=ns.pd_abort_rate,
+        latency=ns.pd_latency,
+        transfer_timeout=ns.pd_transfer_timeout,
     )
-    plots = [] if ns.no_plot else plot_pd_timelines(result, ns.plot)
+    try:
+        result = run_pd_simulation(pd_opts)
+    except KVLedgerError as exc:  # a combination the checks above did not foresee: still a user error
+        return _fail(str(exc).splitlines()[0])
+    plots: list[Path] = []
+    plot_error = None
+    if not ns.no_plot:
+        try:
+            plots = plot_pd_timelines(result, ns.plot)
+        except (OSError, ValueError) as exc:
+            plot_error = f"could not write the plots beside {ns.plot}: {exc}"
     if ns.json:
         out = result.summary()
         out["plots"] = [str(p) for p in plots]
         print(json.dumps(out))
     else:
-        print_pd_summary(result, console)  # type: ignore[arg-type]
+        print_pd_summary(result, console)
         for path in plots:
-            console.print(f"ledger timeline written to {path}")  # type: ignore[attr-defined]
+            console.print(f"ledger timeline written to {path}")
+    if plot_error is not None:
+        print(f"kvledger simulate: error: {plot_error}", file=sys.stderr)
+        return 1
     return 1 if result.violations else 0
 
 

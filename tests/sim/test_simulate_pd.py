@@ -57,3 +57,24 @@ def test_cli_pd_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert main(["simulate", *SMALL, "--pd", "--no-progress", "--plot", str(tmp_path / "t.png")]) == 0
     text = capsys.readouterr().out
     assert "per instance" in text and "aborts by stage" in text and "t.decode.png" in text
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--pd", "--pd-fault-rate", "1.5"], "argument --pd-fault-rate: must be a probability in [0, 1], got 1.5"),
+        (["--pd", "--pd-abort-rate", "x"], "argument --pd-abort-rate: expected a number, got 'x'"),
+        (["--pd", "--pd-latency", "0"], "argument --pd-latency: must be >= 1, got 0"),
+        (["--pd", "--pd-transfer-timeout", "0"], "argument --pd-transfer-timeout: must be >= 1, got 0"),
+        (["--pd-fault-rate", "0.1"], "--pd-fault-rate applies to --pd runs only: add --pd"),
+    ],
+)
+def test_bad_pd_options_are_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    try:
+        code = main(["simulate", *args, "--no-progress", "--no-plot"])
+    except SystemExit as exc:
+        code = exc.code  # type: ignore[assignment]
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and err.count("\n") == 1 and message in err, err
