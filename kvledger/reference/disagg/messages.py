@@ -1,0 +1,183 @@
+"""What travels between the instances and what the channel records per room: components, faults,
+statuses (SGLang's ``KVPoll``), the channel's configuration, messages and rooms.
+
+Plain data; the behaviour lives in :mod:`kvledger.reference.disagg.channel`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvledger.contracts.errors import InvalidArgument
+
+
+class Component(str, enum.Enum):
+    BOOTSTRAP = "bootstrap"
+    KV = "kv"
+    MAMBA = "mamba"
+    META = "meta"
+
+
+class Fault(str, enum.Enum):
+    DROP = "drop"
+    DELAY = "delay"
+    FAIL = "fail"
+    TIMEOUT = "timeout"
+
+
+class Poll(enum.IntEnum):
+    """SGLang's ``KVPoll`` values."""
+
+    FAILED = 0
+    BOOTSTRAPPING = 1
+    WAITING_FOR_INPUT = 2
+    TRANSFERRING = 3
+    SUCCESS = 4
+
+
+class Outcome(str, enum.Enum):
+    LAND = "landed"
+    LOSE = "lost"
+    FAIL = "failed"
+
+
+@dataclass(frozen=True)
+class ChannelConfig:
+    """Latencies and timeouts in scheduler steps; random faults for ``kvledger simulate --pd``."""
+
+    latency: int = 1
+    delay_steps: int = 3
+    bootstrap_timeout: int = 24
+    transfer_timeout: int = 48  # decode: steps without progress on a pre-allocated room before it fails
+    message_timeout: int = 8  # a hung (TIMEOUT) message fails this many steps after dispatch
+    fault_rate: float = 0.0  # probability that a message (or handshake) draws a random fault
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("latency", "bootstrap_timeout", "transfer_timeout", "message_timeout"):
+            if getattr(self, name) < 1:
+                raise InvalidArgument(f"ChannelConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.delay_steps < 0:
+            raise InvalidArgument(f"ChannelConfig.delay_steps must be >= 0, got {self.delay_steps}")
+        if not 0.0 <= self.fault_rate <= 1.0:
+            raise InvalidArgument(f"ChannelConfig.fault_rate must be in [0, 1], got {self.fault_rate}")
+
+    @property
+    def max_message_life(self) -> int:
+        """The longest a dispatched message stays unresolved."""
+        return max(self.latency + self.delay_steps, self.message_timeout)
+
+    @property
+    def drain_bound(self) -> int:
+        """I-DRAIN: steps within which an aborted request has left every queue of both instances.
+
+        The abort reaches the other side (``latency``); that side notices at its next step (+1) and, if a
+        message of the room is in flight, waits for it to resolve (``max_message_life``); the sender's
+        acknowledgement travels back (``latency``) and the decode releases at its next step (+1). A
+        chunked prefill notices within one batch (+2 with the overlap scheduler). Nothing else waits.
+        """
+        return 2 * self.latency + self.max_message_life + 4
+
+
+@dataclass
+class DstInfo:
+    """The decode's pre-allocation, as sent to the prefill (SGLang ``kv_receiver.init``)."""
+
+    kv_slots: list[int]  # token slots for positions [0, plan_len)
+    mamba_slot: int | None
+    meta_idx: int
+    row: int
+
+
+@dataclass
+class Send:
+    """A chunk the prefill handed to the engine: KV positions ``[start, end)``, plus state and metadata."""
+
+    start: int
+    end: int
+    src_slots: list[int]
+    tokens: list[int]
+    state_src: int | None = None
+    meta_src: int | None = None
+
+
+@dataclass(eq=False)
+class Message:
+    """One dispatched data message of one component; ``src`` are prefill ids, ``dst`` decode ids."""
+
+    seq: int
+    room: int
+    component: Component
+    sent_step: int
+    resolve_step: int
+    outcome: Outcome
+    reason: str
+    src: list[int]
+    dst: list[int]
+    start: int = 0
+    end: int = 0
+    tokens: list[int] = field(default_factory=list)
+
+    def __repr__(self) -> str:
+        span = f" [{self.start}, {self.end})" if self.component is Component.KV else ""
+        return (
+            f"Message#{self.seq}(room {self.room}, {self.component.value}{span}, sent {self.sent_step},"
+            f" resolves {self.resolve_step} as {self.outcome.value})"
+        )
+
+
+@dataclass(eq=False)
+class Room:
+    room: int
+    plan_len: int
+    created: int
+    bootstrapped: bool = False
+    handshake_failed: bool = False
+    # sender (prefill) side
+    sender_failure: str | None = None
+    sender_aborted: bool = False  # the sender will dispatch nothing more for this room
+    sender_closed: bool = False
+    dst: DstInfo | None = None
+    pending: list[Send] = field(default_factory=list)
+    last_handed: bool = False
+    dispatched_kv: int = 0  # positions dispatched so far (sends come in order)
+    unresolved: dict[int, Message] = field(default_factory=dict)
+    # receiver (decode) side
+    receiver_failure: str | None = None
+    receiver_closed: bool = False
+    expects_state: bool = False
+    init_step: int | None = None
+    last_progress: int = 0
+    kv_landed: int = 0
+    landed_positions: bytearray = field(default_factory=bytearray)
+    state_landed: bool = False
+    meta_landed: bool = False
+    drain_requested: bool = False
+    ack_sent: bool = False
+    ack_received: bool = False
+
+    @property
+    def closed(self) -> bool:
+        return self.sender_closed and self.receiver_closed and not self.unresolved
+
+
+@dataclass
+class InstanceData:
+    """What the channel reads or writes on one instance: its buffers and pools (by reference)."""
+
+    kv_buffer: Any  # KVBufferPool, or None (the hash runner has no KV data)
+    mamba_pool: Any  # MambaPool, or None (attention-only model)
+    metadata_pool: Any
+    note_kv_written: Callable[[list[int], list[int], list[int]], None] | None = None
+
+
+@dataclass
+class ChannelStats:
+    rooms_opened: int = 0
+    messages: Counter[tuple[str, str]] = field(default_factory=Counter)  # (component, outcome)
+    faults: Counter[tuple[str, str]] = field(default_factory=Counter)  # (component, fault)
+    acks: int = 0
