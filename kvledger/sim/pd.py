@@ -10,6 +10,7 @@ at a random side) are seeded by the workload seed.
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from typing import Any
 from kvledger.contracts import switch
 from kvledger.contracts.errors import ContractViolation
 from kvledger.reference.disagg import DECODE, PREFILL, ChannelConfig, PDScheduler, PDSpec, PDSystem, build_pd
-from kvledger.sim.simulate import SimOptions, _options_dict, _peak_use
+from kvledger.sim.simulate import SimOptions, Timeline, _options_dict, _update_peak
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class InstanceSummary:
     peak_use: dict[str, float]
 
     @staticmethod
-    def of(inst: PDScheduler, timeline: list[dict[str, dict[str, int]]]) -> InstanceSummary:
+    def of(inst: PDScheduler, peak_use: dict[str, float]) -> InstanceSummary:
         st, pd = inst.stats, inst.pd_stats
         return InstanceSummary(
             transfers_started=pd.transfers_started,
@@ -77,7 +78,7 @@ class InstanceSummary:
             prefill_batches=st.prefill_batches,
             decode_batches=st.decode_batches,
             contract_checks=st.busy_checks,
-            peak_use=_peak_use(timeline),
+            peak_use=peak_use,
         )
 
 
@@ -102,34 +103,39 @@ class PDSimResult:
     violations: int
     violation: str | None
     timelines: dict[str, list[dict[str, dict[str, int]]]] = field(repr=False)
+    timeline_steps: dict[str, list[int]] = field(default_factory=dict, repr=False)  # the step of each snapshot
 
     def summary(self) -> dict[str, Any]:
         out = asdict(self)
         out.pop("timelines")
+        out.pop("timeline_steps")
         return out
 
 
 def run_pd_simulation(opts: PDSimOptions, progress: Callable[[int, int], None] | None = None) -> PDSimResult:
     """Run the workload through both instances to completion; a violation is reported, not hidden."""
     system = build_pd(opts.spec())
-    arrivals = opts.base.workload.requests()
-    total = len(arrivals)
+    arrivals = opts.base.workload.stream()
+    total = opts.base.workload.total
     rng = random.Random(opts.base.workload.seed + 1)
-    timelines: dict[str, list[dict[str, dict[str, int]]]] = {PREFILL: [], DECODE: []}
+    timelines = {PREFILL: Timeline(), DECODE: Timeline()}
+    peaks: dict[str, dict[str, float]] = {PREFILL: {}, DECODE: {}}
     violation: str | None = None
     start = time.perf_counter()
     next_arrival = 0
     per_step = opts.base.workload.arrivals_per_step
     try:
         while next_arrival < total or system.has_work():
-            for rid, prompt, max_new in arrivals[next_arrival : next_arrival + per_step]:
+            for rid, prompt, max_new in itertools.islice(arrivals, per_step):
                 system.add_request(rid, prompt, max_new)
             next_arrival = min(total, next_arrival + per_step)
             if opts.abort_rate and rng.random() < opts.abort_rate:
                 _abort_one(system, rng)
             system.step()
-            timelines[PREFILL].append(system.prefill.accounting.snapshot())
-            timelines[DECODE].append(system.decode.accounting.snapshot())
+            for side, inst in ((PREFILL, system.prefill), (DECODE, system.decode)):
+                _update_peak(peaks[side], inst.accounting.free_terms())
+                if timelines[side].wants(system.step_no):
+                    timelines[side].add(system.step_no, inst.accounting.snapshot())
             if progress is not None:
                 progress(sum(d.state.is_done for _, d in system.pairs.values()), total)
             if system.step_no >= opts.base.max_steps:
@@ -157,8 +163,8 @@ def run_pd_simulation(opts: PDSimOptions, progress: Callable[[int, int], None] |
             round(p_stats.cached_prompt_tokens / p_stats.prompt_tokens, 4) if p_stats.prompt_tokens else 0.0
         ),
         instances={
-            PREFILL: InstanceSummary.of(system.prefill, timelines[PREFILL]),
-            DECODE: InstanceSummary.of(system.decode, timelines[DECODE]),
+            PREFILL: InstanceSummary.of(system.prefill, peaks[PREFILL]),
+            DECODE: InstanceSummary.of(system.decode, peaks[DECODE]),
         },
         channel={
             "rooms": ch.rooms_opened,
@@ -171,7 +177,8 @@ def run_pd_simulation(opts: PDSimOptions, progress: Callable[[int, int], None] |
         drain_bound=system.channel.config.drain_bound,
         violations=int(violation is not None),
         violation=violation,
-        timelines=timelines,
+        timelines={side: t.snapshots for side, t in timelines.items()},
+        timeline_steps={side: t.steps for side, t in timelines.items()},
     )
 
 

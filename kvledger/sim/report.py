@@ -181,6 +181,11 @@ def print_pd_summary(result: PDSimResult, console: Console | None = None) -> Non
 def plot_pd_timelines(result: PDSimResult, path: Path) -> list[Path]:
     """One timeline per instance: ``NAME.prefill.png`` and ``NAME.decode.png`` beside ``path``."""
     return [
-        _plot_timeline(timeline, path.with_name(f"{path.stem}.{side}{path.suffix}"), f"{side} instance")
+        _plot_timeline(
+            timeline,
+            path.with_name(f"{path.stem}.{side}{path.suffix}"),
+            f"{side} instance",
+            result.timeline_steps.get(side),
+        )
         for side, timeline in result.timelines.items()
     ]

@@ -56,6 +56,10 @@ class PDAccounting(Accounting):
             held=dict(held),
         )
 
+    def free_terms(self) -> dict[str, tuple[int, int]]:
+        meta = self.s.metadata_pool
+        return {**super().free_terms(), "metadata": (meta.size, meta.available_size() + meta.pending_free_size())}
+
     def _expected_ids(self, pool: str, r: Req) -> set[int]:
         if pool == "metadata":
             idx = getattr(r, "metadata_idx", None)
