@@ -21,7 +21,7 @@ from kvledger.reference.pools import (
 )
 from kvledger.reference.radix import MambaRadixCache, RadixCache
 from kvledger.reference.scheduler import HashTokenRunner, Scheduler, SchedulerConfig
-from kvledger.reference.scheduler.config import CowReleasePolicy
+from kvledger.reference.scheduler.config import CowReleasePolicy, MambaSchedulerStrategy
 
 TreeKind = Literal["mamba_radix", "radix", "none"]
 ModelKind = Literal["hash", "tiny-hybrid"]
@@ -49,6 +49,9 @@ class EngineSpec:
     vocab_size: int = 32000
     reserved_rows: int = 0  # padding rows before the usable ones (1 on a PD decode instance)
     name_prefix: str = ""  # prefixes the pools' names (``prefill.kv``): ledger reports name the instance
+    mamba_strategy: MambaSchedulerStrategy = "no_buffer"  # the Mamba radix cache: V1, or V2 "extra_buffer"
+    mamba_track_interval: int = 256
+    mamba_chunk_size: int | None = None  # V2's kernel chunk (None: 64); the capture grid is max(it, page)
 
     def __post_init__(self) -> None:
         if self.tree == "mamba_radix" and not self.hybrid:
@@ -109,9 +112,23 @@ def build_parts(spec: EngineSpec) -> EngineParts:
             temporal_state_shape=temporal,
             name=f"{prefix}mamba",
         )
+    config = SchedulerConfig(
+        page_size=spec.page_size,
+        max_running_requests=spec.max_running,
+        max_prefill_tokens=spec.max_prefill,
+        chunked_prefill_size=spec.chunk,
+        max_context_len=spec.max_context_len,
+        overlap=spec.overlap,
+        cow_release_policy=spec.cow_release_policy,
+        eos_token_id=spec.eos_token_id,
+        mamba_scheduler_strategy=spec.mamba_strategy,
+        mamba_track_interval=spec.mamba_track_interval,
+        mamba_chunk_size=spec.mamba_chunk_size,
+    )
     tree: Any = None
     if spec.tree == "mamba_radix":
-        tree = MambaRadixCache(kv, mamba)
+        chunk = config.mamba_cache_chunk_size if config.extra_buffer else None
+        tree = MambaRadixCache(kv, mamba, mamba_cache_chunk_size=chunk)
     elif spec.tree == "radix":
         tree = RadixCache(kv)
     runner: Any = HashTokenRunner(spec.vocab_size)
@@ -129,16 +146,6 @@ def build_parts(spec: EngineSpec) -> EngineParts:
             mamba_pool=mamba,
             check_integrity=kv.ledger.enabled,  # debug builds check what the reads see; release builds don't
         )
-    config = SchedulerConfig(
-        page_size=spec.page_size,
-        max_running_requests=spec.max_running,
-        max_prefill_tokens=spec.max_prefill,
-        chunked_prefill_size=spec.chunk,
-        max_context_len=spec.max_context_len,
-        overlap=spec.overlap,
-        cow_release_policy=spec.cow_release_policy,
-        eos_token_id=spec.eos_token_id,
-    )
     return EngineParts(config, kv, rows, mamba, tree, runner, kv_buffer)
 
 

@@ -16,6 +16,13 @@ vectorised over the batch (:mod:`~kvledger.reference.model.read_checks`):
 * I-KV-ROW-CONTENT: the slot a row names for position ``q`` was last written for that request's token
   at position ``q`` (a shadow map of what was written where), so a row pointing at another path's KV
   is caught at the read, not just in the output.
+
+Mamba V2 captures (``req.mamba_track``, planned by the scheduler): the state after ``seqlen`` tokens is
+copied from the working slot into the tracking slot through the pool (``MambaPool.copy_from``, the
+kernels), as SGLang's backend copies the final or an intermediate chunk state into the track slot. A
+capture inside an extend splits the forward in two at that length: the first part advances the working
+state to the capture point, the copy is scheduled, the second part continues from it. The arithmetic is
+chunk-invariant, so the split changes no token and no state.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from kvledger.reference.model.tiny_hybrid import (
     extend_after_store,
     project,
 )
-from kvledger.reference.scheduler.request import Req
+from kvledger.reference.scheduler.request import Req, TrackPoint
 
 _LAYER = 0  # the model has one attention layer and one Mamba layer
 
@@ -64,13 +71,67 @@ class TinyHybridRunner:
     ) -> list[int]:
         if not reqs:
             return []
-        with compute_mode():
-            return self._extend(reqs, extend_lens, out_cache_loc)
-
-    def _extend(self, reqs: Sequence[Req], extend_lens: Sequence[int], new_slots: torch.Tensor) -> list[int]:
-        device = self.kv_buffer.device
         ends = [req.kv_committed_len for req in reqs]
         starts = [end - n for end, n in zip(ends, extend_lens, strict=True)]
+        tracks = [self._track_of(req, s, e) for req, s, e in zip(reqs, starts, ends, strict=True)]
+        cuts = [e if t is None or t.seqlen == e else t.seqlen for t, e in zip(tracks, ends, strict=True)]
+        with compute_mode():
+            if cuts == ends:
+                out = self._extend(reqs, starts, ends, out_cache_loc)
+            else:
+                out = self._extend_in_two(reqs, starts, cuts, ends, out_cache_loc, tracks)
+        self._capture(reqs, tracks, ends)
+        return out
+
+    def _extend_in_two(
+        self,
+        reqs: Sequence[Req],
+        starts: list[int],
+        cuts: list[int],
+        ends: list[int],
+        new_slots: torch.Tensor,
+        tracks: list[TrackPoint | None],
+    ) -> list[int]:
+        """Every request up to its capture point (or its end), the captures there, then the rest."""
+        offsets = [0]
+        for s, e in zip(starts, ends, strict=True):
+            offsets.append(offsets[-1] + e - s)
+        first = torch.cat([new_slots[o : o + c - s] for o, s, c in zip(offsets[:-1], starts, cuts, strict=True)])
+        out = self._extend(reqs, starts, cuts, first)
+        self._capture(reqs, tracks, cuts)
+        later = [i for i, (c, e) in enumerate(zip(cuts, ends, strict=True)) if c < e]
+        rest = torch.cat([new_slots[offsets[i] + cuts[i] - starts[i] : offsets[i + 1]] for i in later])
+        tail = self._extend([reqs[i] for i in later], [cuts[i] for i in later], [ends[i] for i in later], rest)
+        for i, tok in zip(later, tail, strict=True):
+            out[i] = tok
+        return out
+
+    def _track_of(self, req: Req, start: int, end: int) -> TrackPoint | None:
+        """The request's capture for this forward, checked: inside the extend, into one of its tracking slots."""
+        track = req.mamba_track
+        if track is None:
+            return None
+        pp = req.mamba_ping_pong_track_buffer
+        if not start < track.seqlen <= end or pp is None or int(track.slot[0]) not in pp.tolist():
+            raise ContractViolation(
+                f"I-TRACK-POINT: {req.owner!r} plans a capture at {track.seqlen} into slot"
+                f" {track.slot.tolist()} for a forward over [{start}, {end}) with tracking slots"
+                f" {None if pp is None else pp.tolist()}"
+            )
+        return track
+
+    def _capture(self, reqs: Sequence[Req], tracks: Sequence[TrackPoint | None], at: Sequence[int]) -> None:
+        """Copy the working state into the tracking slot of every request whose capture point is ``at``."""
+        src = [self._mamba_slot(r) for r, t, a in zip(reqs, tracks, at, strict=True) if t and t.seqlen == a]
+        if src:
+            dst = [t.slot for t, a in zip(tracks, at, strict=True) if t and t.seqlen == a]
+            self.mamba_pool.copy_from(torch.cat(src), torch.cat(dst))
+
+    def _extend(
+        self, reqs: Sequence[Req], starts: Sequence[int], ends: Sequence[int], new_slots: torch.Tensor
+    ) -> list[int]:
+        device = self.kv_buffer.device
+        extend_lens = [e - s for s, e in zip(starts, ends, strict=True)]
         contexts = [req.context_ids() for req in reqs]
         ext = Extend.build(starts, extend_lens, device)
         tokens = torch.tensor(
@@ -82,7 +143,7 @@ class TinyHybridRunner:
         if not torch.equal(
             slot_table[ext.seq, ext.positions], new_slots.to(device=device, dtype=torch.int64)
         ):
-            raise ContractViolation(self._which_row_disagrees(reqs, ext, slot_table, new_slots))
+            raise ContractViolation(self._which_row_disagrees(reqs, ext, slot_table, new_slots, ends))
         mslots = torch.cat([self._mamba_slot(req) for req in reqs])
 
         x, q, k, v = project(self.weights, tokens)
@@ -91,6 +152,7 @@ class TinyHybridRunner:
         if self.check_integrity:
             self._check_reads(reqs, slot_table, ends, contexts, mslots)
 
+        # Taken right before the write, never across a copy or an alloc (the #32995 hazard, spec §4).
         conv_state, ssm_state = self.mamba_pool.conv_state, self.mamba_pool.temporal_state
         out, new_conv, new_ssm = extend_after_store(
             self.weights,
@@ -168,10 +230,10 @@ class TinyHybridRunner:
 
     @staticmethod
     def _which_row_disagrees(
-        reqs: Sequence[Req], ext: Extend, slot_table: torch.Tensor, new_slots: torch.Tensor
+        reqs: Sequence[Req], ext: Extend, slot_table: torch.Tensor, new_slots: torch.Tensor, ends: Sequence[int]
     ) -> str:
         wrong = slot_table[ext.seq, ext.positions] != new_slots.to(slot_table.device)
         b = int(ext.seq[torch.nonzero(wrong)[0, 0]])
         n = int(ext.extend_lens[b])
-        end = reqs[b].kv_committed_len
+        end = ends[b]
         return f"{reqs[b].owner!r}: row {reqs[b].req_pool_idx} [{end - n}, {end}) does not hold the batch's new slots"

@@ -23,6 +23,12 @@ Differences from SGLang that are deliberate (each is a rule D1-D5 of that spec):
   reaches that state through the lock-a-tombstone path it never takes in V1;
 * ``evict_mamba`` tombstones a leaf whose KV is still full-locked instead of asserting;
 * page sizes > 1 work as in the plain tree (V1 asserts page size 1).
+
+Mamba V2 (``extra_buffer``, SGLang PR #14792; spec/mamba-v2.md): built with ``mamba_cache_chunk_size``,
+``match_prefix`` also reports the branching point (``MatchResult.mamba_branching_seqlen``). Everything
+else is the same tree: in V2 a node's state arrives by donation (the request's tracking slot, inserted
+with ``state_op="donate"``) instead of a fork or the working slot, and no insert is ever state-less, so
+I-TOMBSTONE holds in both modes.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import torch
 
 from kvledger.contracts import tree_checks
 from kvledger.contracts.errors import InvalidArgument
+from kvledger.contracts.mamba_track import branching_seqlen
 from kvledger.contracts.owners import CACHE_EVICTABLE, CACHE_PROTECTED, Owner
 from kvledger.contracts.switch import ensure, invariant, require, snapshot
 from kvledger.reference.pools.validate import as_index_tensor, check_count, check_in_range
@@ -57,6 +64,15 @@ def mamba_counters_agree(cache: Any) -> bool:
 def _attr_of_node(lock_or_node: Any, attr: str) -> int | None:
     node = getattr(lock_or_node, "node", lock_or_node)
     return getattr(node, attr) if isinstance(node, TreeNode) else None
+
+
+def _branching_is_v2s(cache: Any, result: MatchResult) -> bool:
+    """I-BRANCHING: V1 never reports a branching point; V2 reports one on its chunk grid. (It may lie at or
+    below the returned state, as in SGLang: the scheduler only uses one inside the request's extend.)"""
+    b = result.mamba_branching_seqlen
+    if cache.mamba_cache_chunk_size is None or b is None:
+        return b is None
+    return b > 0 and b % cache.mamba_cache_chunk_size == 0
 
 
 def _cow_slot_is_callers(cache: Any, cow_owner: Any, result: MatchResult) -> bool:
@@ -91,9 +107,19 @@ class MambaRadixCache(RadixTreeBase):
         mamba_pool: Any,
         *,
         page_size: int | None = None,
+        mamba_cache_chunk_size: int | None = None,
         name: str = "mamba_radix",
     ) -> None:
         super().__init__(token_to_kv_pool_allocator, page_size, name)
+        if mamba_cache_chunk_size is not None:
+            check_count(mamba_cache_chunk_size, "mamba_cache_chunk_size")
+            if mamba_cache_chunk_size < 1 or mamba_cache_chunk_size % self.page_size:
+                raise InvalidArgument(
+                    f"{name}: mamba_cache_chunk_size {mamba_cache_chunk_size} must be a positive multiple of"
+                    f" the page size {self.page_size}"
+                )
+        # None: V1 (no_buffer). Set: V2 (extra_buffer), the grid of branching points.
+        self.mamba_cache_chunk_size = mamba_cache_chunk_size
         self.mamba_pool = mamba_pool
         self._m_ledger = mamba_pool.ledger
         self._m_checked = bool(self._m_ledger.enabled)
@@ -124,6 +150,10 @@ class MambaRadixCache(RadixTreeBase):
         "I-MATCH-STATE: the returned KV prefix ends exactly at the returned node",
     )
     @ensure(
+        lambda self, result: _branching_is_v2s(self, result),
+        "I-BRANCHING: a branching point only in V2, and on its chunk grid",
+    )
+    @ensure(
         lambda self, cow_owner, result: _cow_slot_is_callers(self, cow_owner, result),
         "I-MAMBA-VALUE: a COW slot is one slot held by the caller, never the tree's",
     )
@@ -141,6 +171,9 @@ class MambaRadixCache(RadixTreeBase):
         and retry, else give up (``cow_slot=None``: the caller cannot admit now). With no state on the
         path ``cow_slot`` is None and the caller's slot, if any, is left untouched (its contents are
         stale for this match).
+
+        V2: ``mamba_branching_seqlen`` is set when the matched KV goes past the returned node (through
+        tombstones, or into a node the match split) and reaches the first chunk boundary.
         """
         dst = self._check_cow_args(cow_owner, cow_slot)
         _, nodes = self._match_key(key)
@@ -152,7 +185,12 @@ class MambaRadixCache(RadixTreeBase):
         slot = None
         if cow_owner is not None and last.mamba_value is not None:
             slot = self._copy_on_write(last, cow_owner, dst)
-        return MatchResult(self._concat(path), last, slot)
+        value = self._concat(path)
+        branching = None
+        if self.mamba_cache_chunk_size is not None and len(nodes) > len(path):
+            matched = sum(len(n.key) for n in nodes)
+            branching = branching_seqlen(matched, int(value.numel()), self.mamba_cache_chunk_size)
+        return MatchResult(value, last, slot, branching)
 
     def _best_prefix(self, nodes: Sequence[TreeNode]) -> int:
         """How many nodes of the matched path to keep: up to the deepest one with a state."""
@@ -259,11 +297,13 @@ class MambaRadixCache(RadixTreeBase):
         *,
         mamba_slot: torch.Tensor | None,
         protected_len: int = 0,
+        state_op: str = "insert",
     ) -> InsertResult:
         """KV as :meth:`RadixCache.insert`; the node ending at ``len(key)`` adopts ``mamba_slot`` if it is new
         or a tombstone (revival). If it already has a state, ``mamba_adopted`` is False and the caller
         frees its slot. ``mamba_slot=None`` is allowed only when no new leaf is needed (a new leaf without
-        a state would be a tombstone leaf, I-TOMBSTONE).
+        a state would be a tombstone leaf, I-TOMBSTONE). ``state_op`` names the slot's ledger move
+        (``donate``: a V2 request hands its tracking slot over).
         """
         plan = self._plan_insert(key, value, owner, protected_len)
         slot = self._check_insert_slot(mamba_slot, owner, plan)
@@ -271,9 +311,9 @@ class MambaRadixCache(RadixTreeBase):
             return InsertResult(0, False)
         end, _ = self._apply_insert(plan)
         if slot is None or end.mamba_value is not None:
-            return InsertResult(plan.prefix_len, False)
-        self._adopt_state(end, slot, owner)
-        return InsertResult(plan.prefix_len, True)
+            return InsertResult(plan.prefix_len, False, end)
+        self._adopt_state(end, slot, owner, state_op)
+        return InsertResult(plan.prefix_len, True, end)
 
     def _check_insert_slot(self, mamba_slot: Any, owner: Owner, plan: InsertPlan) -> torch.Tensor | None:
         if mamba_slot is None:
@@ -285,12 +325,12 @@ class MambaRadixCache(RadixTreeBase):
             return None
         return self._check_slot(mamba_slot, owner, "insert(mamba_slot)")
 
-    def _adopt_state(self, node: TreeNode, slot: torch.Tensor, owner: Owner) -> None:
+    def _adopt_state(self, node: TreeNode, slot: torch.Tensor, owner: Owner, op: str = "insert") -> None:
         """``node`` (new, or a tombstone being revived) takes ``slot`` from ``owner``, as the most recent
         in both lists (SGLang: ``insert_mru`` into the state list, ``reset_node_mru`` in the full one)."""
         assert node.mamba_owner is not None
         if self._m_checked:
-            self._m_ledger.transfer(slot, owner, node.mamba_owner, "insert")
+            self._m_ledger.transfer(slot, owner, node.mamba_owner, op)
         node.mamba_value = slot.clone()
         if node.mamba_lock_ref == 0:  # always true: tombstones carry no state lock (I-MAMBA-LOCK)
             self._m_evictable += 1
@@ -497,8 +537,9 @@ class MambaRadixCache(RadixTreeBase):
         )
 
     def __repr__(self) -> str:
+        mode = "V1" if self.mamba_cache_chunk_size is None else f"V2 chunk={self.mamba_cache_chunk_size}"
         return (
-            f"MambaRadixCache({self.name}, page={self.page_size},"
+            f"MambaRadixCache({self.name}, {mode}, page={self.page_size},"
             f" full E/P={self._evictable}/{self._protected},"
             f" mamba E/P={self._m_evictable}/{self._m_protected}, locks={len(self._locks)})"
         )

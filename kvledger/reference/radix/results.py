@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -15,11 +15,15 @@ class MatchResult:
 
     Mamba tree: ``last_node`` is the deepest node on the matched path with a state (or the root), and
     ``cow_slot`` the slot the caller now holds with a copy of that state (None when none was made).
+    Mamba V2 (``extra_buffer``): ``mamba_branching_seqlen`` is the branching point, the matched KV
+    length rounded down to the chunk when the match went past ``last_node`` (None otherwise, and always
+    in V1): where the request can capture a state for the KV it matched but cannot start from.
     """
 
     device_indices: torch.Tensor
     last_node: TreeNode
     cow_slot: torch.Tensor | None = None
+    mamba_branching_seqlen: int | None = None
 
     def __len__(self) -> int:
         return int(self.device_indices.numel())
@@ -48,7 +52,9 @@ class LockRef:
 
 @dataclass(frozen=True)
 class InsertResult:
-    """Mamba insert: ``prefix_len`` tokens were already cached; ``mamba_adopted``: the tree took the slot."""
+    """Mamba insert: ``prefix_len`` tokens were already cached; ``mamba_adopted``: the tree took the slot;
+    ``node``: the node that ends at the key's length (None for an empty key; not compared)."""
 
     prefix_len: int
     mamba_adopted: bool
+    node: TreeNode | None = field(default=None, compare=False)

@@ -25,7 +25,7 @@ from kvledger.contracts.errors import ContractViolation
 from kvledger.contracts.identity import PoolTerms, check_busy_identity, check_idle_identity
 from kvledger.contracts.owners import CACHE_EVICTABLE, CACHE_PROTECTED, FREE, PENDING_FREE, Owner
 from kvledger.contracts.switch import ENABLED
-from kvledger.reference.scheduler.request import ladder_holds
+from kvledger.reference.scheduler.request import ladder_holds, track_point_holds
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvledger.reference.scheduler.batch import ScheduleBatch
@@ -114,7 +114,7 @@ class Accounting:
         return (
             req.owner.account.name,
             self.s.memory.kv_held_tokens(req),
-            int(req.mamba_pool_idx is not None),
+            len(req.mamba_slots()),
             int(req.req_pool_idx is not None),
         )
 
@@ -125,10 +125,17 @@ class Accounting:
         dirty, self._dirty = self._dirty, {}
         kv, mamba, rows = self._sums["kv"], self._sums["mamba"], self._sums["req"]
         ps, ctx = self.s.config.page_size, self.s.config.max_context_len
+        tracking = self.s.memory.tracking
         for req in dirty:
             if not ladder_holds(req, ps, ctx):
                 self._dirty.update(dirty)  # keep them for the report and the next check
                 raise ContractViolation(f"I-REQ-LADDER for every live request: {req!r}")
+            if tracking is not None and not req.released:
+                try:  # Mamba V2: I-REQ-MAMBA and I-STATE-BOUND on what changed
+                    tracking.check_requests((req,))
+                except ContractViolation:
+                    self._dirty.update(dirty)
+                    raise
             old = self._parts.pop(req, None)
             if old is not None:
                 kv[old[0]] -= old[1]
@@ -142,6 +149,14 @@ class Accounting:
                 rows[new[0]] += new[3]
             elif req.released:
                 self._untrack(req)
+
+    def tracks_hold(self) -> bool:
+        """I-TRACK-POINT for every request whose tracked fields changed since the last count (every live
+        request under ``recount_every_step`` or with contracts off)."""
+        s = self.s
+        ps = s.config.page_size
+        reqs = s.live_requests() if self.recount_every_step or not ENABLED else list(self._dirty)
+        return all(track_point_holds(r, ps) for r in reqs)
 
     def ladders_hold(self) -> bool:
         """I-REQ-LADDER for every request whose ladder fields changed since the last count (the count
@@ -165,7 +180,7 @@ class Accounting:
         for r in self.s.live_requests():
             acct = r.owner.account.name
             held["kv"][acct] += mem.kv_held_tokens(r)
-            held["mamba"][acct] += r.mamba_pool_idx is not None
+            held["mamba"][acct] += len(r.mamba_slots())
             held["req"][acct] += r.req_pool_idx is not None
         return held
 
@@ -237,6 +252,8 @@ class Accounting:
         self._cross_check_ledgers(terms)
         if self.recount_every_step:
             self._check_incremental(terms, self.pool_terms())
+            if self.s.memory.tracking is not None:  # Mamba V2: every live request, not only the changed
+                self.s.memory.tracking.check_requests(self.s.live_requests())
         self.checks_run += 1
         self.s.stats.busy_checks += 1
         if self.s.is_quiescent():
@@ -285,10 +302,11 @@ class Accounting:
                         f"I-ROW-EXCLUSIVE-WHILE-IN-FLIGHT: {r.owner!r} got row {r.req_pool_idx}"
                         f" that in-flight {b!r} reads"
                     )
-                if r.mamba_pool_idx is not None and int(r.mamba_pool_idx[0]) in b.ref_mamba:
+                shared = set(r.mamba_slots()) & b.ref_mamba
+                if shared:
                     raise ContractViolation(
-                        f"I-ROW-EXCLUSIVE-WHILE-IN-FLIGHT: {r.owner!r} got Mamba slot"
-                        f" {int(r.mamba_pool_idx[0])} that in-flight {b!r} advances"
+                        f"I-ROW-EXCLUSIVE-WHILE-IN-FLIGHT: {r.owner!r} got Mamba slot(s) {sorted(shared)}"
+                        f" that in-flight {b!r} advances or captures into"
                     )
 
     def _pools(self) -> list[Any]:
@@ -346,7 +364,7 @@ class Accounting:
     def _expected_ids(self, pool: str, r: Req) -> set[int]:
         """The ids a request holds according to its own bookkeeping (row contents for KV)."""
         if pool == "mamba":
-            return set() if r.mamba_pool_idx is None else {int(r.mamba_pool_idx[0])}
+            return set(r.mamba_slots())
         if pool == "req":
             return set() if r.req_pool_idx is None else {r.req_pool_idx}
         if r.req_pool_idx is None or r.kv_allocated_len <= r.cache_protected_len:

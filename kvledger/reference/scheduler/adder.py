@@ -13,9 +13,9 @@ cleanup of the request that stopped the round frees a slot only when the request
 (PR #21404; freeing it anyway was #16067's reverted bug).
 
 Atomic admission (I-ATOMIC-ADMISSION, bug B17): before a request is appended its whole demand — a row
-(unless it has one), a Mamba working slot (unless its COW slot becomes one) and its KV — is checked
-against what this round has left, so the allocations in ``prepare_for_extend`` cannot fail
-(prediction == commitment).
+(unless it has one), a Mamba working slot (unless its COW slot becomes one), under Mamba V2 its ``k``
+tracking slots (unless it still has them) and its KV — is checked against what this round has left, so
+the allocations in ``prepare_for_extend`` cannot fail (prediction == commitment).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from kvledger.contracts.arith import ceil_to_page, floor_to_page, remaining_new_tokens_clipped
+from kvledger.contracts.mamba_track import mamba_slot_demand
 from kvledger.contracts.owners import REQ_CHUNKED, REQ_RUNNING
 from kvledger.reference.scheduler.config import SchedulerConfig
 from kvledger.reference.scheduler.counters import Counters
@@ -78,6 +79,8 @@ class PrefillAdder:
             self.rem_total_token_offset += remaining * new_token_ratio
         self.rows_reserved = 0
         self.mamba_reserved = 0
+        # Tracking slots an admitted request needs (Mamba V2 with the Mamba radix cache), else 0.
+        self.ping_pong = config.mamba_ping_pong_size if tree is not None and hasattr(tree, "evict_mamba") else 0
         self.can_run_list: list[Req] = []
         self.new_chunked_req: Req | None = None
         self.last_appended = False
@@ -129,13 +132,18 @@ class PrefillAdder:
             return False
         if self.mamba_pool is None:
             return True
-        return self._mamba_headroom() >= (1 if req.mamba_pool_idx is None else 0)
+        return self._mamba_headroom() >= self._mamba_demand(req)
+
+    def _mamba_demand(self, req: Req) -> int:
+        return mamba_slot_demand(
+            req.mamba_pool_idx is None, req.mamba_ping_pong_track_buffer is None, self.ping_pong
+        )
 
     def _reserve_side_demand(self, req: Req) -> None:
         if req.req_pool_idx is None:
             self.rows_reserved += 1
-        if self.mamba_pool is not None and req.mamba_pool_idx is None:
-            self.mamba_reserved += 1
+        if self.mamba_pool is not None:
+            self.mamba_reserved += self._mamba_demand(req)
 
     @contextmanager
     def _lock_node(self, node: Any) -> Iterator[None]:

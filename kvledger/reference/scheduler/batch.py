@@ -16,7 +16,8 @@ class ScheduleBatch:
     While in flight (overlap mode: launched, results not processed) the batch references its requests'
     rows (read by its forward, written by the host) and their Mamba working slots (advanced by its
     forward); neither may be handed to another request until the results are processed
-    (I-ROW-EXCLUSIVE-WHILE-IN-FLIGHT). ``ref_kv`` records the KV slots it writes for diagnostics: a KV
+    (I-ROW-EXCLUSIVE-WHILE-IN-FLIGHT); under Mamba V2 also the tracking slot its forward captures into.
+    ``ref_kv`` records the KV slots it writes for diagnostics: a KV
     slot's later writers are ordered after this batch on the device stream. Requests that finish or are
     aborted meanwhile are parked in ``deferred_release`` (account ``batch.inflight``) and released
     when this batch's results are processed.
@@ -39,7 +40,8 @@ class ScheduleBatch:
         self.ref_rows = frozenset(r.req_pool_idx for r in self.reqs if r.req_pool_idx is not None)
         self.ref_kv = frozenset(self.out_cache_loc.tolist())
         self.ref_mamba = frozenset(
-            int(r.mamba_pool_idx[0]) for r in self.reqs if r.mamba_pool_idx is not None
+            [int(r.mamba_pool_idx[0]) for r in self.reqs if r.mamba_pool_idx is not None]
+            + [int(r.mamba_track.slot[0]) for r in self.reqs if r.mamba_track is not None]
         )
 
     def __repr__(self) -> str:

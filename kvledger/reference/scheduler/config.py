@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kvledger.contracts.errors import InvalidArgument
+from kvledger.contracts.mamba_track import FLA_CHUNK_SIZE, mamba_cache_chunk_size, ping_pong_size
 
 CowReleasePolicy = Literal["if_not_appended", "keep", "on_failure"]
 """What happens to the copy-on-write Mamba slot of the request that stopped an admission round.
@@ -16,6 +17,18 @@ CowReleasePolicy = Literal["if_not_appended", "keep", "on_failure"]
   SGLang's idle check did not count: the seed false positive).
 * ``on_failure`` (PR #16067, reverted by #18910): free it whenever ``add_one_req`` did not return
   CONTINUE, even when the request was appended. A bug, kept so a test can show the ledger catching it.
+"""
+
+MambaSchedulerStrategy = Literal["no_buffer", "extra_buffer"]
+"""SGLang's ``mamba_scheduler_strategy`` for the Mamba radix cache (spec/mamba-v2.md).
+
+* ``no_buffer`` (V1): page size 1; the tree caches the state at the end of each chunk and of the
+  prompt (a fork of the working slot) and, at finish, adopts the working slot.
+* ``extra_buffer`` (V2, SGLang PR #14792): any page size and the overlap scheduler; each admitted
+  request also holds ``k`` ping-pong tracking slots (2 with overlap, 1 without) into which the forward
+  captures the state every ``mamba_track_interval`` decoded tokens and once per extend of at least one
+  chunk (at the branching point when the match reported one inside the extend); the tree takes a
+  tracked state by donation, and only the tracked length is cached.
 """
 
 
@@ -38,6 +51,23 @@ class SchedulerConfig:
     # Ended requests kept in full in ``Scheduler.requests`` (for inspection, tests and oracles); older
     # ones are dropped so a long run's memory stays flat. Their outcome stays in ``Scheduler.stats``.
     finished_window: int = 1024
+    mamba_scheduler_strategy: MambaSchedulerStrategy = "no_buffer"
+    mamba_track_interval: int = 256  # V2: decode captures a state when the length reaches a multiple
+    mamba_chunk_size: int | None = None  # V2: the kernel's chunk (None: FLA's 64); see mamba_cache_chunk_size
+
+    @property
+    def extra_buffer(self) -> bool:
+        return self.mamba_scheduler_strategy == "extra_buffer"
+
+    @property
+    def mamba_cache_chunk_size(self) -> int:
+        """V2's capture grid in prefill: the kernel chunk or the page, whichever is larger."""
+        return mamba_cache_chunk_size(self.mamba_chunk_size, self.page_size)
+
+    @property
+    def mamba_ping_pong_size(self) -> int:
+        """Tracking slots per admitted request: 0 in V1; in V2 2 with overlap, 1 without."""
+        return ping_pong_size(self.extra_buffer, self.overlap)
 
     def __post_init__(self) -> None:
         if self.page_size < 1:
@@ -54,3 +84,36 @@ class SchedulerConfig:
             raise InvalidArgument(f"unknown cow_release_policy {self.cow_release_policy!r}")
         if not 0.0 <= self.min_new_token_ratio <= self.init_new_token_ratio <= 1.0:
             raise InvalidArgument("need 0 <= min_new_token_ratio <= init_new_token_ratio <= 1")
+        if self.mamba_scheduler_strategy not in ("no_buffer", "extra_buffer"):
+            raise InvalidArgument(
+                f"unknown mamba_scheduler_strategy {self.mamba_scheduler_strategy!r}:"
+                " use 'no_buffer' (V1) or 'extra_buffer' (V2)"
+            )
+        if self.extra_buffer:
+            self._check_extra_buffer()
+
+    def _check_extra_buffer(self) -> None:
+        """SGLang's checks for extra_buffer (``_validate_mamba_extra_buffer``), and one of kvledger's."""
+        ps, interval, chunk = self.page_size, self.mamba_track_interval, self.mamba_chunk_size
+        if interval < 1 or interval % ps:
+            raise InvalidArgument(
+                f"mamba_track_interval {interval} must be a positive multiple of page_size {ps}"
+            )
+        base = FLA_CHUNK_SIZE if chunk is None else chunk
+        if base < 1 or max(base, ps) % min(base, ps):
+            raise InvalidArgument(
+                f"mamba_chunk_size {base} and page_size {ps}: one must divide the other"
+            )
+        grid = self.mamba_cache_chunk_size
+        if self.chunked_prefill_size is not None and self.chunked_prefill_size < grid:
+            raise InvalidArgument(
+                f"chunked_prefill_size {self.chunked_prefill_size} is below mamba_cache_chunk_size {grid}:"
+                " a chunked prefill would never capture a state"
+            )
+        if self.overlap and interval < 2:
+            # With overlap, batch N+1 is launched before batch N's results flip the ping-pong index, so a
+            # capture on two consecutive decode steps would write the half that holds the last state.
+            raise InvalidArgument(
+                "mamba_track_interval 1 with the overlap scheduler: consecutive decode captures would"
+                " overwrite the tracked half before its result flips the ping-pong index; use >= 2"
+            )

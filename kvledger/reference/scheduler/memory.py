@@ -14,6 +14,12 @@ The scheduler decides *when*; this module decides *what moves where*, one functi
 * :meth:`ReqMemory.release_without_insert`: retraction and abort; :meth:`ReqMemory.release_cow_slot`:
   a waiting request's copy-on-write slot.
 
+Mamba V2 (``extra_buffer``, ``tracking`` set; spec/mamba-v2.md): admission also takes the ``k`` tracking
+slots, each extend and decode step plans its capture, ``cache_unfinished`` inserts only the tracked
+length with the donated tracking slot (the request gets a replacement), ``cache_finished`` inserts the
+tracked length with the kept tracking slot and frees the KV above it, and every release frees the
+tracking slots and clears their handle (:mod:`~kvledger.reference.scheduler.tracking`).
+
 Each release is guarded by ``req.released`` so a second release is a ContractViolation, not a double
 free that a later check has to infer (bugs B1, B2, B9).
 """
@@ -31,6 +37,7 @@ from kvledger.contracts.owners import REQ_CHUNKED, REQ_RUNNING, REQ_WAITING, Acc
 from kvledger.contracts.switch import ensure, snapshot
 from kvledger.reference.scheduler.counters import Counters
 from kvledger.reference.scheduler.request import Req
+from kvledger.reference.scheduler.tracking import MambaTracking
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
 
@@ -51,6 +58,7 @@ class ReqMemory:
         tree: Any = None,
         page_size: int = 1,
         fault_injector: Any = None,
+        tracking: MambaTracking | None = None,
     ) -> None:
         self.kv_allocator = kv_allocator
         self.req_to_token_pool = req_to_token_pool
@@ -59,6 +67,7 @@ class ReqMemory:
         self.page_size = page_size
         self.is_mamba_tree = tree is not None and hasattr(tree, "evict_mamba")
         self.fault_injector = fault_injector
+        self.tracking = tracking  # Mamba V2 (extra_buffer); None: V1 or no Mamba cache
         self.device = kv_allocator.device
         self.counters = Counters(
             kv_allocator=kv_allocator, req_to_token_pool=req_to_token_pool, mamba_pool=mamba_pool, tree=tree
@@ -84,6 +93,8 @@ class ReqMemory:
                 key, cow_owner=req.owner if cow else None, cow_slot=req.mamba_pool_idx if cow else None
             )
             prefix, last_node = res.device_indices, res.last_node
+            if res.mamba_branching_seqlen is not None:  # kept until a later match reports another (SGLang)
+                req.mamba_branching_seqlen = res.mamba_branching_seqlen
             if res.cow_slot is not None:
                 req.mamba_pool_idx = res.cow_slot
             elif req.mamba_pool_idx is not None and req.req_pool_idx is None:
@@ -140,7 +151,7 @@ class ReqMemory:
         return [
             (
                 r.req_pool_idx,
-                None if r.mamba_pool_idx is None else int(r.mamba_pool_idx[0]),
+                tuple(r.mamba_slots()),
                 r.kv_allocated_len,
                 tuple(p.ledger.held_count(r.owner) for p in pools),
             )
@@ -162,7 +173,9 @@ class ReqMemory:
         decode instance pre-allocating into its transfer queue).
         """
         undo: list[tuple[Any, torch.Tensor | list[int], Req]] = []
-        saved = [(r.req_pool_idx, r.mamba_pool_idx, r.kv_allocated_len) for r in reqs]
+        saved = [
+            (r.req_pool_idx, r.mamba_pool_idx, r.kv_allocated_len, r.mamba_ping_pong_track_buffer) for r in reqs
+        ]
         pieces: list[torch.Tensor] = []
         try:
             for req in reqs:
@@ -170,10 +183,13 @@ class ReqMemory:
         except AllocationFailed:
             for pool, ids, owner_req in reversed(undo):
                 pool.free(ids, owner_req.owner)
-            for req, (row, slot, allocated) in zip(reqs, saved, strict=True):
+            for req, (row, slot, allocated, track) in zip(reqs, saved, strict=True):
                 req.req_pool_idx, req.mamba_pool_idx, req.kv_allocated_len = row, slot, allocated
+                req.mamba_ping_pong_track_buffer = track
             return None
         for req in reqs:
+            if self.tracking is not None:
+                self.tracking.plan_extend(req, req.kv_committed_len, req.kv_allocated_len)
             req.kv_committed_len = req.kv_allocated_len
             account = admit_account or (REQ_CHUNKED if req is chunked else REQ_RUNNING)
             req.owner.set_account(account, op="admit")
@@ -197,6 +213,12 @@ class ReqMemory:
                 raise AllocationFailed("mamba")
             undo.append((self.mamba_pool, slot, req))
             req.mamba_pool_idx = slot
+        if self.tracking is not None and self.tracking.needs_slots(req):
+            self._inject("mamba")
+            track = self.tracking.alloc(req)
+            if track is None:
+                raise AllocationFailed("mamba tracking")
+            undo.append((self.mamba_pool, track, req))
         start, end = req.kv_allocated_len, req.kv_committed_len + req.extend_input_len
         self._inject("kv")
         if self.page_size == 1:
@@ -246,12 +268,26 @@ class ReqMemory:
         for req in reqs:
             req.kv_allocated_len += 1
             req.kv_committed_len = req.kv_allocated_len
+            if self.tracking is not None:
+                self.tracking.plan_decode(req)
         return out
+
+    def after_decode_result(self, req: Req) -> None:
+        """A decode result was appended (SGLang's ``_mamba_prefix_cache_update``)."""
+        if self.tracking is not None:
+            self.tracking.after_decode_result(req)
 
     # ------------------------------------------------------------------ caching (tree adopts)
     def cache_unfinished(self, req: Req) -> None:
-        """After a chunk or a finished prefill: insert the computed prefix and move the lock to it."""
+        """After a chunk or a finished prefill: insert the computed prefix and move the lock to it.
+
+        V1 caches up to the last page boundary it computed (the Mamba tree: exactly what it computed, with
+        a fork of the working slot); V2 caches exactly the tracked length with the donated tracking slot.
+        """
         if self.tree is None:
+            return
+        if self.tracking is not None:
+            self._cache_unfinished_tracked(req)
             return
         committed = req.kv_committed_len
         cache_len = floor_to_page(committed, self.page_size)
@@ -272,6 +308,43 @@ class ReqMemory:
                 self.mamba_pool.free(tree_slot, req.owner)
         else:
             self.tree.insert(tokens, kv, req.owner, protected_len=req.cache_protected_len)
+        self._hand_over_lock(req, tokens, cache_len)
+
+    def _cache_unfinished_tracked(self, req: Req) -> None:
+        """V2: insert ``tokens[:mamba_last_track_seqlen]`` with the donated keep half; the KV above stays the
+        request's. Nothing tracked since the last insert: nothing to do (no ghost node, B16)."""
+        assert self.tracking is not None
+        cache_len = req.mamba_last_track_seqlen
+        if cache_len is None or cache_len <= req.cache_protected_len:
+            return
+        donated = self.tracking.donate(req)
+        if donated is None:
+            return  # no replacement slot: the request keeps its tracked state and tries again later
+        tokens = req.context_ids()[:cache_len]
+        kv = self.req_to_token_pool.read(req.req_pool_idx, 0, cache_len)
+        res = self.tree.insert(
+            tokens, kv, req.owner, mamba_slot=donated, protected_len=req.cache_protected_len, state_op="donate"
+        )
+        self._check_tracked_insert(req, res, donated, cache_len)
+        if not res.mamba_adopted:
+            self.mamba_pool.free(donated, req.owner)
+        self._hand_over_lock(req, tokens, cache_len)
+        req.mamba_last_track_seqlen = None
+
+    def _check_tracked_insert(self, req: Req, res: Any, slot: torch.Tensor, cache_len: int) -> None:
+        """I-V2-CACHE-LEN: a tracked state lands at the node that ends at the tracked length."""
+        node = res.node
+        if node is None or node.depth() != cache_len:
+            got = None if node is None else node.depth()
+            raise ContractViolation(
+                f"I-V2-CACHE-LEN: {req.owner!r} inserted the state tracked at {cache_len} tokens at a node"
+                f" ending at {got}"
+            )
+        if res.mamba_adopted and not torch.equal(node.mamba_value, slot):
+            raise ContractViolation(f"I-V2-CACHE-LEN: {node!r} did not take {req.owner!r}'s slot {slot.tolist()}")
+
+    def _hand_over_lock(self, req: Req, tokens: list[int], cache_len: int) -> None:
+        """Re-match what was just inserted, point the row at the tree's ids, move the lock to the new node."""
         match = self.tree.match_prefix(tokens)
         if int(match.device_indices.numel()) != cache_len:
             raise ContractViolation(
@@ -296,30 +369,70 @@ class ReqMemory:
         return slot
 
     def cache_finished(self, req: Req) -> None:
-        """Finish: the tree adopts the committed prefix (and the working slot), the request frees the rest."""
+        """Finish: the tree adopts the committed prefix (and the working slot), the request frees the rest.
+
+        V2: the tree adopts the tracked prefix with the kept tracking slot; the KV above it is freed.
+        """
         self._guard_release(req)
         inserted_len = req.cache_protected_len
         if self.tree is not None and req.req_pool_idx is not None:
-            committed = req.kv_committed_len
-            cache_len = floor_to_page(committed, self.page_size)
-            if cache_len > req.cache_protected_len:
-                tokens = req.all_ids()[:cache_len]
-                kv = self.req_to_token_pool.read(req.req_pool_idx, 0, cache_len)
-                if not self.is_mamba_tree:
-                    self.tree.insert(tokens, kv, req.owner, protected_len=req.cache_protected_len)
-                    inserted_len = cache_len
-                elif cache_len == committed and req.mamba_pool_idx is not None:
-                    res = self.tree.insert(
-                        tokens,
-                        kv,
-                        req.owner,
-                        mamba_slot=req.mamba_pool_idx,
-                        protected_len=req.cache_protected_len,
-                    )
-                    if res.mamba_adopted:
-                        req.mamba_pool_idx = None
-                    inserted_len = cache_len
+            if self.tracking is not None:
+                inserted_len = self._cache_finished_tracked(req)
+            else:
+                inserted_len = self._cache_finished_untracked(req)
         self._free_owned(req, inserted_len)
+        if self.tracking is not None:
+            self._check_released(req)
+
+    def _cache_finished_untracked(self, req: Req) -> int:
+        committed = req.kv_committed_len
+        cache_len = floor_to_page(committed, self.page_size)
+        if cache_len <= req.cache_protected_len:
+            return req.cache_protected_len
+        tokens = req.all_ids()[:cache_len]
+        kv = self.req_to_token_pool.read(req.req_pool_idx, 0, cache_len)
+        if not self.is_mamba_tree:
+            self.tree.insert(tokens, kv, req.owner, protected_len=req.cache_protected_len)
+            return cache_len
+        if cache_len != committed or req.mamba_pool_idx is None:
+            return req.cache_protected_len
+        res = self.tree.insert(
+            tokens, kv, req.owner, mamba_slot=req.mamba_pool_idx, protected_len=req.cache_protected_len
+        )
+        if res.mamba_adopted:
+            req.mamba_pool_idx = None
+        return cache_len
+
+    def _cache_finished_tracked(self, req: Req) -> int:
+        """V2: insert ``tokens[:mamba_last_track_seqlen]`` with the keep half; returns where the request's
+        own KV starts (everything from there is freed). Nothing tracked: nothing inserted (B16)."""
+        assert self.tracking is not None
+        cache_len = req.mamba_last_track_seqlen
+        if cache_len is None or cache_len <= req.cache_protected_len:
+            return req.cache_protected_len
+        pp = req.mamba_ping_pong_track_buffer
+        assert pp is not None
+        keep = self.tracking.keep_idx(req)
+        slot = pp[keep : keep + 1]
+        tokens = req.all_ids()[:cache_len]
+        kv = self.req_to_token_pool.read(req.req_pool_idx, 0, cache_len)
+        res = self.tree.insert(
+            tokens, kv, req.owner, mamba_slot=slot, protected_len=req.cache_protected_len, state_op="donate"
+        )
+        self._check_tracked_insert(req, res, slot, cache_len)
+        if res.mamba_adopted:
+            self.tracking.forget_kept(req)
+        return cache_len
+
+    def _check_released(self, req: Req) -> None:
+        """I-V2-CACHE-LEN at finish: with the tracked prefix cached, the KV above it went back too."""
+        for pool in (self.kv_allocator, self.mamba_pool, self.req_to_token_pool):
+            ledger = pool.ledger
+            if ledger.enabled and ledger.held_count(req.owner):
+                held = sorted(ledger.holdings(req.owner))[:8]
+                raise ContractViolation(
+                    ledger.describe(held[:4], f"I-V2-CACHE-LEN: {req.owner!r} still holds {held} after finishing")
+                )
 
     def release_without_insert(self, req: Req) -> None:
         """Retraction and abort: free what the request owns; the tree keeps (unlocked) what it had."""
@@ -341,6 +454,8 @@ class ReqMemory:
         if req.mamba_pool_idx is not None:
             self.mamba_pool.free(req.mamba_pool_idx, req.owner)
             req.mamba_pool_idx = None
+        if self.tracking is not None:
+            self.tracking.release(req)
         if req.lock is not None:
             self.tree.dec_lock_ref(req.lock)
             req.lock = None

@@ -8,6 +8,10 @@ The fields that decide what a request owns (``sglang-memory-model.md`` §1.9, §
 * ``kv_committed_len``: positions whose KV has been computed; ``kv_allocated_len``: positions with a slot.
   The request owns the KV of ``[cache_protected_len, ceil_page(kv_allocated_len))``.
 * ``mamba_pool_idx``: its Mamba slot: the copy-on-write slot while waiting, the working slot once admitted.
+* Mamba V2 (``extra_buffer``): ``mamba_ping_pong_track_buffer``, the ``k`` tracking slots an admitted
+  request holds (2 with overlap, 1 without), ``mamba_next_track_idx`` (the half the next capture writes),
+  ``mamba_last_track_seqlen`` (the length whose state the other half holds) and
+  ``mamba_branching_seqlen`` (the branching point a match reported). spec/mamba-v2.md.
 
 I-REQ-LADDER: ``0 <= cache_protected_len <= kv_committed_len <= kv_allocated_len <= max_context_len``
 and ``cache_protected_len % page_size == 0``.
@@ -23,6 +27,16 @@ import torch
 
 from kvledger.contracts.owners import REQ_WAITING, Owner
 from kvledger.contracts.switch import ENABLED
+
+
+@dataclass(frozen=True)
+class TrackPoint:
+    """A capture planned for the next forward (Mamba V2): the state after ``seqlen`` tokens goes into
+    ``slot``, one of the request's tracking slots. The model runner carries it out; the scheduler clears
+    it once the forward has run."""
+
+    seqlen: int
+    slot: torch.Tensor
 
 
 class ReqState(enum.Enum):
@@ -66,6 +80,13 @@ class Req:
     cache_protected_len: int = 0
     kv_committed_len: int = 0
     kv_allocated_len: int = 0
+
+    # --- Mamba V2 (extra_buffer) tracking, SGLang's names ---
+    mamba_ping_pong_track_buffer: torch.Tensor | None = None  # the k tracking slots (None: holds none)
+    mamba_next_track_idx: int = 0
+    mamba_last_track_seqlen: int | None = None
+    mamba_branching_seqlen: int | None = None
+    mamba_track: TrackPoint | None = None  # this forward's capture, if any
 
     # --- this round's extend ---
     fill_ids: list[int] = field(default_factory=list)  # the tokens to have KV for after this round
@@ -119,6 +140,16 @@ class Req:
             out.append(("req_pool_idx", "req", [self.req_pool_idx]))
         if self.mamba_pool_idx is not None:
             out.append(("mamba_pool_idx", "mamba", self.mamba_pool_idx.tolist()))
+        if self.mamba_ping_pong_track_buffer is not None:  # Mamba V2: the tracking slots (#26941)
+            out.append(("mamba_ping_pong_track_buffer", "mamba", self.mamba_ping_pong_track_buffer.tolist()))
+        return out
+
+    def mamba_slots(self) -> list[int]:
+        """Every Mamba slot a handle of this request names: the working (or COW) slot, then the tracking
+        slots."""
+        out = [] if self.mamba_pool_idx is None else [int(self.mamba_pool_idx[0])]
+        if self.mamba_ping_pong_track_buffer is not None:
+            out += self.mamba_ping_pong_track_buffer.tolist()
         return out
 
     def __repr__(self) -> str:
@@ -131,9 +162,18 @@ class Req:
 
 
 _TRACKED = frozenset(
-    ("req_pool_idx", "mamba_pool_idx", "cache_protected_len", "kv_committed_len", "kv_allocated_len")
+    (
+        "req_pool_idx",
+        "mamba_pool_idx",
+        "cache_protected_len",
+        "kv_committed_len",
+        "kv_allocated_len",
+        "mamba_ping_pong_track_buffer",
+        "mamba_last_track_seqlen",
+    )
 )
-"""The fields that decide what a request holds (the identity's terms) and its ladder."""
+"""The fields that decide what a request holds (the identity's terms), its ladder and (Mamba V2) its
+tracked length."""
 
 
 def _tracking_setattr(self: Req, name: str, value: Any) -> None:
@@ -154,3 +194,10 @@ def ladder_holds(req: Req, page_size: int, max_context_len: int) -> bool:
         0 <= req.cache_protected_len <= req.kv_committed_len <= req.kv_allocated_len <= max_context_len
         and req.cache_protected_len % page_size == 0
     )
+
+
+def track_point_holds(req: Req, page_size: int) -> bool:
+    """I-TRACK-POINT for one request: a tracked length is a page boundary above what the request has
+    already cached and not beyond what it has computed."""
+    t = req.mamba_last_track_seqlen
+    return t is None or (req.cache_protected_len < t <= req.kv_committed_len and t % page_size == 0)

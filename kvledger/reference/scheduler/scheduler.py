@@ -29,6 +29,7 @@ from kvledger.reference.scheduler.config import SchedulerConfig
 from kvledger.reference.scheduler.memory import ReqMemory
 from kvledger.reference.scheduler.request import Req, ReqState
 from kvledger.reference.scheduler.runner import HashTokenRunner, ModelRunner
+from kvledger.reference.scheduler.tracking import MambaTracking
 
 
 class UnknownRequest(KVLedgerError):
@@ -78,7 +79,16 @@ def _ladders_hold(self: Scheduler) -> bool:
     return self.accounting.ladders_hold()
 
 
+def _tracks_hold(self: Scheduler) -> bool:
+    """I-TRACK-POINT (Mamba V2); like the ladder, re-verified only where the tracked fields changed."""
+    return self.memory.tracking is None or self.accounting.tracks_hold()
+
+
 @invariant(lambda self: _ladders_hold(self), "I-REQ-LADDER for every live request")
+@invariant(
+    lambda self: _tracks_hold(self),
+    "I-TRACK-POINT: every tracked length is a page boundary in (cache_protected_len, kv_committed_len]",
+)
 @invariant(
     lambda self: self.chunked_req is None or self.chunked_req.state is ReqState.CHUNKED,
     "the chunked request is in state CHUNKED",
@@ -111,10 +121,13 @@ class Scheduler:
             )
         if tree is not None and getattr(tree, "page_size", config.page_size) != config.page_size:
             raise InvalidArgument("tree page_size differs from the scheduler's")
-        if tree is not None and hasattr(tree, "evict_mamba") and config.page_size != 1:
+        mamba_tree = tree is not None and hasattr(tree, "evict_mamba")
+        if mamba_tree and not config.extra_buffer and config.page_size != 1:
             raise InvalidArgument(
-                "the Mamba radix cache caches states at token granularity: page_size must be 1"
+                "the Mamba radix cache with mamba_scheduler_strategy 'no_buffer' (V1) caches states at token"
+                " granularity: page_size must be 1 (use 'extra_buffer' for page_size > 1)"
             )
+        tracking = self._tracking(config, mamba_pool, tree) if mamba_tree and config.extra_buffer else None
         self.config = config
         self.kv_allocator = kv_allocator
         self.req_to_token_pool = req_to_token_pool
@@ -129,6 +142,7 @@ class Scheduler:
             tree=tree,
             page_size=config.page_size,
             fault_injector=self.faults,
+            tracking=tracking,
         )
         self.accounting = Accounting(self)
         self.on_step = on_step
@@ -146,6 +160,26 @@ class Scheduler:
         self.stats = SchedulerStats()
         self.step_no = 0
         self._next_batch_id = 0
+
+    @staticmethod
+    def _tracking(config: SchedulerConfig, mamba_pool: Any, tree: Any) -> MambaTracking:
+        """Mamba V2: the tree's branching grid must be the scheduler's capture grid, and the pool must hold
+        at least one request's working and tracking slots (I-SIZING, SGLang's per-request ratio)."""
+        chunk = config.mamba_cache_chunk_size
+        if getattr(tree, "mamba_cache_chunk_size", None) != chunk:
+            raise InvalidArgument(
+                f"extra_buffer: the Mamba radix cache must be built with mamba_cache_chunk_size={chunk}"
+                f" (it has {getattr(tree, 'mamba_cache_chunk_size', None)})"
+            )
+        k = config.mamba_ping_pong_size
+        if mamba_pool is None or mamba_pool.size < 1 + k:
+            raise InvalidArgument(
+                f"extra_buffer: a request holds a working slot and {k} tracking slot(s), but the Mamba pool"
+                f" has {None if mamba_pool is None else mamba_pool.size}"
+            )
+        return MambaTracking(
+            mamba_pool=mamba_pool, tree=tree, k=k, chunk=chunk, interval=config.mamba_track_interval
+        )
 
     # ------------------------------------------------------------------ requests in
     @ensure(
@@ -535,6 +569,8 @@ class Scheduler:
         batch.next_token_ids = self.runner.forward(
             batch.reqs, batch.extend_lens, batch.out_cache_loc, batch.is_decode
         )
+        for req in batch.reqs:
+            req.mamba_track = None  # the forward carried out this round's capture (Mamba V2)
         for req, tok in zip(batch.reqs, batch.next_token_ids, strict=True):
             if req is not batch.chunked_req:
                 req.pending_output_ids.append(tok)
@@ -555,6 +591,8 @@ class Scheduler:
                 self.stats.discarded_tokens += 1
                 continue
             req.output_ids.append(tok)
+            if batch.is_decode:
+                self.memory.after_decode_result(req)
             self.stats.generated_tokens += 1
             if req.first_token_step is None:
                 req.first_token_step = self.step_no
