@@ -26,8 +26,10 @@ FLA_CHUNK_SIZE = 64
 @require(lambda page_size: page_size >= 1)
 @require(lambda chunk: chunk is None or chunk >= 1)
 @require(
-    lambda chunk, page_size: (chunk is None and (page_size % FLA_CHUNK_SIZE == 0 or FLA_CHUNK_SIZE % page_size == 0))
-    or (chunk is not None and (page_size % chunk == 0 or chunk % page_size == 0)),
+    lambda chunk, page_size: (
+        (chunk is None and (page_size % FLA_CHUNK_SIZE == 0 or FLA_CHUNK_SIZE % page_size == 0))
+        or (chunk is not None and (page_size % chunk == 0 or chunk % page_size == 0))
+    ),
     "one of the chunk and the page divides the other (SGLang's configuration check)",
 )
 @ensure(lambda page_size, result: result >= page_size and result % page_size == 0)
@@ -120,7 +122,11 @@ def branching_seqlen(matched_len: int, state_len: int, chunk: int) -> int | None
 
 
 @require(lambda k: 0 <= k <= 2)
-@ensure(lambda needs_working, needs_ping_pong, k, result: result == int(needs_working) + (k if needs_ping_pong else 0))
+@ensure(
+    lambda needs_working, needs_ping_pong, k, result: (
+        result == int(needs_working) + (k if needs_ping_pong else 0)
+    )
+)
 @ensure(lambda k, result: 0 <= result <= 1 + k, "I-STATE-BOUND: never more than 1 + k at once")
 def mamba_slot_demand(needs_working: bool, needs_ping_pong: bool, k: int) -> int:
     """Slots an admission takes from the Mamba pool: a working slot unless the copy-on-write slot becomes

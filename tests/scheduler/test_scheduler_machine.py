@@ -12,7 +12,7 @@ request's output equals the same request run alone with no cache (I-OUTPUT-ORACL
 from __future__ import annotations
 
 import pytest
-from hypothesis import event
+from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -36,25 +36,54 @@ FAMILIES = [
 ]
 
 
+def v2_options(draw: st.DrawFn, page_size: int, overlap: bool) -> dict[str, object]:
+    """Mamba V2 (``extra_buffer``) knobs small enough for short prompts: a kernel chunk of 2 to 8 tokens
+    (the capture grid is the larger of it and the page) and a decode interval of a few pages (>= 2 with
+    overlap, the configuration check)."""
+    interval = page_size * draw(st.sampled_from([1, 2, 3, 4, 8]))
+    return {
+        "mamba_strategy": "extra_buffer",
+        "mamba_chunk_size": draw(st.sampled_from([2, 4, 8])),
+        "mamba_track_interval": max(interval, 2) if overlap else interval,
+    }
+
+
+def chunk_sizes(page_size: int, grid: int) -> list[int | None]:
+    """Chunked-prefill sizes the configuration accepts (>= the page and, under V2, >= the capture grid)."""
+    return [None, *(c for c in (8, 16, 32) if c >= max(page_size, grid) and c % page_size == 0)]
+
+
 @st.composite
-def setups(draw: st.DrawFn) -> Setup:
-    page_size = draw(st.sampled_from([1, 1, 4]))
-    tree = draw(st.sampled_from(["mamba_radix", "radix", "none"] if page_size == 1 else ["radix", "none"]))
+def setups(
+    draw: st.DrawFn, page_sizes: tuple[int, ...] = (1, 1, 4, 16), v2_only: bool = False
+) -> Setup:
+    """Any tree at any page size; the Mamba radix cache as V1 (page 1 only) or V2 (any page)."""
+    page_size = draw(st.sampled_from(page_sizes))
+    trees = ["mamba_radix"] if v2_only else ["mamba_radix", "radix", "none"]
+    tree = draw(st.sampled_from(trees))
     hybrid = tree == "mamba_radix" or (tree == "none" and draw(st.booleans()))
+    overlap = draw(st.booleans())
+    v2: dict[str, object] = {}
+    if tree == "mamba_radix" and (v2_only or page_size > 1 or draw(st.booleans())):
+        v2 = v2_options(draw, page_size, overlap)
+    grid = max(page_size, int(v2.get("mamba_chunk_size", 1)))  # type: ignore[call-overload]
+    k = (2 if overlap else 1) if v2 else 0
+    low_kv = 96 if page_size == 16 else 48
     return Setup(
         page_size=page_size,
         tree=tree,
         hybrid=hybrid,
-        kv_tokens=draw(st.integers(48, 160)) // page_size * page_size,
+        kv_tokens=draw(st.integers(low_kv, 160 if page_size < 16 else 256)) // page_size * page_size,
         rows=draw(st.integers(1, 5)),
-        mamba_slots=draw(st.integers(2, 6)),
+        mamba_slots=draw(st.integers(2 + k, 6 + k)),
         max_running=draw(st.integers(1, 5)),
-        chunk=draw(st.sampled_from([None, 8, 16])),
+        chunk=draw(st.sampled_from(chunk_sizes(page_size, grid))),
         max_prefill=draw(st.sampled_from([16, 32, 64])),
-        overlap=draw(st.booleans()),
+        overlap=overlap,
         cow_release_policy=draw(st.sampled_from(["if_not_appended", "keep"])),
         max_context_len=96,
         eos_token_id=draw(st.sampled_from([None, 7])),
+        **v2,  # type: ignore[arg-type]
     )
 
 
@@ -64,7 +93,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.setup = setup
         self.sched = build(setup)
         self.next_rid = 0
-        event(f"tree={setup.tree} page={setup.page_size} overlap={setup.overlap}")
+        event(
+            f"tree={setup.tree} page={setup.page_size} overlap={setup.overlap}"
+            + (" extra_buffer" if setup.mamba_strategy == "extra_buffer" else "")
+        )
 
     @rule(
         family=st.sampled_from(range(len(FAMILIES))),
@@ -122,6 +154,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         sched.faults.pending.clear()
         sched.run_until_idle(max_steps=5000)
         sched.accounting.check_quiescent()
+        tracking = sched.memory.tracking
+        if tracking is not None:  # Mamba V2: show which tracking paths the example took
+            for what, n in tracking.stats.items():
+                if n:
+                    event(f"V2 {what}")
         for req in sched.requests.values():
             assert req.state.is_done, f"liveness: {req!r} never ended"
             assert req.finish_reason, f"{req!r} ended without a reason"
@@ -134,6 +171,27 @@ class SchedulerMachine(RuleBasedStateMachine):
 
 
 TestSchedulerMachine = SchedulerMachine.TestCase
+
+
+def v2_machine(page_size: int) -> type[SchedulerMachine]:
+    """The machine with the Mamba radix cache in V2 (extra_buffer) only, at one page size."""
+
+    class V2Machine(SchedulerMachine):
+        @initialize(setup=setups(page_sizes=(page_size,), v2_only=True))
+        def init(self, setup: Setup) -> None:
+            SchedulerMachine.init(self, setup)
+
+    V2Machine.__name__ = V2Machine.__qualname__ = f"SchedulerMachineV2Page{page_size}"
+    return V2Machine
+
+
+V2_BUDGET = settings(settings(), max_examples=25)  # each page size on its own: V2 at 1, 4 and 16 in CI
+TestSchedulerMachineV2Page1 = v2_machine(1).TestCase
+TestSchedulerMachineV2Page4 = v2_machine(4).TestCase
+TestSchedulerMachineV2Page16 = v2_machine(16).TestCase
+for _case in (TestSchedulerMachineV2Page1, TestSchedulerMachineV2Page4, TestSchedulerMachineV2Page16):
+    _case.settings = V2_BUDGET
+del _case
 
 
 @pytest.mark.deep

@@ -32,7 +32,9 @@ from kvledger.reference.scheduler.request import Req, TrackPoint
 
 def _holds_k_distinct(tracking: MambaTracking, req: Req) -> bool:
     pp = req.mamba_ping_pong_track_buffer
-    return pp is not None and pp.numel() == tracking.k and len(set(req.mamba_slots())) == len(req.mamba_slots())
+    return (
+        pp is not None and pp.numel() == tracking.k and len(set(req.mamba_slots())) == len(req.mamba_slots())
+    )
 
 
 class MambaTracking:
@@ -44,6 +46,8 @@ class MambaTracking:
         self.k = k
         self.chunk = chunk
         self.interval = interval
+        # What happened, for reports and for the tests to show the paths were taken.
+        self.stats = {"captures": 0, "branching_captures": 0, "donations": 0, "donations_skipped": 0}
 
     # ------------------------------------------------------------------ allocation (admission)
     def needs_slots(self, req: Req) -> bool:
@@ -71,10 +75,14 @@ class MambaTracking:
         """An extend of ``[start, end)`` is about to run: plan its capture, flip the index, record the length."""
         pp = req.mamba_ping_pong_track_buffer
         if pp is None:
-            raise ContractViolation(f"I-REQ-MAMBA: {req.owner!r} extends under extra_buffer without tracking slots")
+            raise ContractViolation(
+                f"I-REQ-MAMBA: {req.owner!r} extends under extra_buffer without tracking slots"
+            )
         seqlen = extend_track_seqlen(start, end - start, self.chunk, req.mamba_branching_seqlen)
         if seqlen is None:
             return
+        self.stats["captures"] += 1
+        self.stats["branching_captures"] += seqlen == req.mamba_branching_seqlen
         req.mamba_track = TrackPoint(seqlen, pp[req.mamba_next_track_idx : req.mamba_next_track_idx + 1])
         req.mamba_next_track_idx = other_track_idx(req.mamba_next_track_idx, self.k)
         req.mamba_last_track_seqlen = seqlen
@@ -83,6 +91,7 @@ class MambaTracking:
         """A decode step to ``kv_allocated_len`` tokens is about to run: capture on the interval grid."""
         pp = req.mamba_ping_pong_track_buffer
         if pp is not None and req.kv_allocated_len % self.interval == 0:
+            self.stats["captures"] += 1
             i = req.mamba_next_track_idx
             req.mamba_track = TrackPoint(req.kv_allocated_len, pp[i : i + 1])
 
@@ -119,12 +128,14 @@ class MambaTracking:
             self.tree.evict_mamba(1)
             replacement = self.mamba_pool.alloc(1, req.owner)
             if replacement is None:
+                self.stats["donations_skipped"] += 1
                 return None  # every cached state is locked: skip this donation (never assert, #36770)
         keep = self.keep_idx(req)
         donated = pp[keep : keep + 1].clone()
         refilled = pp.clone()
         refilled[keep] = replacement[0]
         req.mamba_ping_pong_track_buffer = refilled
+        self.stats["donations"] += 1
         return donated
 
     def forget_kept(self, req: Req) -> None:
@@ -183,7 +194,9 @@ def check_req_mamba(req: Req, k: int) -> None:
         return
     if k == 0:
         if pp is not None:
-            raise ContractViolation(f"I-REQ-MAMBA: {req.owner!r} holds tracking slots {pp.tolist()} under no_buffer")
+            raise ContractViolation(
+                f"I-REQ-MAMBA: {req.owner!r} holds tracking slots {pp.tolist()} under no_buffer"
+            )
         return
     if req.owner.account.name in ("req.chunked", "req.running") and (pp is None or pp.numel() != k):
         raise ContractViolation(
