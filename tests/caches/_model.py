@@ -44,6 +44,14 @@ class CacheModel:
             n += self.page_size
         return best
 
+    def branching(self, key: Sequence[int], chunk: int) -> int | None:
+        """Mamba V2: the matched KV length rounded down to ``chunk`` when the match went past the deepest
+        state, if that is at least one chunk; else None."""
+        matched = self.longest(key)
+        if matched == self.longest_state(key) or matched < chunk:
+            return None
+        return matched // chunk * chunk
+
     def ids(self, key: Sequence[int], length: int) -> list[int]:
         """The KV ids a match of ``length`` tokens of ``key`` must return."""
         k = tuple(key)

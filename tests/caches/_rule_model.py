@@ -26,6 +26,8 @@ The rules, each stated once (spec/mamba-cache-vs-sglang.md names them):
   full lock keeps its KV (becomes a tombstone), an unlocked leaf goes whole (plus tombstone parents).
 * copy-on-write: the returned node's state is copied into the caller's slot, or a new one; with the
   pool empty, one state is evicted with the source locked, and the copy is given up if that frees none.
+* Mamba V2 (``chunk`` set): a match whose cached prefix goes past the returned node reports the branching
+  point, that prefix's length rounded down to ``chunk``, if it is at least one chunk.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class ModelMatch:
     ids: list[int]
     end: Prefix  # where the returned node ends (() for the root)
     cow: int | None = None  # the tag copied into the caller's slot, None when no copy was made
+    branching: int | None = None  # Mamba V2: the branching point
 
 
 @dataclass
@@ -66,6 +69,7 @@ class RuleModel:
     ids: dict[Prefix, list[int]] = field(default_factory=dict)  # cached page prefix -> its page's ids
     nodes: dict[Prefix, ModelNode] = field(default_factory=dict)  # node end -> node (root excluded)
     clock: int = 0
+    chunk: int | None = None  # Mamba V2: the branching grid (None: V1)
 
     # ------------------------------------------------------------------ structure
     def tick(self) -> int:
@@ -134,17 +138,20 @@ class RuleModel:
             self.nodes[end].kv_time = self.tick()
         end = path[-1] if path else ()
         ids = [i for n in range(self.page, len(end) + 1, self.page) for i in self.ids[end[:n]]]
+        branching = None
+        if self.chunk is not None and len(m) > len(end) and len(m) >= self.chunk:
+            branching = len(m) // self.chunk * self.chunk
         if not (self.mamba and end and self.nodes[end].state is not None):
-            return ModelMatch(ids, end)
+            return ModelMatch(ids, end, None, branching)
         node = self.nodes[end]
         node.state_time = self.tick()  # R2: only the state this match hands out
         if not cow:
-            return ModelMatch(ids, end)
+            return ModelMatch(ids, end, None, branching)
         if into_held:
-            return ModelMatch(ids, end, node.state)
+            return ModelMatch(ids, end, node.state, branching)
         if self.slots_free:
             self.slots_free -= 1
-            return ModelMatch(ids, end, node.state)
+            return ModelMatch(ids, end, node.state, branching)
         pin = self.lock(end)  # the pool is empty: evict one state with the source pinned, retry once
         self.evict_states(1)
         copied = None
@@ -152,7 +159,7 @@ class RuleModel:
             self.slots_free -= 1
             copied = node.state
         self.unlock(pin)
-        return ModelMatch(ids, end, copied)
+        return ModelMatch(ids, end, copied, branching)
 
     # ------------------------------------------------------------------ locks
     def lock(self, end: Prefix) -> ModelLock:

@@ -10,6 +10,11 @@ the whole cache content (cached prefixes with their ids, states with their tags)
 
 The meta-test puts each of the three old Mamba recency rules back (``_old_recency``) and asserts that
 this test finds a divergence, with a short counterexample.
+
+Mamba V2 (``extra_buffer``) runs the same sequences with the cache and the model on a branching grid of
+two pages: every match also compares the branching point, and a served request caches only up to its
+capture point (the branching point inside its extend, else the extend's last grid point), with a
+tracking slot donated to the tree, the KV above it and its working slot going back to the pools.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from kvledger.contracts.errors import InvalidArgument
+from kvledger.contracts.mamba_track import extend_track_seqlen
 from kvledger.contracts.owners import Owner
 from kvledger.reference.radix import LockRef, MambaRadixCache, RadixCache
 
@@ -40,10 +46,11 @@ class Divergence(AssertionError):
 
     def __init__(self, message: str, case: Case, index: int) -> None:
         self.ops = case.ops[: index + 1]
-        self.case = Case(case.page, case.kv_pages, case.slots, self.ops, case.mamba)
+        self.case = Case(case.page, case.kv_pages, case.slots, self.ops, case.mamba, case.v2)
         listing = "\n".join(f"  {i}: {op}" for i, op in enumerate(self.ops))
+        kind = ("Mamba V2" if case.v2 else "Mamba") if case.mamba else "plain"
         super().__init__(
-            f"{message}\n  at op {index} of a {'Mamba' if case.mamba else 'plain'} cache, page {case.page},"
+            f"{message}\n  at op {index} of a {kind} cache, page {case.page},"
             f" {case.kv_pages} KV pages, {case.slots} state slots:\n{listing}"
         )
 
@@ -55,6 +62,12 @@ class Case:
     slots: int
     ops: tuple[Op, ...]
     mamba: bool = True
+    v2: bool = False  # Mamba V2: branching points, and serve caches only up to the capture point
+
+    @property
+    def chunk(self) -> int | None:
+        """V2's branching and capture grid: two pages."""
+        return 2 * self.page if self.v2 else None
 
 
 # ---------------------------------------------------------------------- generated sequences
@@ -128,9 +141,18 @@ class Runner:
         self.mamba = case.mamba
         self.alloc = make_allocator(case.page, case.kv_pages)
         self.pool = make_mamba_pool(case.slots)
-        self.cache: Any = MambaRadixCache(self.alloc, self.pool) if self.mamba else RadixCache(self.alloc)
+        self.v2 = case.v2
+        self.cache: Any = (
+            MambaRadixCache(self.alloc, self.pool, mamba_cache_chunk_size=case.chunk)
+            if self.mamba
+            else RadixCache(self.alloc)
+        )
         self.model = RuleModel(
-            case.page, self.mamba, kv_free=self.alloc.available_size(), slots_free=self.pool.available_size()
+            case.page,
+            self.mamba,
+            kv_free=self.alloc.available_size(),
+            slots_free=self.pool.available_size(),
+            chunk=case.chunk,
         )
         self.locks: list[tuple[LockRef, ModelLock]] = []
         self.held: list[Held] = []
@@ -184,6 +206,7 @@ class Runner:
         if self.mamba:
             copied = None if got.cow_slot is None else read_tag(self.pool, got.cow_slot)
             self.same("copy-on-write", copied, want.cow)
+            self.same("branching point", got.mamba_branching_seqlen, want.branching)
         return got
 
     def evict_kv(self, tokens: int) -> None:
@@ -226,7 +249,13 @@ class Runner:
         self.model.unlock(pair[1])
 
     def insert(
-        self, key: tuple[int, ...], value: torch.Tensor, owner: Owner, protected: int, slot: Any
+        self,
+        key: tuple[int, ...],
+        value: torch.Tensor,
+        owner: Owner,
+        protected: int,
+        slot: Any,
+        op: str = "insert",
     ) -> None:
         """Insert on both; a state the tree did not adopt goes back to the pool (the caller's duty)."""
         tag = None if slot is None else read_tag(self.pool, slot)
@@ -236,7 +265,9 @@ class Runner:
             want = None
         try:
             if self.mamba:
-                res = self.cache.insert(key, value, owner, mamba_slot=slot, protected_len=protected)
+                res = self.cache.insert(
+                    key, value, owner, mamba_slot=slot, protected_len=protected, state_op=op
+                )
                 got = (res.prefix_len, res.mamba_adopted)
             else:
                 got = (self.cache.insert(key, value, owner, protected_len=protected), False)
@@ -307,6 +338,9 @@ class Runner:
 
     def op_serve(self, symbols: Sequence[int], cow: bool) -> None:
         """match (copy-on-write) -> lock -> alloc the rest -> insert with the locked prefix -> unlock."""
+        if self.v2:
+            self.serve_v2(self.key(symbols), cow)
+            return
         key, owner = self.key(symbols), new_owner()
         got = self.match(key, cow_owner=owner if cow else None)
         pair = self.lock(got.last_node, path_tokens(got.last_node))
@@ -326,6 +360,38 @@ class Runner:
             self.unlock(pair)
             return
         self.insert(key, torch.cat((got.device_indices, kv)), owner, cached, working)
+        self.unlock(pair)
+
+    def serve_v2(self, key: tuple[int, ...], cow: bool) -> None:
+        """V2: match (copy-on-write) -> lock -> alloc the rest; the forward captures at the branching point
+        inside the extend (else the last grid point) into a tracking slot, which is donated with
+        ``tokens[:capture]``; the KV above the capture and the working slot go back; unlock."""
+        owner = new_owner()
+        got = self.match(key, cow_owner=owner if cow else None)
+        pair = self.lock(got.last_node, path_tokens(got.last_node))
+        cached = got.device_indices.numel()
+        working = got.cow_slot if got.cow_slot is not None else self.take_slot(owner)
+        kv = None if working is None else self.take_kv(len(key) - cached, owner)
+        tracked = None if kv is None else self.take_slot(owner)
+        if tracked is None:  # short of a slot or of KV: nothing is admitted, everything goes back
+            if kv is not None:
+                self.give_back_kv(kv, owner)
+            if working is not None:
+                self.give_back_slot(working, owner)
+            self.unlock(pair)
+            return
+        assert self.case.chunk is not None
+        capture = extend_track_seqlen(cached, len(key) - cached, self.case.chunk, got.mamba_branching_seqlen)
+        value = torch.cat((got.device_indices, kv))
+        if capture is None:  # nothing captured: nothing inserted (no ghost node, B16)
+            self.give_back_slot(tracked, owner)
+        else:
+            self.new_tag(tracked)
+            self.insert(key[:capture], value[:capture], owner, cached, tracked, op="donate")
+        above = value[capture if capture is not None else cached :]
+        if above.numel():
+            self.give_back_kv(above, owner)
+        self.give_back_slot(working, owner)
         self.unlock(pair)
 
     def op_turn(self, session: int, symbols: Sequence[int], cow: bool) -> None:
@@ -355,6 +421,13 @@ def run_case(case: Case) -> None:
 @given(case=CASES)
 def test_caches_agree_with_the_rule_model(case: Case) -> None:
     run_case(case)
+
+
+@settings(database=None)
+@given(case=CASES)
+def test_mamba_v2_cache_agrees_with_the_rule_model(case: Case) -> None:
+    """The same sequences through the Mamba cache in V2 (branching points, capture-point serves)."""
+    Runner(Case(case.page, case.kv_pages, case.slots, case.ops, True, True)).run()
 
 
 LONG_CASES = st.builds(
@@ -505,3 +578,35 @@ def test_each_rule_test_fails_with_its_old_rule_put_back(rule: str) -> None:
         with OLD_RULES[rule](), pytest.raises(AssertionError):
             test()
         test()  # and passes again once the patch is gone
+
+
+# ---------------------------------------------------------------------- meta-test: V2
+def _first_v2_divergence() -> Divergence | None:
+    found: list[Divergence] = []
+
+    @settings(database=None, phases=(Phase.generate,), suppress_health_check=list(HealthCheck))
+    @given(case=CASES)
+    def search(case: Case) -> None:
+        try:
+            Runner(Case(case.page, case.kv_pages, case.slots, case.ops, True, True)).run()
+        except Divergence as exc:
+            found.append(exc)
+            raise
+
+    try:
+        search()
+    except Divergence:
+        return found[0]
+    return None
+
+
+def test_a_wrong_branching_rule_is_found_by_the_v2_differential(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Round the deepest state's length instead of the matched length: on the grid (no contract fires),
+    but wrong, and the V2 differential run notices."""
+    import kvledger.reference.radix.mamba_radix_cache as mamba_module
+
+    monkeypatch.setattr(
+        mamba_module, "branching_seqlen", lambda matched, state, chunk: (state // chunk * chunk) or None
+    )
+    found = _first_v2_divergence()
+    assert found is not None and "branching point" in str(found), found

@@ -3,14 +3,16 @@
 Rules play the scheduler's request life cycle (match -> lock -> evict the shortfall -> alloc -> insert ->
 unlock), aborts, extra locks, explicit evictions, bad input (which must be rejected without a trace)
 and, for the Mamba tree, copy-on-write, chunk checkpoints with the lock hand-over, tombstone locks
-(B14) and revival. Pools are small, so eviction runs all the time. After every step: ``audit()`` of the
-cache and the pools, the tree equals the model, and the pools' ids/slots add up.
+(B14) and revival; for Mamba V2 (``extra_buffer``), the branching point of every match and the V2
+checkpoint: a request captures at its branching point or on the chunk grid, donates that tracking slot
+and takes a replacement. Pools are small, so eviction runs all the time. After every step: ``audit()``
+of the cache and the pools, the tree equals the model, and the pools' ids/slots add up.
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -19,6 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from kvledger.contracts.errors import InvalidArgument, InvalidKey, LockNotHeld, PrefixMismatch
+from kvledger.contracts.mamba_track import extend_track_seqlen
 from kvledger.contracts.owners import FREE_LIST
 from kvledger.reference.radix import LockRef, MambaRadixCache, RadixCache
 
@@ -51,6 +54,8 @@ class Req:
     own: torch.Tensor
     protected: int
     working: torch.Tensor | None = None
+    branching: int | None = None  # Mamba V2: the branching point its match reported
+    tracking: list[torch.Tensor] = field(default_factory=list)  # Mamba V2: its replacement slots
 
 
 class CacheMachine(RuleBasedStateMachine):
@@ -58,6 +63,7 @@ class CacheMachine(RuleBasedStateMachine):
 
     PAGE_SIZES: tuple[int, ...] = (1,)
     MAMBA = False
+    V2_CHUNK_PAGES: int | None = None  # Mamba V2: the capture grid in pages (None: V1)
 
     def __init__(self) -> None:
         super().__init__()
@@ -70,7 +76,8 @@ class CacheMachine(RuleBasedStateMachine):
         alloc = make_allocator(self.ps, pages)
         if self.MAMBA:
             self.pool = make_mamba_pool(data.draw(st.integers(2, 5), label="mamba_slots"))
-            self.cache = MambaRadixCache(alloc, self.pool)
+            self.chunk = None if self.V2_CHUNK_PAGES is None else self.V2_CHUNK_PAGES * self.ps
+            self.cache = MambaRadixCache(alloc, self.pool, mamba_cache_chunk_size=self.chunk)
         else:
             self.cache = RadixCache(alloc)
         self.alloc = alloc
@@ -151,6 +158,11 @@ class CacheMachine(RuleBasedStateMachine):
         )
         assert m.device_indices.tolist() == self.model.ids(key, expect)
         assert tuple(path_tokens(m.last_node)) == key[:expect]
+        if self.MAMBA:
+            want = None if self.chunk is None else self.model.branching(key, self.chunk)
+            assert m.mamba_branching_seqlen == want, f"branching point {m.mamba_branching_seqlen} != {want}"
+            if want is not None:
+                event("branching point")
         return expect
 
     def release(self, lock: LockRef) -> None:
@@ -242,7 +254,9 @@ class CacheMachine(RuleBasedStateMachine):
             if working is not None:
                 self.pool.free(working, owner)
             return None
-        return Req(owner, key, lock, key[:matched], m.device_indices, own, matched, working)
+        return Req(
+            owner, key, lock, key[:matched], m.device_indices, own, matched, working, m.mamba_branching_seqlen
+        )
 
     def finish_one(self, req: Req, cut: int) -> None:
         """cache_finished_req: insert ``key[:cut]``, free the uncached tail, release the lock."""
@@ -254,6 +268,8 @@ class CacheMachine(RuleBasedStateMachine):
         tail = req.own[cut - req.protected :]
         if tail.numel():
             self.alloc.free(tail, req.owner)  # the part it did not cache
+        for slot in req.tracking:
+            self.pool.free(slot, req.owner)
         self.release(req.lock)
         if self.alloc.ledger.enabled:
             assert self.alloc.ledger.held_count(req.owner) == 0, "a finished request still holds KV"
@@ -266,6 +282,8 @@ class CacheMachine(RuleBasedStateMachine):
             self.alloc.free(req.own, req.owner)
         if req.working is not None:
             self.pool.free(req.working, req.owner)
+        for slot in req.tracking:
+            self.pool.free(slot, req.owner)
         self.release(req.lock)
 
     @rule(data=st.data())
@@ -359,7 +377,7 @@ class CacheMachine(RuleBasedStateMachine):
             "KV ids leaked"
         )
         if self.MAMBA:
-            slots = sum(r.working is not None for r in self.reqs)
+            slots = sum((r.working is not None) + len(r.tracking) for r in self.reqs)
             assert self.pool.available_size() + self.cache.mamba_total_size() + slots == self.pool.size
         for r in self.reqs:
             if self.alloc.ledger.enabled:
@@ -375,6 +393,8 @@ class CacheMachine(RuleBasedStateMachine):
                 self.alloc.free(req.own, req.owner)
             if req.working is not None:
                 self.pool.free(req.working, req.owner)
+            for slot in req.tracking:
+                self.pool.free(slot, req.owner)
             self.cache.dec_lock_ref(req.lock)
         for lock, _ in self.extra:
             self.cache.dec_lock_ref(lock)
@@ -471,6 +491,64 @@ class MambaMachine(CacheMachine):
         self.pool.free(slot, owner)
 
 
+class MambaV2Machine(MambaMachine):
+    """Mamba V2 (``extra_buffer``): branching points on every match, and the V2 checkpoint."""
+
+    V2_CHUNK_PAGES = 2
+
+    def v2_cut(self, req: Req) -> int | None:
+        assert self.chunk is not None
+        return extend_track_seqlen(req.protected, len(req.key) - req.protected, self.chunk, req.branching)
+
+    @precondition(lambda self: any(self.v2_cut(r) for r in self.reqs))
+    @rule(data=st.data())
+    def track_and_donate(self, data: st.DataObject) -> None:
+        """cache_unfinished_req under V2: the state captured at the branching point (or the chunk grid)
+        goes to the tree by donation, a replacement slot takes its place, the lock moves to the new node."""
+        req = data.draw(st.sampled_from([r for r in self.reqs if self.v2_cut(r)]))
+        cut = self.v2_cut(req)
+        assert cut is not None and cut % self.ps == 0
+        if cut == req.branching:
+            event("captured at the branching point")
+        tracked = self.alloc_slot(req.owner)  # the tracking slot the forward captured into
+        if tracked is None:
+            event("V2 checkpoint: no tracking slot")
+            return
+        replacement = self.alloc_slot(req.owner)
+        if replacement is None:
+            self.pool.free(tracked, req.owner)
+            event("V2 checkpoint: no replacement, donation skipped")
+            return
+        write_tag(self.pool, tracked, next(_tags))
+        value = torch.cat((req.prefix_ids, req.own))
+        res = self.cache.insert(
+            req.key[:cut],
+            value[:cut],
+            req.owner,
+            mamba_slot=tracked,
+            protected_len=req.protected,
+            state_op="donate",
+        )
+        expect_adopt = req.key[:cut] not in self.model.states
+        assert res.mamba_adopted == expect_adopt and path_tokens(res.node) == req.key[:cut]
+        self.model.insert(req.key[:cut], value[:cut].tolist(), res.prefix_len)
+        if res.mamba_adopted:
+            self.model.states[req.key[:cut]] = read_tag(self.pool, tracked)
+            if self.pool.ledger.enabled:
+                assert self.pool.ledger.owner_of(int(tracked)) is res.node.mamba_owner
+            event("V2 donation adopted")
+        else:
+            self.pool.free(tracked, req.owner)
+        req.tracking.append(replacement)
+        m = self.cache.match_prefix(req.key[:cut])
+        assert self.check_match(req.key[:cut], m) == cut
+        new_lock = self.cache.inc_lock_ref(m.last_node)
+        self.release(req.lock)
+        req.lock, req.lock_path = new_lock, req.key[:cut]
+        req.own = req.own[cut - req.protected :]
+        req.prefix_ids, req.protected = m.device_indices, cut
+
+
 class PlainPage1(CacheMachine):
     PAGE_SIZES = (1,)
 
@@ -487,7 +565,17 @@ class MambaPaged(MambaMachine):
     PAGE_SIZES = (2,)
 
 
+class MambaV2Page1(MambaV2Machine):
+    PAGE_SIZES = (1,)
+
+
+class MambaV2Paged(MambaV2Machine):
+    PAGE_SIZES = (4, 16)
+
+
 TestPlainPage1 = PlainPage1.TestCase
 TestPlainPaged = PlainPaged.TestCase
 TestMambaPage1 = MambaPage1.TestCase
 TestMambaPaged = MambaPaged.TestCase
+TestMambaV2Page1 = MambaV2Page1.TestCase
+TestMambaV2Paged = MambaV2Paged.TestCase
