@@ -44,6 +44,7 @@ class Proof:
 
 
 ARITH = "kvledger.contracts.arith"
+TRACK = "kvledger.contracts.mamba_track"
 
 PROOFS: tuple[Proof, ...] = (
     Proof(f"{ARITH}.pages_needed", ("I-PAGE-UNIT",)),
@@ -58,4 +59,10 @@ PROOFS: tuple[Proof, ...] = (
     Proof("kvledger.contracts.sizing.default_pre_alloc_size", ("I-SIZING",)),
     Proof("kvledger.contracts.sizing.decode_rows", ("I-SIZING",)),
     Proof("kvledger.contracts.sizing.decode_mamba_slots", ("I-SIZING",)),
+    Proof(f"{TRACK}.mamba_cache_chunk_size", ("I-TRACK-POINT",)),
+    Proof(f"{TRACK}.ping_pong_size", ("I-REQ-MAMBA",)),
+    Proof(f"{TRACK}.other_track_idx", ("I-DONATION",)),
+    Proof(f"{TRACK}.extend_track_seqlen", ("I-TRACK-POINT",)),
+    Proof(f"{TRACK}.branching_seqlen", ("I-BRANCHING",)),
+    Proof(f"{TRACK}.mamba_slot_demand", ("I-ATOMIC-ADMISSION", "I-STATE-BOUND")),
 )

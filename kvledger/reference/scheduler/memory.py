@@ -36,7 +36,7 @@ from kvledger.contracts.errors import ContractViolation
 from kvledger.contracts.owners import REQ_CHUNKED, REQ_RUNNING, REQ_WAITING, Account
 from kvledger.contracts.switch import ensure, snapshot
 from kvledger.reference.scheduler.counters import Counters
-from kvledger.reference.scheduler.request import Req
+from kvledger.reference.scheduler.request import Req, track_point_holds
 from kvledger.reference.scheduler.tracking import MambaTracking
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
@@ -314,31 +314,47 @@ class ReqMemory:
         """V2: insert ``tokens[:mamba_last_track_seqlen]`` with the donated keep half; the KV above stays the
         request's. Nothing tracked since the last insert: nothing to do (no ghost node, B16)."""
         assert self.tracking is not None
-        cache_len = req.mamba_last_track_seqlen
-        if cache_len is None or cache_len <= req.cache_protected_len:
+        tracked = req.mamba_last_track_seqlen
+        self._check_track_point(req)
+        if tracked is None or tracked <= req.cache_protected_len:
             return
         donated = self.tracking.donate(req)
         if donated is None:
             return  # no replacement slot: the request keeps its tracked state and tries again later
+        cache_len = self._tracked_insert_len(req)
         tokens = req.context_ids()[:cache_len]
         kv = self.req_to_token_pool.read(req.req_pool_idx, 0, cache_len)
         res = self.tree.insert(
             tokens, kv, req.owner, mamba_slot=donated, protected_len=req.cache_protected_len, state_op="donate"
         )
-        self._check_tracked_insert(req, res, donated, cache_len)
+        self._check_tracked_insert(req, res, donated, tracked)
         if not res.mamba_adopted:
             self.mamba_pool.free(donated, req.owner)
         self._hand_over_lock(req, tokens, cache_len)
         req.mamba_last_track_seqlen = None
 
-    def _check_tracked_insert(self, req: Req, res: Any, slot: torch.Tensor, cache_len: int) -> None:
+    def _check_track_point(self, req: Req) -> None:
+        """I-TRACK-POINT where the tracked length is used: a page boundary in (protected, committed]."""
+        if not track_point_holds(req, self.page_size):
+            raise ContractViolation(
+                f"I-TRACK-POINT: {req.owner!r} tracked {req.mamba_last_track_seqlen} tokens, not a page"
+                f" ({self.page_size}) boundary in (cache_protected_len, kv_committed_len]: {req!r}"
+            )
+
+    @staticmethod
+    def _tracked_insert_len(req: Req) -> int:
+        """V2's insert length: the tracked length (the state the keep half holds belongs exactly there)."""
+        assert req.mamba_last_track_seqlen is not None
+        return req.mamba_last_track_seqlen
+
+    def _check_tracked_insert(self, req: Req, res: Any, slot: torch.Tensor, tracked: int) -> None:
         """I-V2-CACHE-LEN: a tracked state lands at the node that ends at the tracked length."""
         node = res.node
-        if node is None or node.depth() != cache_len:
+        if node is None or node.depth() != tracked:
             got = None if node is None else node.depth()
             raise ContractViolation(
-                f"I-V2-CACHE-LEN: {req.owner!r} inserted the state tracked at {cache_len} tokens at a node"
-                f" ending at {got}"
+                f"I-V2-CACHE-LEN: {req.owner!r} inserted the state tracked at {tracked} tokens (slot"
+                f" {slot.tolist()}) at a node ending at {got}"
             )
         if res.mamba_adopted and not torch.equal(node.mamba_value, slot):
             raise ContractViolation(f"I-V2-CACHE-LEN: {node!r} did not take {req.owner!r}'s slot {slot.tolist()}")
@@ -407,19 +423,21 @@ class ReqMemory:
         """V2: insert ``tokens[:mamba_last_track_seqlen]`` with the keep half; returns where the request's
         own KV starts (everything from there is freed). Nothing tracked: nothing inserted (B16)."""
         assert self.tracking is not None
-        cache_len = req.mamba_last_track_seqlen
-        if cache_len is None or cache_len <= req.cache_protected_len:
+        tracked = req.mamba_last_track_seqlen
+        self._check_track_point(req)
+        if tracked is None or tracked <= req.cache_protected_len:
             return req.cache_protected_len
         pp = req.mamba_ping_pong_track_buffer
         assert pp is not None
         keep = self.tracking.keep_idx(req)
         slot = pp[keep : keep + 1]
+        cache_len = self._tracked_insert_len(req)
         tokens = req.all_ids()[:cache_len]
         kv = self.req_to_token_pool.read(req.req_pool_idx, 0, cache_len)
         res = self.tree.insert(
             tokens, kv, req.owner, mamba_slot=slot, protected_len=req.cache_protected_len, state_op="donate"
         )
-        self._check_tracked_insert(req, res, slot, cache_len)
+        self._check_tracked_insert(req, res, slot, tracked)
         if res.mamba_adopted:
             self.tracking.forget_kept(req)
         return cache_len

@@ -164,7 +164,7 @@ class Scheduler:
     @staticmethod
     def _tracking(config: SchedulerConfig, mamba_pool: Any, tree: Any) -> MambaTracking:
         """Mamba V2: the tree's branching grid must be the scheduler's capture grid, and the pool must hold
-        at least one request's working and tracking slots (I-SIZING, SGLang's per-request ratio)."""
+        at least one request's working and tracking slots (SGLang's per-request ratio)."""
         chunk = config.mamba_cache_chunk_size
         if getattr(tree, "mamba_cache_chunk_size", None) != chunk:
             raise InvalidArgument(

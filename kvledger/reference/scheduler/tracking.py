@@ -132,11 +132,17 @@ class MambaTracking:
                 return None  # every cached state is locked: skip this donation (never assert, #36770)
         keep = self.keep_idx(req)
         donated = pp[keep : keep + 1].clone()
-        refilled = pp.clone()
-        refilled[keep] = replacement[0]
-        req.mamba_ping_pong_track_buffer = refilled
+        req.mamba_ping_pong_track_buffer = self._refilled(pp, keep, replacement)
         self.stats["donations"] += 1
         return donated
+
+    @staticmethod
+    def _refilled(pp: torch.Tensor, keep: int, replacement: torch.Tensor) -> torch.Tensor:
+        """The tracking slots with the donated half replaced (a new tensor: the handle changes, so the
+        accounting sees it)."""
+        refilled = pp.clone()
+        refilled[keep] = replacement[0]
+        return refilled
 
     def forget_kept(self, req: Req) -> None:
         """The tree adopted the keep half at finish: it is no longer the request's to free."""
