@@ -213,7 +213,8 @@ AREA = Area(
             statement=(
                 "No unlocked leaf is a tombstone (evictions cascade through tombstone parents; releasing the"
                 " last lock on a tombstone leaf deletes it); the root has no state and is in no LRU list;"
-                " the state list holds exactly the non-root non-tombstone nodes."
+                " the state list holds exactly the non-root non-tombstone nodes. In V1 and V2 alike: every"
+                " insert that creates a leaf carries a state (V2's branching points revive tombstones)."
             ),
             severity=Severity.BUG,
             origin=Origin.SGLANG,

@@ -108,8 +108,9 @@ AREA = Area(
             id="I-ATOMIC-ADMISSION",
             title="admission takes everything or nothing",
             statement=(
-                "Admission obtains row + Mamba working slot + KV for every admitted request or changes"
-                " nothing: pools, ledger, tree locks and request accounts as before."
+                "Admission obtains row + Mamba working slot (+ the `k` tracking slots under Mamba V2) + KV"
+                " for every admitted request or changes nothing: pools, ledger, tree locks and request"
+                " accounts as before."
             ),
             severity=Severity.BUG,
             origin=Origin.SGLANG,
