@@ -127,8 +127,11 @@ def _parser() -> argparse.ArgumentParser:
         "--mamba-slots",
         metavar="SLOTS",
         type=_int_at_least(1),
-        default=24,
-        help="Mamba state pool size in slots (default: %(default)s)",
+        default=64,
+        help=(
+            "Mamba state pool size in slots; SGLang sizes it as max running requests x 3, plus 1 per"
+            " request for extra_buffer's tracking slot (2 with --overlap) (default: %(default)s)"
+        ),
     )
     m.add_argument(
         "--req-pool-rows",
@@ -149,7 +152,10 @@ def _parser() -> argparse.ArgumentParser:
         metavar="TOKENS",
         type=_int_at_least(1),
         default=1,
-        help="tokens per KV page; > 1 needs --no-mamba or --no-radix-cache (default: %(default)s)",
+        help=(
+            "tokens per KV page; > 1 with the Mamba radix cache needs --mamba-strategy extra_buffer"
+            " (default: %(default)s)"
+        ),
     )
     m.add_argument(
         "--chunked-prefill-size",
@@ -168,6 +174,32 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--overlap", action="store_true", help="process results one step late (overlap scheduler)")
     m.add_argument("--no-radix-cache", action="store_true", help="no prefix cache")
     m.add_argument("--no-mamba", action="store_true", help="attention-only model: no Mamba pool")
+    m.add_argument(
+        "--mamba-strategy",
+        choices=["no_buffer", "extra_buffer"],
+        default="extra_buffer",
+        help=(
+            "the Mamba radix cache's mamba_scheduler_strategy: extra_buffer (V2, what a Qwen3-Next"
+            " deployment runs: any page size, ping-pong tracking slots) or no_buffer (V1, page size 1)"
+            " (default: %(default)s)"
+        ),
+    )
+    m.add_argument(
+        "--mamba-track-interval",
+        metavar="TOKENS",
+        type=_int_at_least(1),
+        default=256,
+        help="extra_buffer: decoding captures a state every TOKENS tokens, a multiple of --page-size"
+        " (default: %(default)s)",
+    )
+    m.add_argument(
+        "--mamba-chunk-size",
+        metavar="TOKENS",
+        type=_int_at_least(1),
+        default=64,
+        help="extra_buffer: the kernel chunk; prefill captures on a grid of max(TOKENS, --page-size)"
+        " (default: %(default)s)",
+    )
     m.add_argument(
         "--model",
         choices=["hash", "tiny-hybrid"],
@@ -272,17 +304,47 @@ def _plot_problem(path: Path) -> str | None:
     return None
 
 
+def _extra_buffer_problem(ns: argparse.Namespace) -> str | None:
+    """The extra_buffer (V2) settings the scheduler would refuse, as one line."""
+    ps, interval, chunk = ns.page_size, ns.mamba_track_interval, ns.mamba_chunk_size
+    if interval % ps:
+        return f"--mamba-track-interval {interval} is not a multiple of --page-size {ps}"
+    if max(chunk, ps) % min(chunk, ps):
+        return f"--mamba-chunk-size {chunk} and --page-size {ps}: one must divide the other"
+    grid = max(chunk, ps)
+    if ns.chunked_prefill_size and ns.chunked_prefill_size < grid:
+        return (
+            f"--chunked-prefill-size {ns.chunked_prefill_size} is below the capture grid {grid}"
+            f" (max of --mamba-chunk-size and --page-size): a chunk would never capture a state"
+        )
+    if ns.overlap and interval < 2:
+        return "--mamba-track-interval 1 with --overlap: consecutive decode captures would clash; use >= 2"
+    per_request = 1 + (2 if ns.overlap else 1)
+    if ns.mamba_slots < per_request:
+        return (
+            f"--mamba-slots {ns.mamba_slots}: one request under extra_buffer holds {per_request} (a working"
+            " slot and its tracking slots)"
+        )
+    return None
+
+
 def check_options(ns: argparse.Namespace) -> str | None:
     """The first reason the options cannot make a meaningful run, or None. One line, no traceback."""
     if ns.gsp_system_prompt_len + ns.gsp_question_len < 1:
         return "--gsp-system-prompt-len plus --gsp-question-len must be >= 1: prompts would be empty"
     if ns.no_mamba and ns.model == "tiny-hybrid":
         return "--model tiny-hybrid needs the Mamba pool: drop --no-mamba or use --model hash"
-    if ns.page_size > 1 and not ns.no_mamba and not ns.no_radix_cache:
+    mamba_tree = not ns.no_mamba and not ns.no_radix_cache
+    if ns.page_size > 1 and mamba_tree and ns.mamba_strategy == "no_buffer":
         return (
-            f"--page-size {ns.page_size} with the Mamba radix cache: the scheduler caches Mamba states per"
-            " token and needs --page-size 1; add --no-mamba or --no-radix-cache"
+            f"--page-size {ns.page_size} with the Mamba radix cache in no_buffer (V1) mode: V1 caches Mamba"
+            " states per token and needs --page-size 1; use --mamba-strategy extra_buffer, or add --no-mamba"
+            " or --no-radix-cache"
         )
+    if mamba_tree and ns.mamba_strategy == "extra_buffer":
+        problem = _extra_buffer_problem(ns)
+        if problem is not None:
+            return problem
     if ns.kv_pool_tokens % ns.page_size:
         return f"--kv-pool-tokens {ns.kv_pool_tokens} is not a multiple of --page-size {ns.page_size}"
     if ns.chunked_prefill_size and ns.chunked_prefill_size < ns.page_size:
@@ -361,6 +423,9 @@ def _simulate(ns: argparse.Namespace) -> int:
         radix_cache=not ns.no_radix_cache,
         hybrid=not ns.no_mamba,
         model=ns.model,
+        mamba_strategy=ns.mamba_strategy,
+        mamba_track_interval=ns.mamba_track_interval,
+        mamba_chunk_size=ns.mamba_chunk_size,
     )
     console = Console(stderr=ns.json)
     predicted = predicted_seconds(workload, ns.model, switch.ENABLED)

@@ -53,6 +53,7 @@ def summary_table(result: SimResult) -> Table:
         ("retractions", f"{result.retractions}"),
         ("admission rollbacks", f"{result.rollbacks}"),
         *[(f"peak use: {pool}", f"{use:.1%}") for pool, use in result.peak_use.items()],
+        *_tracking_rows(result),
         ("contracts", "on" if result.contracts else "off"),
         ("contract checks run (busy / idle)", f"{result.contract_checks} / {result.idle_checks}"),
         ("violations", f"{result.violations}"),
@@ -61,6 +62,22 @@ def summary_table(result: SimResult) -> Table:
     for k, v in rows:
         t.add_row(k, v)
     return t
+
+
+def _tracking_rows(result: SimResult) -> list[tuple[str, str]]:
+    """The Mamba cache's strategy and, under V2, what its tracking did."""
+    opts = result.options
+    if not opts.get("hybrid") or not opts.get("radix_cache"):
+        return []
+    t = result.mamba_tracking
+    if t is None:
+        return [("Mamba radix cache", "V1 no_buffer")]
+    return [
+        ("Mamba radix cache", "V2 extra_buffer"),
+        ("  track interval (tokens)", f"{opts['mamba_track_interval']}"),
+        ("  states captured (at branching)", f"{t['captures']} ({t['branching_captures']})"),
+        ("  states donated (skipped)", f"{t['donations']} ({t['donations_skipped']})"),
+    ]
 
 
 def print_summary(result: SimResult, console: Console | None = None) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 from kvledger.contracts import switch
 from kvledger.contracts.errors import ContractViolation
 from kvledger.reference.engine import EngineSpec, ModelKind, TreeKind, build_engine
+from kvledger.reference.scheduler.config import MambaSchedulerStrategy
 from kvledger.sim.workload import GSPWorkload
 
 TIMELINE_POINTS = 4096
@@ -55,7 +56,8 @@ class Timeline:
 class SimOptions:
     workload: GSPWorkload = field(default_factory=GSPWorkload)
     kv_pool_tokens: int = 5120
-    mamba_slots: int = 24
+    # SGLang's sizing (I-SIZING): max_running x (3 + 1) for V2 without overlap, the default mode
+    mamba_slots: int = 64
     max_running_requests: int = 16
     rows: int | None = None  # rows of the request-to-token pool; None: max_running_requests + 4
     page_size: int = 1
@@ -66,6 +68,11 @@ class SimOptions:
     hybrid: bool = True  # a Mamba pool (and the Mamba radix cache when radix_cache)
     mamba_layers: int = 2
     model: ModelKind = "hash"  # or "tiny-hybrid": the tiny hybrid model over the pools
+    # The Mamba radix cache's strategy: "extra_buffer" (V2) is what a Qwen3-Next deployment runs
+    # (any page size, overlap); "no_buffer" (V1) needs page size 1.
+    mamba_strategy: MambaSchedulerStrategy = "extra_buffer"
+    mamba_track_interval: int = 256
+    mamba_chunk_size: int | None = None  # None: the FLA kernel's 64
     max_steps: int = 200_000
     # Closed-loop arrivals: while this many requests wait, no new ones arrive (None: arrivals never
     # pause, as bench_serving's generated-shared-prefix run). A long steady run uses it to keep the
@@ -92,6 +99,9 @@ class SimOptions:
             max_context_len=wl.system_prompt_len + wl.question_len + wl.output_len + 16,
             model=self.model,
             vocab_size=wl.vocab_size,
+            mamba_strategy=self.mamba_strategy if tree == "mamba_radix" else "no_buffer",
+            mamba_track_interval=self.mamba_track_interval,
+            mamba_chunk_size=self.mamba_chunk_size,
         )
 
 
@@ -120,6 +130,8 @@ class SimResult:
     violations: int
     violation: str | None
     peak_use: dict[str, float]
+    # Mamba V2: captures planned, donations to the tree, donations skipped (no replacement slot)
+    mamba_tracking: dict[str, int] | None
     timeline: list[dict[str, dict[str, int]]] = field(repr=False)
     timeline_steps: list[int] = field(default_factory=list, repr=False)  # the step of each snapshot
 
@@ -186,6 +198,7 @@ def run_simulation(opts: SimOptions, progress: Callable[[int, int], None] | None
         violations=int(violation is not None),
         violation=violation,
         peak_use=peak,
+        mamba_tracking=None if sched.memory.tracking is None else dict(sched.memory.tracking.stats),
         timeline=timeline.snapshots,
         timeline_steps=timeline.steps,
     )

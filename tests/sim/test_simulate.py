@@ -132,6 +132,7 @@ def test_prompt_token_totals_equal_the_sum_of_the_prompts(
         overlap=overlap,
         radix_cache=True,
         hybrid=chunk is not None,  # without chunking the Mamba cache only caches whole prompts
+        mamba_chunk_size=16,  # extra_buffer's capture grid below the smallest chunk
     )
     result = run_simulation(opts)
     assert result.violation is None and result.finished == 8
@@ -145,7 +146,14 @@ def test_reject_reasons_reach_the_table_and_the_json(capsys: pytest.CaptureFixtu
 
     wl = GSPWorkload(num_groups=1, prompts_per_group=3, system_prompt_len=40, question_len=8, output_len=8)
     result = run_simulation(
-        SimOptions(workload=wl, kv_pool_tokens=32, mamba_slots=4, chunked_prefill_size=16)
+        SimOptions(
+            workload=wl,
+            kv_pool_tokens=32,
+            mamba_slots=4,
+            chunked_prefill_size=16,
+            mamba_chunk_size=16,
+            mamba_track_interval=16,
+        )
     )
     assert result.rejected == 3 and result.finished == 0 and result.prompt_tokens == 0
     assert result.reject_reasons == {"prompt + max_new_tokens exceeds the KV pool": 3}
@@ -153,3 +161,57 @@ def test_reject_reasons_reach_the_table_and_the_json(capsys: pytest.CaptureFixtu
     print_summary(result)
     table = capsys.readouterr().out
     assert "rejected: prompt + max_new_tokens exceeds the KV pool" in table
+
+
+# ---------------------------------------------------------------------- Mamba V2 (extra_buffer)
+def test_the_default_run_uses_extra_buffer_and_v1_stays_selectable(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["simulate", *SMALL, "--json", "--no-plot"]) == 0
+    v2 = json.loads(capsys.readouterr().out)
+    assert v2["options"]["mamba_strategy"] == "extra_buffer" and v2["violations"] == 0
+    assert v2["mamba_tracking"]["captures"] > 0 and v2["mamba_tracking"]["donations"] > 0
+    assert main(["simulate", *SMALL, "--mamba-strategy", "no_buffer", "--json", "--no-plot"]) == 0
+    v1 = json.loads(capsys.readouterr().out)
+    assert v1["options"]["mamba_strategy"] == "no_buffer" and v1["mamba_tracking"] is None
+    assert v1["finished"] == v2["finished"] == 8 and v1["prefix_hit_rate"] > 0 and v2["prefix_hit_rate"] > 0
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("page_size", [4, 16])
+def test_extra_buffer_at_page_sizes_above_one_keeps_every_identity(page_size: int, overlap: bool) -> None:
+    opts = SimOptions(
+        workload=GSPWorkload(
+            num_groups=2, prompts_per_group=4, system_prompt_len=96, question_len=24, output_len=12
+        ),
+        kv_pool_tokens=640,
+        mamba_slots=16,
+        chunked_prefill_size=64,
+        page_size=page_size,
+        overlap=overlap,
+        mamba_chunk_size=16,
+        mamba_track_interval=16,
+    )
+    result = run_simulation(opts)
+    assert result.violation is None and result.finished == 8
+    assert result.mamba_tracking is not None and result.mamba_tracking["donations"] > 0
+    assert result.prefix_hit_rate > 0
+    for snap in result.timeline:
+        for pool, row in snap.items():
+            assert sum(v for k, v in row.items() if k != "size") == row["size"], (pool, row)
+
+
+def test_the_issue_command_runs(tmp_path: Path) -> None:
+    """``kvledger simulate --mamba-strategy extra_buffer --page-size 16`` (the whole default workload)."""
+    command = ["kvledger", "simulate", "--mamba-strategy", "extra_buffer", "--page-size", "16"]
+    out = subprocess.run(
+        [sys.executable, "-m", *command, "--json", "--plot", str(tmp_path / "t.png")],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    ).stdout
+    result = json.loads(out)
+    assert result["violations"] == 0 and result["finished"] == result["requests"] == 128
+    assert result["options"]["page_size"] == 16 and result["mamba_tracking"]["donations"] > 0
+    assert (tmp_path / "t.png").stat().st_size > 0
