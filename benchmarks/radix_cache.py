@@ -12,6 +12,14 @@ tokens, on an 8,192-token KV pool (so shared prefixes are evicted and re-inserte
   working slot, insert, re-match, lock hand-over), as ``cache_unfinished_req`` does after a chunk; then
   the finished insert donates the working slot (freed by the caller if the tree already has a state
   there), unlock.
+* ``mamba_v2_p1`` / ``mamba_v2_p16``: the same cache in Mamba V2 (``extra_buffer``) at page 1 and 16,
+  capture grid 64 tokens: match with copy-on-write (and its branching point), lock, evict, alloc the
+  working slot, one tracking slot and the KV; the prefill runs in the same chunks as ``mamba_p1`` (up to
+  the prefix's end first when the match is shorter) and each extend captures once, at the branching
+  point inside it or else at its last grid point; the captured tracking slot is donated to the tree with
+  ``tokens[:capture]`` (a replacement slot taken, re-match, lock hand-over), as ``cache_unfinished_req``
+  does; the finish caches nothing more (no decode, so nothing tracked since) and frees the KV above the
+  cached length, the working and the tracking slot; unlock.
 
 The parent process runs each mode in fresh subprocesses with ``KVLEDGER_CONTRACTS=0`` and ``=1`` (the
 switch is read at import) and prints ONE JSON line. Each mode reports the best of ``--repeats`` fresh runs
@@ -39,9 +47,10 @@ PREFIX_LEN = 512
 UNIQUE_LEN = 64
 POOL_TOKENS = 8192
 MAMBA_SLOTS = 64
-MODES = ("plain_p1", "plain_p16", "mamba_p1")
+V2_CHUNK = 64  # SGLang's mamba_cache_chunk_size at page <= 64: the FLA kernel chunk
+MODES = ("plain_p1", "plain_p16", "mamba_p1", "mamba_v2_p1", "mamba_v2_p16")
 # SGLang 0.5.23 on the same workload (numbers given with the task), requests/s, contracts n/a.
-SGLANG_REFERENCE = {"plain_p1": 7400, "plain_p16": 4600, "mamba_p1": [2100, 2900]}
+SGLANG_REFERENCE: dict[str, Any] = {"plain_p1": 7400, "plain_p16": 4600, "mamba_p1": [2100, 2900]}
 
 
 def _lock_and_alloc(cache: Any, alloc: Any, m: Any, tokens: list[int], owner: Any) -> tuple[Any, int, Any]:
@@ -167,6 +176,90 @@ def run_mamba(requests: list[list[int]]) -> dict[str, Any]:
     }
 
 
+def run_mamba_v2(page_size: int, requests: list[list[int]]) -> dict[str, Any]:
+    import torch
+
+    from kvledger.contracts.mamba_track import extend_track_seqlen
+    from kvledger.contracts.owners import REQ_RUNNING, Owner
+    from kvledger.reference.pools import MambaPool, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+    from kvledger.reference.radix import MambaRadixCache
+
+    if page_size == 1:
+        alloc: Any = TokenToKVPoolAllocator(POOL_TOKENS)
+    else:
+        alloc = PagedTokenToKVPoolAllocator(POOL_TOKENS, page_size)
+    pool = MambaPool(MAMBA_SLOTS, num_layers=2, conv_state_shape=(4, 8), temporal_state_shape=(2, 8, 8))
+    cache = MambaRadixCache(alloc, pool, mamba_cache_chunk_size=max(V2_CHUNK, page_size))
+    chunk = cache.mamba_cache_chunk_size
+    hit = cow = donated = 0
+
+    def take_slot(owner: Any) -> Any:
+        slot = pool.alloc(1, owner)
+        if slot is None:
+            cache.evict_mamba(1)
+            slot = pool.alloc(1, owner)
+        if slot is None:
+            raise RuntimeError("no Mamba slot after eviction")
+        return slot
+
+    start, cpu_start = time.perf_counter(), time.process_time()
+    for i, tokens in enumerate(requests):
+        owner = Owner("req", i, REQ_RUNNING)
+        m = cache.match_prefix(tokens, cow_owner=owner)
+        working = m.cow_slot
+        cow += working is not None
+        if working is None:
+            working = take_slot(owner)
+        tracking = take_slot(owner)
+        lock, cached, kv = _lock_and_alloc(cache, alloc, m, tokens, owner)
+        hit += cached
+        value = torch.cat((m.device_indices, kv))
+        protected = cached
+        # The prefill in the chunks the V1 mode uses: up to the prefix's end first when the match is
+        # shorter, then the rest. Each extend captures once and donates that state (cache_unfinished_req).
+        ends = [PREFIX_LEN, len(tokens)] if cached < PREFIX_LEN else [len(tokens)]
+        start = cached
+        for end in ends:
+            capture = extend_track_seqlen(start, end - start, chunk, m.mamba_branching_seqlen)
+            start = end
+            if capture is None:
+                continue
+            replacement = take_slot(owner)  # donation: the tracking slot goes, a fresh one takes its place
+            res = cache.insert(
+                tokens[:capture],
+                value[:capture],
+                owner,
+                mamba_slot=tracking,
+                protected_len=protected,
+                state_op="donate",
+            )
+            donated += res.mamba_adopted
+            if not res.mamba_adopted:
+                pool.free(tracking, owner)
+            tracking = replacement
+            m2 = cache.match_prefix(tokens[:capture])  # re-match, point at the tree's ids, hand the lock over
+            cache.dec_lock_ref(lock)
+            lock = cache.inc_lock_ref(m2.last_node)
+            protected = capture
+            value = torch.cat((m2.device_indices, value[capture:]))
+        if value.numel() > protected:  # cache_finished_req with nothing tracked since: the rest goes back
+            alloc.free(value[protected:], owner)
+        pool.free(working, owner)
+        pool.free(tracking, owner)
+        cache.dec_lock_ref(lock)
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    cache.audit()
+    alloc.audit()
+    pool.audit()
+    return {
+        "req_s": per_second(len(requests), elapsed),
+        "req_s_cpu": per_second(len(requests), cpu),
+        "hit_rate": hit / sum(map(len, requests)),
+        "cow_rate": cow / len(requests),
+        "donations_per_request": donated / len(requests),
+    }
+
+
 def run_child(mode: str, n: int, repeats: int) -> dict[str, Any]:
     """Best of ``repeats`` fresh runs: the machine is shared, so the best run is the least disturbed one."""
     requests = make_requests(n)
@@ -178,6 +271,10 @@ def run_child(mode: str, n: int, repeats: int) -> dict[str, Any]:
             runs.append(run_plain(16, requests))
         elif mode == "mamba_p1":
             runs.append(run_mamba(requests))
+        elif mode == "mamba_v2_p1":
+            runs.append(run_mamba_v2(1, requests))
+        elif mode == "mamba_v2_p16":
+            runs.append(run_mamba_v2(16, requests))
         else:
             raise SystemExit(f"unknown mode {mode}")
     best = max(runs, key=lambda r: r["req_s"] or 0.0)
@@ -189,8 +286,9 @@ def run_child(mode: str, n: int, repeats: int) -> dict[str, Any]:
 def _figure(mode: str, results: dict[str, Any]) -> dict[str, Any]:
     """Requests/s of process CPU time (steadier than wall time on a shared machine)."""
     off, on = results["contracts_off"][mode]["req_s_cpu"], results["contracts_on"][mode]["req_s_cpu"]
-    ref = SGLANG_REFERENCE[mode]
+    ref = SGLANG_REFERENCE.get(mode)  # none given for the V2 modes
     ref_low = min(ref) if isinstance(ref, list) else ref
+    v1 = results["contracts_off"]["mamba_p1"]["req_s_cpu"] if mode.startswith("mamba_v2") else None
     return figure(
         "radix_cache",
         f"req/s {mode}",
@@ -198,9 +296,12 @@ def _figure(mode: str, results: dict[str, Any]) -> dict[str, Any]:
         release=off,
         contracts_on=on,
         target="on/off <= 3",
-        note=f"SGLang 0.5.23 (given): {ref}",
+        note=f"SGLang 0.5.23 (given): {ref}"
+        if ref is not None
+        else "V2 next to mamba_p1 (V1); no SGLang figure given",
         sglang_0_5_23_req_s=ref,
-        release_vs_sglang=None if off is None else off / ref_low,
+        release_vs_sglang=None if off is None or ref_low is None else off / ref_low,
+        release_vs_v1=None if off is None or not v1 else off / v1,
     )
 
 
@@ -241,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         "unique_len": UNIQUE_LEN,
         "pool_tokens": POOL_TOKENS,
         "mamba_slots": MAMBA_SLOTS,
+        "v2_chunk": V2_CHUNK,
         **results,
         "sglang_0_5_23_req_s": SGLANG_REFERENCE,
         "figures": [_figure(mode, results) for mode in MODES],
