@@ -56,7 +56,7 @@ class Timeline:
 class SimOptions:
     workload: GSPWorkload = field(default_factory=GSPWorkload)
     kv_pool_tokens: int = 5120
-    # SGLang's sizing (I-SIZING): max_running x (3 + 1) for V2 without overlap, the default mode
+    # SGLang's sizing: max_running x (3 + 1) for V2 without overlap, the default mode
     mamba_slots: int = 64
     max_running_requests: int = 16
     rows: int | None = None  # rows of the request-to-token pool; None: max_running_requests + 4
