@@ -173,7 +173,7 @@ class MambaTracking:
         n = 0
         for req in reqs:
             n += 1
-            check_req_mamba(req, self.k)
+            check_req_mamba(req, self.k, ledger)
             if ledger.enabled:
                 held = ledger.held_count(req.owner)
                 if held > bound:
@@ -188,14 +188,19 @@ class MambaTracking:
         return n
 
 
-def check_req_mamba(req: Req, k: int) -> None:
+def check_req_mamba(req: Req, k: int, ledger: Any = None) -> None:
     """I-REQ-MAMBA for one request: a request without a row holds at most its copy-on-write slot and no
-    tracking slots; an admitted one its working slot and (V2) exactly ``k`` tracking slots, all distinct."""
+    tracking slots; an admitted one its working slot and (V2) exactly ``k`` tracking slots, all distinct.
+    With a ledger, a violation names the slots' owners and last moves."""
     pp = req.mamba_ping_pong_track_buffer
     if req.req_pool_idx is None:
         if pp is not None:
+            headline = (
+                f"I-REQ-MAMBA: {req.owner!r} has no row, but its handle mamba_ping_pong_track_buffer still"
+                f" names tracking slots {pp.tolist()} (a release that left the handle set: SGLang #26941): {req!r}"
+            )
             raise ContractViolation(
-                f"I-REQ-MAMBA: {req.owner!r} has no row but tracking slots {pp.tolist()}: {req!r}"
+                ledger.describe(pp.tolist(), headline) if ledger is not None and ledger.enabled else headline
             )
         return
     if k == 0:

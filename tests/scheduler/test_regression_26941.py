@@ -1,0 +1,104 @@
+"""SGLang #26941 (2026, N1 of pd-disaggregation-and-2026-bugs.md): ping-pong slots freed, handle left set.
+
+With ``extra_buffer`` and overlap a request holds a working slot and two tracking slots. SGLang's
+``free_mamba_cache`` freed the tracking slots but left ``req.mamba_ping_pong_track_buffer`` set, and
+``HybridReqToTokenPool.alloc`` skips the allocation when that field is not None: a retracted (or aborted
+and retried) request came back with tracking slots it no longer owned, now free or someone else's. The
+identity stays balanced at the moment of the release (the slots are counted once, as free); it is the
+handle that lies.
+
+The bug is re-enacted here, outside the reference code, by :class:`StaleHandleTracking` (a
+``MambaTracking`` whose release frees the slots and keeps the handle), and is caught at the first bad
+step, the retraction, naming the slots and the stale handle. The regression test runs the same schedule
+against the reference code: it fails if the fix (``MambaTracking.release`` clearing the handle) is
+taken out.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvledger.contracts import switch
+from kvledger.contracts.errors import ContractViolation
+from kvledger.reference.scheduler import ReqState, Scheduler
+from kvledger.reference.scheduler.request import Req
+from kvledger.reference.scheduler.tracking import MambaTracking
+from tests.scheduler.harness import Setup, build, expected_output
+
+pytestmark = pytest.mark.skipif(not switch.ENABLED, reason="contracts are off (KVLEDGER_CONTRACTS=0)")
+
+PROMPT = list(range(10, 30))
+OTHER = [90, 91, 92, 93, 94, 95, 96, 97, 98]
+
+
+class StaleHandleTracking(MambaTracking):
+    """SGLang before #26941: the tracking slots go back to the pool, the handle keeps naming them."""
+
+    def release(self, req: Req) -> None:
+        pp = req.mamba_ping_pong_track_buffer
+        if pp is not None and pp.numel():
+            self.mamba_pool.free(pp, req.owner)
+        req.mamba_track = None  # the rest of the handle is left as it was
+
+
+def engine() -> Scheduler:
+    return build(
+        Setup(
+            tree="mamba_radix",
+            hybrid=True,
+            kv_tokens=256,
+            rows=4,
+            mamba_slots=8,
+            max_running=4,
+            chunk=None,
+            max_prefill=128,
+            overlap=True,  # two tracking slots per request
+            max_context_len=128,
+            mamba_strategy="extra_buffer",
+            mamba_track_interval=4,
+            mamba_chunk_size=4,
+        )
+    )
+
+
+def retract_then_readmit(sched: Scheduler) -> tuple[Req, Req, list[int]]:
+    """A runs, is retracted (the release under test), B arrives and may take the freed slots, A returns."""
+    a = sched.add_request(0, PROMPT, 8)
+    while a not in sched.running:
+        sched.step()
+    held = a.mamba_ping_pong_track_buffer.tolist()  # type: ignore[union-attr]
+    assert len(held) == 2
+    sched.force_retract(1)  # the first bad step when the handle is left set
+    b = sched.add_request(1, OTHER, 2)
+    sched.run_until_idle(300)
+    return a, b, held
+
+
+def test_a_retracted_request_comes_back_with_fresh_tracking_slots() -> None:
+    sched = engine()
+    a, b, _ = retract_then_readmit(sched)
+    assert a.retract_count == 1 and a.state is ReqState.FINISHED and b.state is ReqState.FINISHED
+    assert a.output_ids == expected_output(PROMPT, 8) and b.output_ids == expected_output(OTHER, 2)
+    assert a.mamba_ping_pong_track_buffer is None and sched.mamba_pool.ledger.held_count(a.owner) == 0
+    sched.accounting.check_quiescent()
+
+
+@pytest.mark.fires("I-REQ-MAMBA")
+def test_26941_is_caught_at_the_retraction_naming_the_slots_and_the_stale_handle() -> None:
+    sched = engine()
+    real = sched.memory.tracking
+    assert real is not None
+    sched.memory.tracking = StaleHandleTracking(
+        mamba_pool=real.mamba_pool, tree=real.tree, k=real.k, chunk=real.chunk, interval=real.interval
+    )
+    a = sched.add_request(0, PROMPT, 8)
+    while a not in sched.running:
+        sched.step()
+    stale = a.mamba_ping_pong_track_buffer.tolist()  # type: ignore[union-attr]
+    with pytest.raises(ContractViolation) as caught:
+        sched.force_retract(1)
+    message = str(caught.value)
+    assert "mamba_ping_pong_track_buffer" in message and str(stale) in message, message
+    for slot in stale:  # each slot named with its owner (the free list) and its last moves
+        assert f"slot {slot}: owner free_list" in message, message
+    assert "req#0" in message and a.mamba_ping_pong_track_buffer is not None
