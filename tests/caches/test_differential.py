@@ -447,6 +447,14 @@ def test_caches_agree_with_the_rule_model_long(case: Case) -> None:
     run_case(case)
 
 
+@pytest.mark.deep
+@settings(max_examples=300, deadline=None, derandomize=False, database=None, print_blob=True)
+@given(case=LONG_CASES)
+def test_mamba_v2_cache_agrees_with_the_rule_model_long(case: Case) -> None:
+    """Nightly: the V2 run on the long sequences."""
+    Runner(Case(case.page, case.kv_pages, case.slots, case.ops, True, True)).run()
+
+
 # ---------------------------------------------------------------------- regression cases
 def test_issue_16_minimal_case_through_the_differential_runner() -> None:
     """Issue 16's minimal divergent sequence as operations (page 1: symbols are tokens)."""

@@ -34,7 +34,7 @@ import torch
 from kvledger.contracts.arith import ceil_to_page, extend_page_plan, floor_to_page, pages_needed
 from kvledger.contracts.errors import ContractViolation
 from kvledger.contracts.owners import REQ_CHUNKED, REQ_RUNNING, REQ_WAITING, Account
-from kvledger.contracts.switch import ensure, snapshot
+from kvledger.contracts.switch import ENABLED, ensure, snapshot
 from kvledger.reference.scheduler.counters import Counters
 from kvledger.reference.scheduler.request import Req, track_point_holds
 from kvledger.reference.scheduler.tracking import MambaTracking
@@ -335,7 +335,7 @@ class ReqMemory:
 
     def _check_track_point(self, req: Req) -> None:
         """I-TRACK-POINT where the tracked length is used: a page boundary in (protected, committed]."""
-        if not track_point_holds(req, self.page_size):
+        if ENABLED and not track_point_holds(req, self.page_size):
             raise ContractViolation(
                 f"I-TRACK-POINT: {req.owner!r} tracked {req.mamba_last_track_seqlen} tokens, not a page"
                 f" ({self.page_size}) boundary in (cache_protected_len, kv_committed_len]: {req!r}"
@@ -349,6 +349,8 @@ class ReqMemory:
 
     def _check_tracked_insert(self, req: Req, res: Any, slot: torch.Tensor, tracked: int) -> None:
         """I-V2-CACHE-LEN: a tracked state lands at the node that ends at the tracked length."""
+        if not ENABLED:
+            return
         node = res.node
         if node is None or node.depth() != tracked:
             got = None if node is None else node.depth()
