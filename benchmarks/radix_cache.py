@@ -218,10 +218,10 @@ def run_mamba_v2(page_size: int, requests: list[list[int]]) -> dict[str, Any]:
         # The prefill in the chunks the V1 mode uses: up to the prefix's end first when the match is
         # shorter, then the rest. Each extend captures once and donates that state (cache_unfinished_req).
         ends = [PREFIX_LEN, len(tokens)] if cached < PREFIX_LEN else [len(tokens)]
-        start = cached
+        begin = cached
         for end in ends:
-            capture = extend_track_seqlen(start, end - start, chunk, m.mamba_branching_seqlen)
-            start = end
+            capture = extend_track_seqlen(begin, end - begin, chunk, m.mamba_branching_seqlen)
+            begin = end
             if capture is None:
                 continue
             replacement = take_slot(owner)  # donation: the tracking slot goes, a fresh one takes its place
