@@ -45,16 +45,18 @@ def check_handles_owned(claims: Iterable[HandleClaim], ledgers: Mapping[str, Any
         ledger = ledgers.get(claim.pool)
         if ledger is None or not ledger.enabled:
             continue
-        for i in claim.ids:
-            holder = ledger.owner_of(i)
-            checked += 1
-            if holder is not claim.owner:
-                raise ContractViolation(
-                    ledger.describe(
-                        [i],
-                        f"I-HANDLE-OWNED: {claim.owner!r}.{claim.handle} names {claim.pool} id {i},"
-                        f" which is owned by {holder!r}: the id was released (or handed on) while the"
-                        " handle still names it",
-                    )
+        checked += len(claim.ids)
+        # Every id of the handle is resolved, so that the message names all the stale ones at once
+        # (a ping-pong handle names two slots; both were freed by the same release path).
+        stale = [i for i in claim.ids if ledger.owner_of(i) is not claim.owner]
+        if stale:
+            holders = sorted({repr(ledger.owner_of(i)) for i in stale})
+            raise ContractViolation(
+                ledger.describe(
+                    stale,
+                    f"I-HANDLE-OWNED: {claim.owner!r}.{claim.handle} names {claim.pool} ids {stale},"
+                    f" owned by {', '.join(holders)}: released (or handed on) while the handle still"
+                    " names them",
                 )
+            )
     return checked

@@ -245,7 +245,7 @@ def test_handle_owned_fires_on_the_plain_scheduler_for_a_slot_freed_behind_the_h
     slot = req.mamba_pool_idx
     assert slot is not None
     sched.mamba_pool._free_unchecked(slot, req.owner, "a path that forgot the handle")
-    named = rf"I-HANDLE-OWNED: req#0\[req.running\].mamba_pool_idx names mamba id {int(slot[0])}"
+    named = rf"I-HANDLE-OWNED: req#0\[req.running\].mamba_pool_idx names mamba ids \[{int(slot[0])}\]"
     with pytest.raises(ContractViolation, match=named):
         sched.step()
     assert sched.check_handles_owned.__doc__ and "O(" in sched.check_handles_owned.__doc__
