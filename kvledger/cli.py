@@ -476,7 +476,7 @@ def _simulate(ns: argparse.Namespace) -> int:
     if plot_error is not None:
         print(f"kvledger simulate: error: {plot_error}", file=sys.stderr)
         return 1
-    return 1 if result.violations else 0
+    return 1 if result.failed else 0
 
 
 def _simulate_pd(ns: argparse.Namespace, opts: Any, console: Any) -> int:

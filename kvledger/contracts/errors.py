@@ -97,3 +97,13 @@ class ForeignNode(KVLedgerError):
 
 class ContractViolation(AssertionError):
     """An invariant or postcondition of the model failed: a bug, with the evidence in the message."""
+
+
+class IdentityFailure(ContractViolation):
+    """A count identity failed in a build without contracts (``KVLEDGER_CONTRACTS=0``).
+
+    The same bug a contract-enabled build reports as a :class:`ContractViolation` (I-COUNT, I-CAP,
+    I-IDLE-IDENTITY), found by the O(1)-per-term count identities that stay on in every build, so that a
+    release run never reports "0 violations" for a leak it could see. Its own class so reports can keep
+    it apart from the violations that only contract-enabled builds look for.
+    """

@@ -19,6 +19,7 @@ Torch-free: pure arithmetic over counts, so CrossHair can analyse it.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvledger.contracts.arith import MAX_TERMS
@@ -70,8 +71,12 @@ def _gap(parts: tuple[int, ...], size: int) -> int:
     return identity_gap(list(parts), size)
 
 
-def check_busy_identity(terms: PoolTerms) -> None:
-    """I-COUNT with every holder term; raises ContractViolation with the full table."""
+def check_busy_identity(terms: PoolTerms, culprit: Callable[[str], str] | None = None) -> None:
+    """I-COUNT with every holder term; raises ContractViolation with the full table.
+
+    ``culprit(pool)``, called only when the identity fails, resolves which ids are unaccounted for (and
+    whose they are): its report is appended, so the violation names ids and owners, not only a count.
+    """
     parts = (terms.free, terms.evictable, terms.protected, terms.pending, *terms.held.values())
     if min(parts) < 0:
         negative = {
@@ -85,21 +90,31 @@ def check_busy_identity(terms: PoolTerms) -> None:
             ]
             if v < 0
         }
-        raise ContractViolation(f"I-CAP: negative terms {negative}: {terms.table()}")
+        raise ContractViolation(_with_culprit(f"I-CAP: negative terms {negative}: {terms.table()}", terms, culprit))
     gap = _gap(parts, terms.size)
     if gap:
         kind = "counted twice (over-free)" if gap > 0 else "unaccounted (leak)"
-        raise ContractViolation(f"I-COUNT: {abs(gap)} {terms.unit} {kind}: {terms.table()}")
+        raise ContractViolation(
+            _with_culprit(f"I-COUNT: {abs(gap)} {terms.unit} {kind}: {terms.table()}", terms, culprit)
+        )
 
 
-def check_idle_identity(terms: PoolTerms) -> None:
+def _with_culprit(message: str, terms: PoolTerms, culprit: Callable[[str], str] | None) -> str:
+    return message if culprit is None else f"{message}\n{culprit(terms.pool)}"
+
+
+def check_idle_identity(terms: PoolTerms, culprit: Callable[[str], str] | None = None) -> None:
     """I-IDLE-IDENTITY: at quiescence every id is free or cached unlocked."""
-    check_busy_identity(terms)
+    check_busy_identity(terms, culprit)
     held = {k: v for k, v in terms.held.items() if v}
     if held or terms.protected or terms.pending:
         raise ContractViolation(
-            f"I-IDLE-IDENTITY: quiescent but held={held}, protected={terms.protected}, pending={terms.pending}:"
-            f" {terms.table()}"
+            _with_culprit(
+                f"I-IDLE-IDENTITY: quiescent but held={held}, protected={terms.protected},"
+                f" pending={terms.pending}: {terms.table()}",
+                terms,
+                culprit,
+            )
         )
 
 

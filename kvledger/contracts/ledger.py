@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,14 +81,15 @@ class Move:
     dst_account: Account
     src_serial: int = 0
     dst_serial: int = 0
+    epoch: int | None = None  # the owner of the ledger's clock at the move (a scheduler step, an event)
 
-    def describe(self) -> str:
+    def describe(self, clock: str = "step") -> str:
+        """One line, dated by :attr:`epoch` under the name ``clock`` when the ledger's owner set one
+        (``scheduler step 12``, ``event 340``), else by the ledger's own move counter (``step 7``)."""
+        when = f"step {self.step}" if self.epoch is None else f"{clock} {self.epoch}"
         if self.ids is None:
-            return f"step {self.step}: {self.op}: {self.src} {self.src_account.name} -> {self.dst_account.name}"
-        return (
-            f"step {self.step}: {self.op}: {self.src}[{self.src_account.name}]"
-            f" -> {self.dst}[{self.dst_account.name}]"
-        )
+            return f"{when}: {self.op}: {self.src} {self.src_account.name} -> {self.dst_account.name}"
+        return f"{when}: {self.op}: {self.src}[{self.src_account.name}] -> {self.dst}[{self.dst_account.name}]"
 
 
 class MoveLog:
@@ -125,13 +126,13 @@ class MoveLog:
     @staticmethod
     def _one(e: tuple[Any, ...], i: int) -> tuple[Any, ...]:
         """The ``i``-th move of a batch entry, as a plain entry."""
-        return (e[0] + i, e[1], (int(e[2][i]),), e[3], e[4], e[5], e[6], e[7][i], e[8][i], e[9][i], e[10][i])
+        return (e[0] + i, e[1], (int(e[2][i]),), e[3], e[4], e[5], e[6], e[7][i], e[8][i], e[9][i], e[10][i], e[11])
 
     @staticmethod
     def _move(e: tuple[Any, ...]) -> Move:
         if MoveLog._is_batch(e):
             e = MoveLog._one(e, len(e[7]) - 1)
-        step, op, ids, s_serial, s_kind, s_key, s_acct, d_serial, d_kind, d_key, d_acct = e
+        step, op, ids, s_serial, s_kind, s_key, s_acct, d_serial, d_kind, d_key, d_acct, epoch = e
         return Move(
             step,
             op,
@@ -142,6 +143,7 @@ class MoveLog:
             Account(d_acct),
             s_serial,
             d_serial,
+            epoch,
         )
 
     def __getitem__(self, index: int) -> Move:
@@ -210,6 +212,11 @@ class Ledger:
         self.size = len(domain)
         self.unit = unit
         self.step = 0
+        # The clock of whoever drives the pool, recorded with every move so reports date moves in its
+        # terms: the scheduler sets ``epoch`` to its step number (``clock`` "scheduler step"), an audit to
+        # the event number ("event"). None: moves are dated by the ledger's own move counter ``step``.
+        self.epoch: int | None = None
+        self.clock = "step"
         self.pending_owner = Owner("free_group", pool, PENDING_FREE)
         # Owner codes per id: 0 for ids outside the domain (reserved padding ids), else a registry code.
         self._own = np.zeros(domain.stop, dtype=np.int32)
@@ -334,16 +341,28 @@ class Ledger:
         found.reverse()
         return [MoveLog._move(e) for e in found]
 
-    def describe(self, slots: Iterable[int], headline: str) -> str:
-        """A violation report: the headline, then each slot's current owner and last moves."""
-        lines = [f"[{self.pool}] {headline}"]
+    def describe(self, slots: Iterable[int], headline: str, claims: Mapping[int, str] | None = None) -> str:
+        """A violation report: the headline, then each slot's current owner and last moves.
+
+        ``claims`` adds, per slot, what the implementation's own bookkeeping says about it (who it
+        believes holds it), so the report shows both sides of the dispute.
+        """
+        return "\n".join([f"[{self.pool}] {headline}", *self.describe_slots(slots, claims)])
+
+    def describe_slots(self, slots: Iterable[int], claims: Mapping[int, str] | None = None) -> list[str]:
+        """:meth:`describe` without the headline: per slot (at most 8), owner, claim and last moves."""
+        lines = []
         for slot in list(slots)[:8]:
-            lines.append(f"  slot {slot}: owner {self.owner_of(slot)!r}")
+            claim = None if claims is None else claims.get(slot)
+            lines.append(
+                f"  slot {slot}: owner {self.owner_of(slot)!r}"
+                + ("" if claim is None else f"; the bookkeeping says {claim}")
+            )
             moves = self.history_of(slot)
             if not moves:
                 lines.append("    (no recorded moves: held since construction or older than the log)")
-            lines.extend(f"    {m.describe()}" for m in moves)
-        return "\n".join(lines)
+            lines.extend(f"    {m.describe(self.clock)}" for m in moves)
+        return lines
 
     # ------------------------------------------------------------------ vectorised checks
     def _not_held_by(self, a: np.ndarray, code: int | None) -> list[int]:
@@ -438,7 +457,7 @@ class Ledger:
             self._settle(src, src_code, n)  # type: ignore[arg-type]  # _check_move proved it registered
         self._log.append(
             (self.step, op, (int(a[0]),) if n == 1 else a.astype(np.int32), src.serial, src.kind, src.key,
-             src.account.name, dst.serial, dst.kind, dst.key, dst.account.name)
+             src.account.name, dst.serial, dst.kind, dst.key, dst.account.name, self.epoch)
         )  # fmt: skip
         self.step += 1
         self._check_count(op)
@@ -471,7 +490,7 @@ class Ledger:
         self._log.append(
             (self.step, op, a.astype(np.int32), src.serial, src.kind, src.key, src.account.name,
              tuple(d.serial for d in dsts), tuple(d.kind for d in dsts), tuple(d.key for d in dsts),
-             tuple(acct.name for acct in accounts))
+             tuple(acct.name for acct in accounts), self.epoch)
         )  # fmt: skip
         self._settle(src, src_code, n)  # type: ignore[arg-type]
         self.step += n
@@ -509,8 +528,8 @@ class Ledger:
             self._count[new] = self._count.get(new, 0) + n
         self._log.append(
             (self.step, op, None, owner.serial, owner.kind, owner.key, old.name,
-             owner.serial, owner.kind, owner.key, new.name)
-        )
+             owner.serial, owner.kind, owner.key, new.name, self.epoch)
+        )  # fmt: skip
         self.step += 1
         self._check_count(op)
 
@@ -610,11 +629,14 @@ class Ledger:
         if actual != expected:
             extra = sorted(actual - expected)
             missing = sorted(expected - actual)
+            claims = {i: f"it is in the pool's {what}" for i in extra[:4]}
+            claims.update({i: f"it is not in the pool's {what}" for i in missing[:4]})
             raise ContractViolation(
                 self.describe(
                     extra[:4] + missing[:4],
                     f"{what} disagrees with the ledger (I-PARTITION): in pool but not in ledger {extra[:8]},"
                     f" in ledger but not in pool {missing[:8]}",
+                    claims=claims,
                 )
             )
 
@@ -674,8 +696,11 @@ class NullLedger:
     def registered(self) -> list[Owner]:
         return []
 
-    def describe(self, slots: Iterable[int], headline: str) -> str:
+    def describe(self, slots: Iterable[int], headline: str, claims: Mapping[int, str] | None = None) -> str:
         return f"[{self.pool}] {headline} (no ledger: contracts are off)"
+
+    def describe_slots(self, slots: Iterable[int], claims: Mapping[int, str] | None = None) -> list[str]:
+        return []
 
     def __repr__(self) -> str:
         return f"NullLedger({self.pool})"

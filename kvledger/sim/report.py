@@ -55,8 +55,7 @@ def summary_table(result: SimResult) -> Table:
         *[(f"peak use: {pool}", f"{use:.1%}") for pool, use in result.peak_use.items()],
         *_tracking_rows(result),
         ("contracts", "on" if result.contracts else "off"),
-        ("contract checks run (busy / idle)", f"{result.contract_checks} / {result.idle_checks}"),
-        ("violations", f"{result.violations}"),
+        *_check_rows(result),
         ("wall time", f"{result.wall_s:.2f} s"),
     ]
     for k, v in rows:
@@ -80,23 +79,57 @@ def _tracking_rows(result: SimResult) -> list[tuple[str, str]]:
     ]
 
 
+def _check_rows(result: SimResult) -> list[tuple[str, str]]:
+    """What was checked and what failed: a build without contracts says what it did not look for."""
+    if result.contracts:
+        return [
+            ("contract checks run (busy / idle)", f"{result.contract_checks} / {result.idle_checks}"),
+            ("violations", f"{result.violations}"),
+        ]
+    return [
+        ("count identity checks run (contracts off)", f"{result.count_checks}"),
+        ("count identity failures", f"{result.identity_failures}"),
+        ("violations", "not checked (contracts off)"),
+    ]
+
+
 def print_summary(result: SimResult, console: Console | None = None) -> None:
     console = console or Console()
     console.print(summary_table(result))
     if result.violation:
-        console.print("[bold red]ContractViolation[/bold red]")
+        console.print(f"[bold red]ContractViolation[/bold red] at step {result.failed_at_step}")
         console.print(result.violation, markup=False, highlight=False)
+    if result.identity_failure:
+        console.print(f"[bold red]Count identity failure[/bold red] at step {result.failed_at_step}")
+        console.print(result.identity_failure, markup=False, highlight=False)
 
 
 def plot_timeline(result: SimResult, path: Path) -> Path:
-    """Per pool, stacked areas of the identity's terms over the steps; the stack reaches the pool size."""
-    return _plot_timeline(result.timeline, path, "kvledger ledger timeline", result.timeline_steps)
+    """Per pool, stacked areas of the identity's terms over the steps; the stack reaches the pool size.
+
+    Each pool's axis is in its own unit (tokens, rows, slots); ``pending_free`` (freed inside an open free
+    group) is its own area; the step a check failed at is marked on every axis with a red line. Written
+    whether or not the run stopped on a violation: the timeline then ends at the failing step.
+    """
+    failure = None
+    if result.failed_at_step is not None:
+        failure = (result.failed_at_step, "contract violation" if result.violation else "count identity failure")
+    return _plot_timeline(
+        result.timeline, path, "kvledger ledger timeline", result.timeline_steps, units=result.units, failure=failure
+    )
 
 
 def _plot_timeline(
-    timeline: list[dict[str, dict[str, int]]], path: Path, title: str, steps_taken: list[int] | None = None
+    timeline: list[dict[str, dict[str, int]]],
+    path: Path,
+    title: str,
+    steps_taken: list[int] | None = None,
+    *,
+    units: dict[str, str] | None = None,
+    failure: tuple[int, str] | None = None,
 ) -> Path:
-    """Stacked areas per pool; ``steps_taken`` are the steps the samples were taken at (default 1, 2, ...)."""
+    """Stacked areas per pool; ``steps_taken`` are the steps the samples were taken at (default 1, 2, ...);
+    ``units`` names each pool's unit on its axis; ``failure`` (step, what) draws a red line at that step."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -122,11 +155,16 @@ def _plot_timeline(
         )
         size = timeline[0][pool]["size"]
         ax.axhline(size, color="black", linewidth=0.8, linestyle="--")
-        ax.set_ylabel(pool)
+        ax.set_ylabel(f"{pool} ({(units or {}).get(pool, 'ids')})")
         ax.set_ylim(0, size * 1.03)
+        if failure is not None:
+            ax.axvline(failure[0], color="#d00000", linewidth=1.4, label=f"{failure[1]} (step {failure[0]})")
         ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
     axes[-1, 0].set_xlabel("scheduler step")
-    fig.suptitle(f"{title}: every slot's account per step (dashed: pool size)")
+    suptitle = f"{title}: every slot's account per step (dashed: pool size)"
+    if failure is not None:
+        suptitle += f"\nstopped at step {failure[0]}: {failure[1]}"
+    fig.suptitle(suptitle)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvledger.contracts import switch
-from kvledger.contracts.errors import ContractViolation
+from kvledger.contracts.errors import ContractViolation, IdentityFailure
 from kvledger.reference.engine import EngineSpec, ModelKind, TreeKind, build_engine
 from kvledger.reference.scheduler.config import MambaSchedulerStrategy
 from kvledger.sim.workload import GSPWorkload
@@ -127,13 +127,26 @@ class SimResult:
     decode_batches: int
     contract_checks: int
     idle_checks: int
-    violations: int
+    # Contracts on: violations found (0 or 1: the run stops at the first). Contracts off: None, because
+    # a build without contracts does not look for them; the count identities it still checks report
+    # in their own category below.
+    violations: int | None
     violation: str | None
     peak_use: dict[str, float]
     # Mamba V2: captures planned, donations to the tree, donations skipped (no replacement slot)
     mamba_tracking: dict[str, int] | None
     timeline: list[dict[str, dict[str, int]]] = field(repr=False)
     timeline_steps: list[int] = field(default_factory=list, repr=False)  # the step of each snapshot
+    count_checks: int = 0  # contracts off: steps after which the count identities were checked
+    identity_failures: int = 0  # contracts off: count identity failures found (0 or 1: the run stops)
+    identity_failure: str | None = None
+    failed_at_step: int | None = None  # the step the run stopped at on a violation or identity failure
+    units: dict[str, str] = field(default_factory=dict)  # per pool: what its terms count (tokens, rows, slots)
+
+    @property
+    def failed(self) -> bool:
+        """A check failed: a contract violation, or a count identity failure with contracts off."""
+        return bool(self.violations) or bool(self.identity_failures)
 
     def summary(self) -> dict[str, Any]:
         out = asdict(self)
@@ -150,6 +163,8 @@ def run_simulation(opts: SimOptions, progress: Callable[[int, int], None] | None
     timeline = Timeline()
     peak: dict[str, float] = {}
     violation: str | None = None
+    identity_failure: str | None = None
+    failed_at: int | None = None
     start = time.perf_counter()
     next_arrival = 0
     try:
@@ -170,8 +185,12 @@ def run_simulation(opts: SimOptions, progress: Callable[[int, int], None] | None
                 raise ContractViolation(f"liveness: not drained after {opts.max_steps} steps")
         if switch.ENABLED:
             sched.accounting.check_quiescent()
+    except IdentityFailure as exc:
+        identity_failure, failed_at = str(exc), sched.step_no
     except ContractViolation as exc:
-        violation = str(exc)
+        violation, failed_at = str(exc), sched.step_no
+    if failed_at is not None:
+        _last_snapshot(timeline, sched)
     wall = time.perf_counter() - start
     st = sched.stats
     return SimResult(
@@ -195,13 +214,31 @@ def run_simulation(opts: SimOptions, progress: Callable[[int, int], None] | None
         decode_batches=st.decode_batches,
         contract_checks=st.busy_checks,
         idle_checks=st.idle_checks,
-        violations=int(violation is not None),
+        violations=int(violation is not None) if switch.ENABLED else None,
         violation=violation,
         peak_use=peak,
         mamba_tracking=None if sched.memory.tracking is None else dict(sched.memory.tracking.stats),
         timeline=timeline.snapshots,
         timeline_steps=timeline.steps,
+        count_checks=st.count_checks,
+        identity_failures=int(identity_failure is not None),
+        identity_failure=identity_failure,
+        failed_at_step=failed_at,
+        units=sched.accounting.units(),
     )
+
+
+def _last_snapshot(timeline: Timeline, sched: Any) -> None:
+    """The terms at the step a check failed on, so the plot reaches the failure (best effort: terms that
+    cannot be computed any more, say a request whose lengths are out of order, leave the timeline as is)."""
+    if timeline.steps and timeline.steps[-1] == sched.step_no:
+        return
+    try:
+        snap = sched.accounting.snapshot()
+    except ContractViolation:
+        return
+    timeline.steps.append(sched.step_no)
+    timeline.snapshots.append(snap)
 
 
 def _options_dict(opts: SimOptions) -> dict[str, Any]:

@@ -51,6 +51,7 @@ class SchedulerStats:
     rollbacks: int = 0
     busy_checks: int = 0
     idle_checks: int = 0
+    count_checks: int = 0  # contracts off: steps after which the count identities were checked
     finished: int = 0  # requests that ended with FINISHED (aborts and rejections are counted above)
     discarded_tokens: int = 0  # overlap: tokens sampled for requests that had already finished
     reject_reasons: dict[str, int] = field(default_factory=dict)
@@ -72,6 +73,11 @@ class FaultInjector:
             self.fired += 1
             return True
         return False
+
+
+def _dated(pool: Any) -> bool:
+    """Whether ``pool`` has a real ledger whose moves can be dated by the scheduler's step."""
+    return pool is not None and bool(getattr(pool.ledger, "enabled", False)) and hasattr(pool.ledger, "epoch")
 
 
 def _ladders_hold(self: Scheduler) -> bool:
@@ -160,6 +166,10 @@ class Scheduler:
         self.stats = SchedulerStats()
         self.step_no = 0
         self._next_batch_id = 0
+        # Ledgers date their moves by this scheduler's step, so a violation's history reads in steps.
+        self._dated_ledgers = [p.ledger for p in (kv_allocator, req_to_token_pool, mamba_pool) if _dated(p)]
+        for ledger in self._dated_ledgers:
+            ledger.clock, ledger.epoch = "scheduler step", 0
 
     @staticmethod
     def _tracking(config: SchedulerConfig, mamba_pool: Any, tree: Any) -> MambaTracking:
@@ -259,6 +269,8 @@ class Scheduler:
         """One event-loop iteration; returns the batch launched (None: nothing could run)."""
         self.step_no += 1
         self.stats.steps += 1
+        for ledger in self._dated_ledgers:
+            ledger.epoch = self.step_no
         self.before_schedule()
         batch = self.get_next_batch_to_run()
         if batch is not None:

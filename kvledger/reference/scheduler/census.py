@@ -1,0 +1,82 @@
+"""The scheduler's bookkeeping, id by id: who it believes holds each id of a pool (a failed check's evidence).
+
+When an identity fails, the accounting asks for a :class:`~kvledger.contracts.diagnosis.Census` of the
+pool in question and compares it with the pool's ledger, so the report names the ids in dispute, their
+ledger owner, the holder the bookkeeping names, their last moves and the request involved. Built from
+the implementation's own structures only (never from the ledger): the pool's free list and free group,
+every cache node's KV and state, and every live request's row, Mamba slot and the KV of
+``[cache_protected_len, kv_allocated_len)`` read from its ``req_to_token`` row.
+
+O(pool + tree + live requests): only ever built after a check has failed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from kvledger.contracts.diagnosis import Census
+from kvledger.contracts.owners import FREE_LIST, Owner
+from kvledger.contracts.tree_checks import collect_nodes
+from kvledger.reference.pools.id_free_list import free_list_of
+from kvledger.reference.scheduler.request import Req
+
+
+def pool_object(s: Any, pool: str) -> Any:
+    """The scheduler's pool called ``pool`` in the identity's terms (``kv``, ``req``, ``mamba``)."""
+    return {"kv": s.kv_allocator, "req": s.req_to_token_pool, "mamba": s.mamba_pool}[pool]
+
+
+def request_kv_ids(s: Any, r: Req) -> set[int]:
+    """The KV ledger ids (token slots, or pages) a request holds by its own bookkeeping."""
+    if r.req_pool_idx is None or r.kv_allocated_len <= r.cache_protected_len:
+        return set()
+    slots = s.req_to_token_pool.read(r.req_pool_idx, r.cache_protected_len, r.kv_allocated_len)
+    page = s.config.page_size
+    return {t // page for t in slots.tolist()}
+
+
+def request_ids(s: Any, pool: str, r: Req) -> set[int]:
+    """The ids of ``pool`` that ``r`` holds by its own bookkeeping."""
+    if pool == "mamba":
+        return set(r.mamba_slots())  # the working slot and, under V2, the tracking slots
+    if pool == "req":
+        return set() if r.req_pool_idx is None else {r.req_pool_idx}
+    return request_kv_ids(s, r)
+
+
+def census(s: Any, pool: str) -> Census:
+    """Every claim the scheduler's bookkeeping makes on ``pool``'s ids."""
+    obj = pool_object(s, pool)
+    out = Census(pool)
+    try:
+        ids = free_list_of(obj)
+    except TypeError:  # a pool not built on an IdFreeList (an adapter): its free list is unknown here
+        out.complete = False
+    else:
+        out.claim(ids.free_ids().tolist(), FREE_LIST)
+        if ids.pending:
+            out.claim(np.concatenate(ids.pending).tolist(), obj.ledger.pending_owner)
+    tree = s.tree
+    if tree is not None and pool in ("kv", "mamba"):
+        page = s.config.page_size
+        for node in collect_nodes(tree.root):
+            if pool == "kv":
+                out.claim({t // page for t in node.value.tolist()}, node.kv_owner)
+            elif getattr(node, "mamba_value", None) is not None:
+                out.claim([int(node.mamba_value[0])], node.mamba_owner)
+    for r in s.live_requests():
+        out.claim(request_ids(s, pool, r), r.owner)
+    return out
+
+
+def describe_owner(s: Any, owner: Owner) -> str | None:
+    """What the scheduler knows about a request owner (its state, whether it was released)."""
+    if owner.kind != "req":
+        return None
+    req = s.requests.get(owner.key)
+    if req is None or req.owner is not owner:
+        return "a request the scheduler no longer keeps (ended, out of the finished window)"
+    released = "released: its bookkeeping holds nothing" if req.released else "not released"
+    return f"{req!r}, {released}"
