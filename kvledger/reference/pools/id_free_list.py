@@ -28,7 +28,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvledger.contracts.errors import DoubleFree, DuplicateIds, FreeGroupError, SlotOutOfRange, StaleSnapshot
+from kvledger.contracts.diagnosis import free_list_report
+from kvledger.contracts.errors import (
+    ContractViolation,
+    DoubleFree,
+    DuplicateIds,
+    FreeGroupError,
+    SlotOutOfRange,
+    StaleSnapshot,
+)
 from kvledger.contracts.ledger import AnyLedger, as_id_array, make_ledger
 from kvledger.contracts.owners import FREE_LIST, Owner
 
@@ -432,10 +440,15 @@ class IdFreeList:
         self._state[taken] = FREE
 
     # ------------------------------------------------------------------ audit
+    def ledger_disagreement(self, what: str) -> ContractViolation:
+        """The evidence when the free list and the ledger's free account disagree (a pool's I-COUNT class
+        invariant): the ids listed as free that the ledger gives to someone, and the ids the ledger calls
+        free that the list lacks, each with its owner and last moves."""
+        pending = np.concatenate(self.pending).tolist() if self.pending else []
+        return ContractViolation(f"{what}\n{free_list_report(self.ledger, self.free_ids().tolist(), pending)}")
+
     def audit(self) -> None:
         """Recount the free list and state mask against each other and the ledger (O(size))."""
-        from kvledger.contracts.errors import ContractViolation
-
         free_ids = self.free_ids()
         pending_ids = np.concatenate(self.pending) if self.pending else np.zeros(0, dtype=np.int64)
         state = self._state

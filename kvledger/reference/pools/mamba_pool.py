@@ -40,6 +40,7 @@ from kvledger.reference.pools.write_schedule import ZERO, WriteSchedule
 @invariant(
     lambda self: not self._slots.ledger.enabled or self._slots.ledger.count(FREE) == self._slots.available(),
     "I-COUNT: ledger free slots == available_size()",
+    error=lambda self: self._slots.ledger_disagreement("I-COUNT: ledger free slots != available_size()"),
 )
 @invariant(lambda self: 0 <= self._slots.available() + self._slots.pending_count() <= self.size, "I-CAP")
 @invariant(

@@ -32,7 +32,11 @@ def _ledger_agrees(ids: IdFreeList) -> bool:
     return not ids.ledger.enabled or ids.ledger.count(FREE) == ids.available()
 
 
-@invariant(lambda self: _ledger_agrees(self._pages), "I-COUNT: ledger free pages == free list length")
+@invariant(
+    lambda self: _ledger_agrees(self._pages),
+    "I-COUNT: ledger free pages == free list length",
+    error=lambda self: self._pages.ledger_disagreement("I-COUNT: ledger free pages != free list length"),
+)
 @invariant(lambda self: self.available_size() % self.page_size == 0, "available_size is whole pages")
 @invariant(lambda self: 0 <= self._pages.available() + self._pages.pending_count() <= self.num_pages, "I-CAP")
 class PagedTokenToKVPoolAllocator:

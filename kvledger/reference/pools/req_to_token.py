@@ -32,6 +32,7 @@ from kvledger.reference.pools.validate import (
 @invariant(
     lambda self: not self._rows.ledger.enabled or self._rows.ledger.count(FREE) == self._rows.available(),
     "I-COUNT: ledger free rows == available_size()",
+    error=lambda self: self._rows.ledger_disagreement("I-COUNT: ledger free rows != available_size()"),
 )
 @invariant(lambda self: 0 <= self._rows.available() + self._rows.pending_count() <= self.size, "I-CAP")
 class ReqToTokenPool:

@@ -30,7 +30,11 @@ def _ledger_agrees(ids: IdFreeList) -> bool:
     return not ids.ledger.enabled or ids.ledger.count(FREE) == ids.available()
 
 
-@invariant(lambda self: _ledger_agrees(self._ids), "I-COUNT: ledger free account == available_size()")
+@invariant(
+    lambda self: _ledger_agrees(self._ids),
+    "I-COUNT: ledger free account == available_size()",
+    error=lambda self: self._ids.ledger_disagreement("I-COUNT: ledger free account != available_size()"),
+)
 @invariant(lambda self: 0 <= self._ids.available() + self._ids.pending_count() <= self.size, "I-CAP")
 class TokenToKVPoolAllocator:
     """KV token slots ``1..size`` on ``device``; slot 0 is the padding slot kernels may write to."""
