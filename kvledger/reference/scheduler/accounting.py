@@ -19,15 +19,16 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from kvledger.contracts.diagnosis import diagnose
 from kvledger.contracts.errors import ContractViolation, IdentityFailure
 from kvledger.contracts.identity import PoolTerms, check_busy_identity, check_idle_identity
-from kvledger.contracts.owners import CACHE_EVICTABLE, CACHE_PROTECTED, FREE, PENDING_FREE, Owner
+from kvledger.contracts.owners import BATCH_INFLIGHT, CACHE_EVICTABLE, CACHE_PROTECTED, FREE, PENDING_FREE, Owner
 from kvledger.contracts.switch import ENABLED
 from kvledger.reference.scheduler import census
-from kvledger.reference.scheduler.request import ladder_holds, track_point_holds
+from kvledger.reference.scheduler.request import ReqState, ladder_holds, track_point_holds
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvledger.reference.scheduler.batch import ScheduleBatch
@@ -43,6 +44,8 @@ def _recount_setting() -> bool:
 
 UNITS = {"kv": "tokens", "req": "rows", "mamba": "slots"}
 """What each pool's identity terms count."""
+
+_DONE = frozenset(s for s in ReqState if s.is_done)
 
 _Parts = tuple[str, int, int, int]  # account, KV tokens, Mamba slots, rows held by one request
 
@@ -181,18 +184,35 @@ class Accounting:
         return True
 
     # ------------------------------------------------------------------ terms
-    def _request_held_recount(self) -> dict[str, Counter[str]]:
-        """Per pool and account, what live requests hold by their bookkeeping: O(live)."""
-        mem = self.s.memory
-        held: dict[str, Counter[str]] = {"kv": Counter(), "mamba": Counter(), "req": Counter()}
-        for r in self.s.live_requests():
-            acct = r.owner.account.name
-            held["kv"][acct] += mem.kv_held_tokens(r)
-            held["mamba"][acct] += len(r.mamba_slots())
-            held["req"][acct] += r.req_pool_idx is not None
-        return held
+    def _request_held_recount(self) -> dict[str, dict[str, int]]:
+        """Per pool and account, what live requests hold by their bookkeeping: O(live).
 
-    def _request_held(self) -> dict[str, Counter[str]]:
+        The release build's count identities run this after every step, so the loop is lean: most live
+        requests wait and hold nothing (two attribute reads each); only holders are looked at further.
+        """
+        kv_held = self.s.memory.kv_held_tokens
+        kv: dict[str, int] = {}
+        mamba: dict[str, int] = {}
+        rows: dict[str, int] = {}
+        for r in self.s.queued_requests():
+            row = r.req_pool_idx
+            slot = r.mamba_pool_idx
+            track = r.mamba_ping_pong_track_buffer  # Mamba V2's tracking slots (None otherwise)
+            if row is None and slot is None and track is None:
+                continue
+            owner = r.owner
+            account = owner.account
+            if r.state in _DONE and account is not BATCH_INFLIGHT:
+                continue  # ended, not parked on a batch: not live (see Scheduler.live_requests)
+            acct = account.name
+            if slot is not None or track is not None:
+                mamba[acct] = mamba.get(acct, 0) + (1 if track is None else len(r.mamba_slots()))
+            if row is not None:
+                rows[acct] = rows.get(acct, 0) + 1
+                kv[acct] = kv.get(acct, 0) + kv_held(r)
+        return {"kv": kv, "mamba": mamba, "req": rows}
+
+    def _request_held(self) -> Mapping[str, Mapping[str, int]]:
         """The same sums, kept incrementally (contracts on) or recounted (contracts off)."""
         if not ENABLED:
             return self._request_held_recount()
@@ -207,11 +227,11 @@ class Accounting:
         """The identity's terms as of now: incremental with contracts on."""
         return self._build_terms(self._request_held())
 
-    def _build_terms(self, held: dict[str, Counter[str]]) -> list[PoolTerms]:
+    def _build_terms(self, held: Mapping[str, Mapping[str, int]]) -> list[PoolTerms]:
         c = self.s.memory.counters
         evictable, protected, m_evictable, m_protected = c.tree_counters()
 
-        def nonzero(c: Counter[str]) -> dict[str, int]:
+        def nonzero(c: Mapping[str, int]) -> dict[str, int]:
             return {k: v for k, v in c.items() if v}
 
         terms = [

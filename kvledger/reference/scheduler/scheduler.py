@@ -13,7 +13,7 @@ After every step the busy identity holds for the KV, Mamba and row pools with ev
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -248,6 +248,13 @@ class Scheduler:
         """Requests that may hold something: queued and not yet released, not ended unless parked in one of
         ``parked_accounts`` (a launched batch, a PD lease). O(live), not O(all ever)."""
         return [r for r in self._live.values() if not r.state.is_done or r.owner.account in self.parked_accounts]
+
+    def queued_requests(self) -> Iterable[Req]:
+        """Every request queued and not yet released, unfiltered (a view: the count identities' fast path).
+
+        A superset of :meth:`live_requests` only inside a step, between a request's end and its release.
+        """
+        return self._live.values()
 
     def ended_count(self) -> int:
         """Requests that finished, were aborted or were rejected so far."""
