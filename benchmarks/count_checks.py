@@ -29,9 +29,9 @@ from _figures import figure, per_second, ratio
 
 def _loop(counting: bool, quick: bool) -> tuple[int, float, int]:
     """One run of the workload: (steps, CPU seconds, count checks run)."""
+    from kvledger.reference.engine import build_engine
     from kvledger.sim.simulate import SimOptions
     from kvledger.sim.workload import GSPWorkload
-    from kvledger.reference.engine import build_engine
 
     wl = GSPWorkload(num_groups=2, prompts_per_group=4, output_len=16) if quick else GSPWorkload()
     opts = SimOptions(workload=wl)
@@ -82,7 +82,7 @@ def _child(quick: bool, rounds: int) -> dict[str, Any]:
     steps = checks = 0
     for _ in range(rounds):  # alternate, so machine load affects both settings alike
         s_on, c_on, checks = _loop(True, quick)
-        s_off, c_off, none = _loop(False, quick)
+        _s_off, c_off, none = _loop(False, quick)
         assert none == 0 and checks == s_on
         steps, on_cpu, off_cpu = s_on, on_cpu + c_on, off_cpu + c_off
         sim_on += _simulate(True, quick)[1]

@@ -25,7 +25,14 @@ from typing import TYPE_CHECKING, Any
 from kvledger.contracts.diagnosis import diagnose
 from kvledger.contracts.errors import ContractViolation, IdentityFailure
 from kvledger.contracts.identity import PoolTerms, check_busy_identity, check_idle_identity
-from kvledger.contracts.owners import BATCH_INFLIGHT, CACHE_EVICTABLE, CACHE_PROTECTED, FREE, PENDING_FREE, Owner
+from kvledger.contracts.owners import (
+    BATCH_INFLIGHT,
+    CACHE_EVICTABLE,
+    CACHE_PROTECTED,
+    FREE,
+    PENDING_FREE,
+    Owner,
+)
 from kvledger.contracts.switch import ENABLED
 from kvledger.reference.scheduler import census
 from kvledger.reference.scheduler.request import ReqState, ladder_holds, track_point_holds
