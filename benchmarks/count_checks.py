@@ -117,9 +117,7 @@ def main() -> None:
     with_checks = per_second(total_steps, child["on_cpu_s"])
     without = per_second(total_steps, child["off_cpu_s"])
     cost = ratio(child["on_cpu_s"], child["off_cpu_s"])
-    per_check_us = (
-        (child["on_cpu_s"] - child["off_cpu_s"]) / total_steps * 1e6 if total_steps else None
-    )
+    per_check_us = (child["on_cpu_s"] - child["off_cpu_s"]) / total_steps * 1e6 if total_steps else None
     sim_cost = ratio(child["simulate_on_cpu_s"], child["simulate_off_cpu_s"])
     result = {
         "benchmark": "count_checks",

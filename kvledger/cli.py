@@ -1,8 +1,9 @@
-"""The ``kvledger`` command: ``kvledger --version`` and ``kvledger simulate``.
+"""The ``kvledger`` command: ``kvledger --version``, ``kvledger simulate`` and ``kvledger audit``.
 
 Every option is checked before anything runs: a bad value, a combination the engine cannot run, a
-workload that could only be rejected, or a plot path that cannot be written ends in one line on stderr
-and exit status 2, never a traceback. Exit status 1 means the run found a contract violation.
+workload that could only be rejected, or a plot or record path that cannot be written ends in one line
+on stderr and exit status 2, never a traceback. Exit status 1 means the run found a contract violation
+or, with contracts off, a count identity failure; for ``audit``, that the log breaks an invariant.
 """
 
 from __future__ import annotations
@@ -264,7 +265,26 @@ def _parser() -> argparse.ArgumentParser:
         help="ledger timeline image; the suffix picks the format: .png, .svg, .pdf, ... (default: %(default)s)",
     )
     o.add_argument("--no-plot", action="store_true", help="do not write the timeline")
+    o.add_argument(
+        "--record",
+        metavar="FILE",
+        type=Path,
+        default=None,
+        help="write the run's event log (JSON lines, spec/event-log.md) for `kvledger audit`",
+    )
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    a = sub.add_parser(
+        "audit",
+        help="replay a recorded event log through the ledger and the identities",
+        description=(
+            "Replay an event log (JSON lines, spec/event-log.md: `kvledger simulate --record FILE`, or an"
+            " engine's debug build) through the ownership ledger and the identities. Stops at the first"
+            " violation and names the event, the ids, their owner and their last moves. Exit status 0: the"
+            " log is clean; 1: a violation; 2: the file cannot be read or is not a valid log."
+        ),
+    )
+    a.add_argument("log", metavar="FILE", type=Path, help="the event log")
+    a.add_argument("--json", action="store_true", help="print the report as one JSON object on stdout")
     return p
 
 
@@ -286,12 +306,19 @@ def _plot_problem(path: Path) -> str | None:
     if path.suffix.lstrip(".").lower() not in formats:
         kind = repr(path.suffix) if path.suffix else "no suffix"
         return f"--plot {path}: unsupported image format ({kind}); use one of {', '.join(sorted(formats))}"
+    return _write_problem(path, "--plot")
+
+
+def _write_problem(path: Path, option: str) -> str | None:
+    """Why the file ``path`` cannot be written, or None (the run writes it: find out now, not after minutes)."""
+    if path.is_dir():
+        return f"{option} {path}: is a directory"
     ancestor = path.parent
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent
     if not ancestor.is_dir():
-        return f"--plot {path}: {ancestor} is not a directory"
-    try:  # the run writes here at the end: find out now, not after minutes of simulation
+        return f"{option} {path}: {ancestor} is not a directory"
+    try:
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists():
             with open(path, "ab"):
@@ -300,7 +327,7 @@ def _plot_problem(path: Path) -> str | None:
             with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".kvledger-probe-"):
                 pass
     except OSError as exc:
-        return f"--plot {path}: cannot be written ({exc.strerror or exc})"
+        return f"{option} {path}: cannot be written ({exc.strerror or exc})"
     return None
 
 
@@ -359,6 +386,10 @@ def check_options(ns: argparse.Namespace) -> str | None:
     pd_only = [o for o, v in (("--pd-fault-rate", ns.pd_fault_rate), ("--pd-abort-rate", ns.pd_abort_rate)) if v]
     if pd_only and not ns.pd:
         return f"{pd_only[0]} applies to --pd runs only: add --pd"
+    if ns.record is not None:
+        problem = _write_problem(ns.record, "--record")
+        if problem is not None:
+            return problem
     if not ns.no_plot:
         return _plot_problem(ns.plot)
     return None
@@ -440,6 +471,7 @@ def _simulate(ns: argparse.Namespace) -> int:
     if ns.pd:
         return _simulate_pd(ns, opts, console)
     show_progress = not ns.no_progress and not ns.json
+    record = None if ns.record is None else open(ns.record, "w", encoding="utf-8")  # noqa: SIM115
     try:
         if show_progress:
             with Progress(
@@ -453,11 +485,16 @@ def _simulate(ns: argparse.Namespace) -> int:
                 console=console,
             ) as bar:
                 task = bar.add_task("requests", total=workload.num_groups * workload.prompts_per_group)
-                result = run_simulation(opts, progress=lambda done, total: bar.update(task, completed=done))
+                result = run_simulation(
+                    opts, progress=lambda done, total: bar.update(task, completed=done), record=record
+                )
         else:
-            result = run_simulation(opts)
+            result = run_simulation(opts, record=record)
     except KVLedgerError as exc:  # a combination the checks above did not foresee: still a user error
         return _fail(str(exc).splitlines()[0])
+    finally:
+        if record is not None:
+            record.close()
     plot_path = None
     plot_error = None
     if not ns.no_plot:
@@ -468,11 +505,14 @@ def _simulate(ns: argparse.Namespace) -> int:
     if ns.json:
         out = result.summary()
         out["plot"] = str(plot_path) if plot_path else None
+        out["record"] = None if ns.record is None else str(ns.record)
         print(json.dumps(out))
     else:
         print_summary(result, console)
         if plot_path:
             console.print(f"ledger timeline written to {plot_path}")
+        if ns.record is not None:
+            console.print(f"event log written to {ns.record} (check it: kvledger audit {ns.record})")
     if plot_error is not None:
         print(f"kvledger simulate: error: {plot_error}", file=sys.stderr)
         return 1
@@ -517,11 +557,37 @@ def _simulate_pd(ns: argparse.Namespace, opts: Any, console: Any) -> int:
     return 1 if result.violations else 0
 
 
+def _audit(ns: argparse.Namespace) -> int:
+    """``kvledger audit FILE``: 0 clean, 1 a violation (printed with its evidence), 2 not a readable log."""
+    from kvledger.audit import audit_file
+    from kvledger.contracts.errors import EventLogError
+
+    try:
+        report = audit_file(ns.log)
+    except EventLogError as exc:
+        print(f"kvledger audit: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return USAGE_ERROR
+    if ns.json:
+        print(json.dumps(report.summary()))
+    else:
+        kinds = ", ".join(f"{k} {n}" for k, n in sorted(report.by_kind.items(), key=lambda kv: -kv[1]))
+        print(f"kvledger audit {ns.log}: {report.events} events ({kinds})")
+        print(f"  pools {report.pools}, {report.requests} requests, {report.steps} steps")
+        if report.clean:
+            print("  clean: every event keeps every invariant the log determines")
+        else:
+            print(f"  VIOLATION at event {report.violation_event}:")
+            print(report.violation)
+    return 0 if report.clean else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     ns = parser.parse_args(argv)
     if ns.command == "simulate":
         return _simulate(ns)
+    if ns.command == "audit":
+        return _audit(ns)
     parser.print_help()
     return 0
 

@@ -44,7 +44,9 @@ def _leaky(real: Callable[..., None], kind: str, nth: int, leaked: Leaked) -> Ca
         leaked.append((req.rid, kind))
         if kind == "row":
             pool = self.req_to_token_pool
-            pool.free = lambda ids, owner: None  # this call only: the row stays with the request in the ledger
+            pool.free = lambda ids, owner: (
+                None
+            )  # this call only: the row stays with the request in the ledger
             try:
                 real(self, req)
             finally:

@@ -43,9 +43,7 @@ class LedgerView(Protocol):
 
     def owner_of(self, slot: int) -> Owner | None: ...
 
-    def describe(
-        self, slots: Iterable[int], headline: str, claims: dict[int, str] | None = None
-    ) -> str: ...
+    def describe(self, slots: Iterable[int], headline: str, claims: dict[int, str] | None = None) -> str: ...
 
     def describe_slots(self, slots: Iterable[int], claims: dict[int, str] | None = None) -> list[str]: ...
 
@@ -111,9 +109,9 @@ def find_disputes(census: Census, domain: Sequence[int] | range, ledger: LedgerV
     return out
 
 
-def _claim_text(d: Dispute) -> str:
+def _claim_text(d: Dispute, no_claim: str = NO_CLAIM) -> str:
     if not d.claimed:
-        return NO_CLAIM
+        return no_claim
     if len(d.claimed) == 1:
         return f"held by {d.claimed[0]!r}"
     return "held by " + " and ".join(repr(o) for o in d.claimed) + " (counted twice)"
@@ -129,6 +127,8 @@ def explain_disputes(
     ledger: LedgerView,
     *,
     describe_owner: Callable[[Owner], str | None] | None = None,
+    no_claim: str = NO_CLAIM,
+    view: str = "the bookkeeping",
 ) -> str:
     """The report: the disputed ids grouped by (ledger owner, the bookkeeping's claim), what is known of
     each owner involved (``describe_owner``: e.g. a request's state), then the last moves of a few ids
@@ -142,7 +142,7 @@ def explain_disputes(
     for d in disputes:
         groups.setdefault((id(d.ledger_owner), tuple(map(id, d.claimed))), []).append(d)
     no_ledger = "" if ledger.enabled else " (no ledger: contracts off, so no owner or history)"
-    lines = [f"[{pool}] {len(disputes)} id(s) in dispute between the ledger and the bookkeeping{no_ledger}:"]
+    lines = [f"[{pool}] {len(disputes)} id(s) in dispute between the ledger and {view}{no_ledger}:"]
     notes: dict[int, str] = {}
     sample: list[Dispute] = []
     for members in list(groups.values())[:SHOWN_GROUPS]:
@@ -150,7 +150,7 @@ def explain_disputes(
         owner = f"ledger owner {first.ledger_owner!r}; " if ledger.enabled else ""
         lines.append(
             f"  {first.kind} {_ids([d.slot for d in members])} ({len(members)}): {owner}"
-            f"the bookkeeping says {_claim_text(first)}"
+            f"{view} says {_claim_text(first, no_claim)}"
         )
         sample += members[:SAMPLES_PER_GROUP]
         for o in (first.ledger_owner, *first.claimed):
@@ -206,9 +206,9 @@ def free_list_report(ledger: Any, free_ids: Iterable[int], pending_ids: Iterable
     shown = disputes[: SHOWN_GROUPS * SAMPLES_PER_GROUP]
     claims = {
         d.slot: (
-            f"the pool lists it as {_claim_text(d)[len('held by '):]}"
+            f"the bookkeeping says the pool lists it as {_claim_text(d)[len('held by ') :]}"
             if d.claimed
-            else "the pool does not list it as free or pending"
+            else "the bookkeeping says the pool does not list it as free or pending"
         )
         for d in shown
     }

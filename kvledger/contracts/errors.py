@@ -107,3 +107,11 @@ class IdentityFailure(ContractViolation):
     release run never reports "0 violations" for a leak it could see. Its own class so reports can keep
     it apart from the violations that only contract-enabled builds look for.
     """
+
+
+class EventLogError(KVLedgerError, ValueError):
+    """A recorded event log that cannot be audited: unreadable, not JSON, an unknown event, a missing
+    or mistyped field, an undeclared pool or owner kind. An operating error about the input file; the
+    log's *contents* breaking an invariant is a violation, not this."""
+
+    invariant = "I-EVENT-LOG"

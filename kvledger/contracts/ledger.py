@@ -33,7 +33,7 @@ import os
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -90,6 +90,19 @@ class Move:
         if self.ids is None:
             return f"{when}: {self.op}: {self.src} {self.src_account.name} -> {self.dst_account.name}"
         return f"{when}: {self.op}: {self.src}[{self.src_account.name}] -> {self.dst}[{self.dst_account.name}]"
+
+
+class MoveObserver(Protocol):
+    """Told about every change a ledger records, after its checks passed (``Ledger.observer``).
+
+    ``moved``: ``ids`` (a numpy array) went from ``src`` to ``dst``, or to ``dst[i]`` each for a batched
+    hand-out; ``retagged``: ``owner`` changed account. The event-log recorder
+    (:mod:`kvledger.audit.record`) is one; None (the default) costs one attribute test per move.
+    """
+
+    def moved(self, ledger: Ledger, ids: np.ndarray, src: Owner, dst: Owner | list[Owner], op: str) -> None: ...
+
+    def retagged(self, ledger: Ledger, owner: Owner, old: Account, new: Account, op: str) -> None: ...
 
 
 class MoveLog:
@@ -217,6 +230,7 @@ class Ledger:
         # the event number ("event"). None: moves are dated by the ledger's own move counter ``step``.
         self.epoch: int | None = None
         self.clock = "step"
+        self.observer: MoveObserver | None = None  # told about every move and retag (a recorder)
         self.pending_owner = Owner("free_group", pool, PENDING_FREE)
         # Owner codes per id: 0 for ids outside the domain (reserved padding ids), else a registry code.
         self._own = np.zeros(domain.stop, dtype=np.int32)
@@ -344,8 +358,8 @@ class Ledger:
     def describe(self, slots: Iterable[int], headline: str, claims: Mapping[int, str] | None = None) -> str:
         """A violation report: the headline, then each slot's current owner and last moves.
 
-        ``claims`` adds, per slot, what the implementation's own bookkeeping says about it (who it
-        believes holds it), so the report shows both sides of the dispute.
+        ``claims`` adds, per slot, what the other side of a dispute says about it, as a phrase ("the
+        bookkeeping says it is free", "the log says req#3 holds it"), so the report shows both sides.
         """
         return "\n".join([f"[{self.pool}] {headline}", *self.describe_slots(slots, claims)])
 
@@ -356,7 +370,7 @@ class Ledger:
             claim = None if claims is None else claims.get(slot)
             lines.append(
                 f"  slot {slot}: owner {self.owner_of(slot)!r}"
-                + ("" if claim is None else f"; the bookkeeping says {claim}")
+                + ("" if claim is None else f"; {claim}")
             )
             moves = self.history_of(slot)
             if not moves:
@@ -460,6 +474,8 @@ class Ledger:
              src.account.name, dst.serial, dst.kind, dst.key, dst.account.name, self.epoch)
         )  # fmt: skip
         self.step += 1
+        if self.observer is not None:
+            self.observer.moved(self, a, src, dst, op)
         self._check_count(op)
 
     def transfer_each(self, ids: Any, src: Owner, dsts: Sequence[Owner], op: str) -> None:
@@ -494,6 +510,8 @@ class Ledger:
         )  # fmt: skip
         self._settle(src, src_code, n)  # type: ignore[arg-type]
         self.step += n
+        if self.observer is not None:
+            self.observer.moved(self, a, src, list(dsts), op)
         self._check_count(op)
 
     def _check_move(self, a: np.ndarray, src_code: int | None, src: Owner, dst: Owner | None, op: str) -> None:
@@ -531,6 +549,8 @@ class Ledger:
              owner.serial, owner.kind, owner.key, new.name, self.epoch)
         )  # fmt: skip
         self.step += 1
+        if self.observer is not None:
+            self.observer.retagged(self, owner, old, new, op)
         self._check_count(op)
 
     def _check_count(self, op: str) -> None:
@@ -629,8 +649,8 @@ class Ledger:
         if actual != expected:
             extra = sorted(actual - expected)
             missing = sorted(expected - actual)
-            claims = {i: f"it is in the pool's {what}" for i in extra[:4]}
-            claims.update({i: f"it is not in the pool's {what}" for i in missing[:4]})
+            claims = {i: f"the bookkeeping says it is in the pool's {what}" for i in extra[:4]}
+            claims.update({i: f"the bookkeeping says it is not in the pool's {what}" for i in missing[:4]})
             raise ContractViolation(
                 self.describe(
                     extra[:4] + missing[:4],

@@ -15,8 +15,9 @@ import itertools
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import IO, Any
 
+from kvledger.audit.record import Recorder
 from kvledger.contracts import switch
 from kvledger.contracts.errors import ContractViolation, IdentityFailure
 from kvledger.reference.engine import EngineSpec, ModelKind, TreeKind, build_engine
@@ -155,9 +156,24 @@ class SimResult:
         return out
 
 
-def run_simulation(opts: SimOptions, progress: Callable[[int, int], None] | None = None) -> SimResult:
-    """Run the workload to completion; a ContractViolation is caught and reported, not hidden."""
-    sched = build_engine(opts.engine_spec())
+def run_simulation(
+    opts: SimOptions,
+    progress: Callable[[int, int], None] | None = None,
+    *,
+    record: IO[str] | None = None,
+) -> SimResult:
+    """Run the workload to completion; a ContractViolation is caught and reported, not hidden.
+
+    ``record``: write the run's event log there (``kvledger simulate --record``; ``spec/event-log.md``).
+    The pools then carry real ledgers whatever the contracts switch says: the recorder observes them.
+    """
+    if record is None:
+        sched = build_engine(opts.engine_spec())
+        recorder = None
+    else:
+        with switch.override_ledgers(True):
+            sched = build_engine(opts.engine_spec())
+        recorder = Recorder(sched, record, source=f"kvledger simulate {_options_dict(opts)}")
     arrivals = opts.workload.stream()  # built lazily: a long run does not hold every prompt
     total = opts.workload.total
     timeline = Timeline()
@@ -189,6 +205,9 @@ def run_simulation(opts: SimOptions, progress: Callable[[int, int], None] | None
         identity_failure, failed_at = str(exc), sched.step_no
     except ContractViolation as exc:
         violation, failed_at = str(exc), sched.step_no
+    finally:
+        if recorder is not None:
+            recorder.close()
     if failed_at is not None:
         _last_snapshot(timeline, sched)
     wall = time.perf_counter() - start
@@ -214,7 +233,8 @@ def run_simulation(opts: SimOptions, progress: Callable[[int, int], None] | None
         decode_batches=st.decode_batches,
         contract_checks=st.busy_checks,
         idle_checks=st.idle_checks,
-        violations=int(violation is not None) if switch.ENABLED else None,
+        # Contracts off, nothing looks for violations (None), unless a ledger (--record) found one.
+        violations=int(violation is not None) if switch.ENABLED or violation else None,
         violation=violation,
         peak_use=peak,
         mamba_tracking=None if sched.memory.tracking is None else dict(sched.memory.tracking.stats),

@@ -70,4 +70,7 @@ def test_free_list_report_names_both_directions() -> None:
     ledger, _a, _ = _setup()
     report = free_list_report(ledger, [1, 4, 5, 6, 7], [])  # 1 is a's; 8 is missing
     assert "listed as free but owned by someone [1], free in the ledger but not listed [8]" in report
-    assert "slot 1: owner req#1[req.running]; the bookkeeping says the pool lists it as free_list[free]" in report
+    assert (
+        "slot 1: owner req#1[req.running]; the bookkeeping says the pool lists it as free_list[free]"
+        in report
+    )

@@ -89,7 +89,9 @@ def test_a_free_id_dropped_from_the_list_is_named(kind: str) -> None:
     message = str(info.value)
     assert f"free in the ledger but not listed [{lost}]" in message, message
     assert re.search(
-        rf"^\s+slot {lost}: owner free_list\[free\]; the bookkeeping says the pool does not list it", message, re.M
+        rf"^\s+slot {lost}: owner free_list\[free\]; the bookkeeping says the pool does not list it",
+        message,
+        re.M,
     ), message
     assert re.search(r"step \d+: free: req#5\[req\.running\] -> free_list\[free\]", message), message
 

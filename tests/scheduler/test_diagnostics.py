@@ -117,4 +117,6 @@ def test_a_slot_moved_behind_the_schedulers_back_names_both_owners() -> None:
         message,
     ), message
     assert re.search(r"req#0: Req\(rid=0, running, .*not released", message), message
-    assert re.search(r"scheduler step 1: test: stray transfer: req#0\[req\.running\] -> req#99", message), message
+    assert re.search(r"scheduler step 1: test: stray transfer: req#0\[req\.running\] -> req#99", message), (
+        message
+    )

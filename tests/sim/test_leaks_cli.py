@@ -53,7 +53,9 @@ def test_contracts_on_a_row_leak_names_the_request_and_exits_1(
 def test_the_timeline_reaches_the_failing_step() -> None:
     wl = GSPWorkload(num_groups=2, prompts_per_group=4, system_prompt_len=96, question_len=24, output_len=12)
     with leaking("kv", 3):
-        result = run_simulation(SimOptions(workload=wl, kv_pool_tokens=640, mamba_slots=8, chunked_prefill_size=64))
+        result = run_simulation(
+            SimOptions(workload=wl, kv_pool_tokens=640, mamba_slots=8, chunked_prefill_size=64)
+        )
     assert result.violation is not None and result.failed_at_step is not None
     assert result.timeline_steps[-1] == result.failed_at_step == result.steps
     last = result.timeline[-1]["kv"]
@@ -81,7 +83,9 @@ def test_contracts_off_a_leak_is_an_identity_failure_in_the_json(kind: str) -> N
     assert out["contracts"] is False and out["violations"] is None and out["violation"] is None
     assert out["identity_failures"] == 1 and out["count_checks"] > 0
     unit = {"mamba": "slots", "kv": "tokens"}[kind]
-    assert re.match(rf"I-COUNT: \d+ {unit} unaccounted \(leak\)", out["identity_failure"]), out["identity_failure"]
+    assert re.match(rf"I-COUNT: \d+ {unit} unaccounted \(leak\)", out["identity_failure"]), out[
+        "identity_failure"
+    ]
     assert "leaked [" in out["identity_failure"]
 
 

@@ -62,6 +62,7 @@ PARTS = frozenset(
         "pd-decode",  # the PD decode instance and its queues
         "pd-channel",  # the PD transfer channel
         "mamba-v2",  # Mamba V2 (extra_buffer): tracking slots, captures, donation
+        "audit",  # the event log, its recorder and its replay (kvledger audit)
     }
 )
 """The parts of the system an invariant can concern. A new part (PD queues, Mamba V2) is one line here."""

@@ -133,6 +133,14 @@ AREA = Area(
                     "kvledger/contracts/identity.py:check_busy_identity",
                     "the busy identity after every scheduler step, with every holder term",
                 ),
+                contract(
+                    "kvledger/reference/scheduler/accounting.py:Accounting._count_identities",
+                    "contracts off: the same identity after every step (`IdentityFailure`)",
+                ),
+                contract(
+                    "kvledger/reference/scheduler/accounting.py:Accounting.culprits",
+                    "on a failure: the ids in dispute, their ledger owner, the bookkeeping's claim, the moves",
+                ),
                 recount(f"{LEDGER}:Ledger.audit", "per-account recount"),
                 proof(
                     "kvledger/contracts/identity.py:identity_gap", "the gap arithmetic, proved by CrossHair"
