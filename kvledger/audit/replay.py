@@ -177,9 +177,11 @@ class Auditor:
 
     def _ids(self, ev: dict[str, Any], ledger: Ledger, what: str) -> np.ndarray:
         raw = ev["ids"]
-        if not isinstance(raw, list) or not all(type(i) is int for i in raw):
+        a = np.asarray(raw) if isinstance(raw, list) else None
+        if a is None or (a.dtype.kind != "i" and a.size) or a.ndim != 1:
             raise EventLogError(f"event {self.event}: ids must be a list of ints, got {str(raw)[:80]}")
-        a = np.asarray(raw, dtype=np.int64)
+        if a.dtype != np.int64:
+            a = a.astype(np.int64)
         d = ledger.domain
         outside = a[(a < d.start) | (a >= d.stop)]
         if outside.size:
@@ -263,7 +265,7 @@ class Auditor:
     # ------------------------------------------------------------------ moves
     def _check_held(self, ledger: Ledger, a: np.ndarray, src: Owner, what: str) -> None:
         """Every id of ``a`` held by ``src``, none repeated; else the precise violation."""
-        if a.size > 1 and np.unique(a).size != a.size:
+        if ledger.has_repeats(a):
             values, counts = np.unique(a, return_counts=True)
             raise _violation(
                 f"I-NODUP-FREE: [{ledger.pool}] {what}: ids repeated in one event: {values[counts > 1][:8].tolist()}"
@@ -319,7 +321,7 @@ class Auditor:
             owners = [self._owner(n) for n in to]
         else:
             owners = [self._owner(to)]
-        if a.size > 1 and np.unique(a).size != a.size:
+        if ledger.has_repeats(a):
             raise _violation(f"I-EXCLUSIVE: [{ledger.pool}] alloc: ids handed out twice in one event")
         if not ledger.all_held_by(a, FREE_LIST):
             taken = [i for i in a.tolist() if ledger.owner_of(i) is not FREE_LIST]

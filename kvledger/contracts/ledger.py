@@ -436,6 +436,13 @@ class Ledger:
         wrong = self._not_held_by(a, code)
         raise ForeignSlot(self.describe(wrong, f"{op}: ids not held by {owner!r}: {wrong[:8]}"))
 
+    def has_repeats(self, ids: Any) -> bool:
+        """Whether an id repeats in ``ids`` (ids of the domain: the O(n) scatter check, no sort)."""
+        a = as_id_array(ids)
+        if a.size > 1 and (a.dtype != np.int64 or int(a.min()) < 0 or int(a.max()) >= len(self._own)):
+            return self._has_duplicates_any(a)
+        return self._has_duplicates(a)
+
     @staticmethod
     def _has_duplicates_any(a: np.ndarray) -> bool:
         """Repeats among ids that may lie outside the domain (error path only: sorts)."""
