@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, ClassVar
-
-if TYPE_CHECKING:  # pragma: no cover
-    from kvledger.contracts.ledger import Ledger
+from typing import ClassVar, Protocol
 
 
 class Account:
@@ -102,6 +99,16 @@ LEASE_ACCOUNTS: frozenset[Account] = frozenset({PD_PREFILL_LEASE, PD_DECODE_LEAS
 _serials = itertools.count(1)
 
 
+class RetagListener(Protocol):
+    """What an owner tells about an account change: each ledger its ids are in (``Ledger``) listens.
+
+    A protocol rather than the ledger's class, so this module needs nothing from ``ledger`` (which
+    imports it): owners and accounts come first, the ledger builds on them.
+    """
+
+    def _on_retag(self, owner: Owner, old: Account, new: Account, op: str) -> None: ...
+
+
 class Owner:
     """A holder of slots. Identity is the object itself; ``kind``/``key`` only name it in messages.
 
@@ -122,7 +129,7 @@ class Owner:
         self.serial = next(_serials)
         # Ledgers in which this owner holds ids right now: a ledger attaches an owner when it receives
         # its first id there and detaches it when it holds none, so retags reach exactly those.
-        self._ledgers: list[Ledger] = []
+        self._ledgers: list[RetagListener] = []
         # Called with the owner after every account change (the scheduler's incremental identity).
         self.watcher: Callable[[Owner], None] | None = None
 
@@ -141,11 +148,11 @@ class Owner:
         if self.watcher is not None:
             self.watcher(self)
 
-    def _attach(self, ledger: Ledger) -> None:
+    def _attach(self, ledger: RetagListener) -> None:
         if ledger not in self._ledgers:
             self._ledgers.append(ledger)
 
-    def _detach(self, ledger: Ledger) -> None:
+    def _detach(self, ledger: RetagListener) -> None:
         if ledger in self._ledgers:
             self._ledgers.remove(ledger)
 

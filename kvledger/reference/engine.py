@@ -127,6 +127,7 @@ def build_parts(spec: EngineSpec) -> EngineParts:
     )
     tree: Any = None
     if spec.tree == "mamba_radix":
+        assert mamba is not None  # EngineSpec refuses the Mamba radix cache without a Mamba pool
         chunk = config.mamba_cache_chunk_size if config.extra_buffer else None
         tree = MambaRadixCache(kv, mamba, mamba_cache_chunk_size=chunk)
     elif spec.tree == "radix":

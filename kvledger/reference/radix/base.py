@@ -26,6 +26,7 @@ from kvledger.contracts.errors import (
     PrefixMismatch,
 )
 from kvledger.contracts.owners import CACHE_EVICTABLE, CACHE_PROTECTED, Owner
+from kvledger.contracts.protocols import KVAllocator
 from kvledger.contracts.switch import require
 from kvledger.reference.pools.validate import as_index_tensor, check_count
 from kvledger.reference.radix.keys import as_key, common_prefix_len
@@ -56,7 +57,7 @@ class InsertPlan:
 class RadixTreeBase:
     """State and private helpers common to the plain and the Mamba radix cache."""
 
-    def __init__(self, token_to_kv_pool_allocator: Any, page_size: int | None, name: str) -> None:
+    def __init__(self, token_to_kv_pool_allocator: KVAllocator, page_size: int | None, name: str) -> None:
         kv = KVSide(token_to_kv_pool_allocator)
         ps = kv.alloc_page if page_size is None else check_count(page_size, "page_size")
         if ps < 1 or ps % kv.alloc_page:

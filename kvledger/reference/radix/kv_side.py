@@ -8,12 +8,11 @@ ledger is skipped when the ledger is the no-op one (contracts off), which keeps 
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from kvledger.contracts.errors import InvalidArgument
 from kvledger.contracts.owners import Owner
+from kvledger.contracts.protocols import KVAllocator
 
 
 class KVSide:
@@ -21,7 +20,7 @@ class KVSide:
 
     __slots__ = ("_free_pages", "_offsets", "alloc_page", "allocator", "checked", "device", "ledger")
 
-    def __init__(self, allocator: Any) -> None:
+    def __init__(self, allocator: KVAllocator) -> None:
         self.allocator = allocator
         self.alloc_page = int(getattr(allocator, "page_size", 1))
         self.device: torch.device = allocator.device

@@ -34,7 +34,7 @@ I-TOMBSTONE holds in both modes.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -42,6 +42,7 @@ from kvledger.contracts import tree_checks
 from kvledger.contracts.errors import InvalidArgument
 from kvledger.contracts.mamba_track import branching_seqlen
 from kvledger.contracts.owners import CACHE_EVICTABLE, CACHE_PROTECTED, Owner
+from kvledger.contracts.protocols import KVAllocator, MambaStatePool
 from kvledger.contracts.switch import ensure, invariant, require, snapshot
 from kvledger.reference.pools.validate import as_index_tensor, check_count, check_in_range
 from kvledger.reference.radix.base import InsertPlan, RadixTreeBase
@@ -103,8 +104,8 @@ class MambaRadixCache(RadixTreeBase):
 
     def __init__(
         self,
-        token_to_kv_pool_allocator: Any,
-        mamba_pool: Any,
+        token_to_kv_pool_allocator: KVAllocator,
+        mamba_pool: MambaStatePool,
         *,
         page_size: int | None = None,
         mamba_cache_chunk_size: int | None = None,
@@ -265,7 +266,7 @@ class MambaRadixCache(RadixTreeBase):
     def _copy_state(self, src: TreeNode, dst: torch.Tensor) -> None:
         # Trusted fast path: dst was validated (or just allocated) for the caller, src is a tree slot
         # (I-MAMBA-VALUE). The pool schedules the copy; its batch reads src before src can change.
-        self.mamba_pool._copy_unchecked(src.mamba_value, dst)
+        self.mamba_pool._copy_unchecked(cast(torch.Tensor, src.mamba_value), dst)
 
     # ------------------------------------------------------------------ insert
     @snapshot(lambda self: self._evictable, name="evictable")

@@ -26,6 +26,7 @@ import torch
 
 from kvledger.contracts import tree_checks
 from kvledger.contracts.owners import CACHE_EVICTABLE, CACHE_PROTECTED, Owner
+from kvledger.contracts.protocols import KVAllocator
 from kvledger.contracts.switch import ensure, invariant, require, snapshot
 from kvledger.reference.pools.validate import check_count
 from kvledger.reference.radix.base import RadixTreeBase
@@ -68,7 +69,7 @@ class RadixCache(RadixTreeBase):
     """Prefix cache of KV ids keyed by token ids; every node's KV is owned by ``node.kv_owner``."""
 
     def __init__(
-        self, token_to_kv_pool_allocator: Any, *, page_size: int | None = None, name: str = "radix"
+        self, token_to_kv_pool_allocator: KVAllocator, *, page_size: int | None = None, name: str = "radix"
     ) -> None:
         super().__init__(token_to_kv_pool_allocator, page_size, name)
 

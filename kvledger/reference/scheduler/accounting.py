@@ -40,7 +40,7 @@ from kvledger.reference.scheduler.request import ReqState, ladder_holds, track_p
 if TYPE_CHECKING:  # pragma: no cover
     from kvledger.reference.scheduler.batch import ScheduleBatch
     from kvledger.reference.scheduler.request import Req
-    from kvledger.reference.scheduler.scheduler import Scheduler
+    from kvledger.reference.scheduler.state import SchedulerState
 
 RECOUNT_ENV_VAR = "KVLEDGER_RECOUNT_EVERY_STEP"
 
@@ -63,7 +63,7 @@ class Accounting:
     recount_every_step: bool = _recount_setting()
     """Also run the full recount after every step and compare (slow; the ``deep`` profile's setting)."""
 
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(self, scheduler: SchedulerState) -> None:
         self.s = scheduler
         self.enabled = ENABLED and scheduler.config.check_every_step
         # Contracts off: the count identities alone, still after every step (issue 10), so a leak is

@@ -29,6 +29,7 @@ from typing import Any
 from kvledger.contracts.arith import ceil_to_page, floor_to_page, remaining_new_tokens_clipped
 from kvledger.contracts.mamba_track import mamba_slot_demand
 from kvledger.contracts.owners import REQ_CHUNKED, REQ_RUNNING
+from kvledger.contracts.protocols import AnyPrefixCache, KVAllocator, MambaStatePool, ReqRowPool
 from kvledger.reference.scheduler.config import SchedulerConfig
 from kvledger.reference.scheduler.counters import Counters
 from kvledger.reference.scheduler.request import Req
@@ -52,10 +53,10 @@ class PrefillAdder:
         self,
         config: SchedulerConfig,
         *,
-        tree: Any,
-        kv_allocator: Any,
-        req_to_token_pool: Any,
-        mamba_pool: Any,
+        tree: AnyPrefixCache | None,
+        kv_allocator: KVAllocator,
+        req_to_token_pool: ReqRowPool,
+        mamba_pool: MambaStatePool | None,
         running: Sequence[Req],
         new_token_ratio: float,
         counters: Counters | None = None,

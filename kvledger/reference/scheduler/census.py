@@ -21,14 +21,15 @@ from kvledger.contracts.owners import FREE_LIST, Owner
 from kvledger.contracts.tree_checks import collect_nodes
 from kvledger.reference.pools.id_free_list import free_list_of
 from kvledger.reference.scheduler.request import Req
+from kvledger.reference.scheduler.state import SchedulerState
 
 
-def pool_object(s: Any, pool: str) -> Any:
+def pool_object(s: SchedulerState, pool: str) -> Any:
     """The scheduler's pool called ``pool`` in the identity's terms (``kv``, ``req``, ``mamba``)."""
     return {"kv": s.kv_allocator, "req": s.req_to_token_pool, "mamba": s.mamba_pool}[pool]
 
 
-def request_kv_ids(s: Any, r: Req) -> set[int]:
+def request_kv_ids(s: SchedulerState, r: Req) -> set[int]:
     """The KV ledger ids (token slots, or pages) a request holds by its own bookkeeping."""
     if r.req_pool_idx is None or r.kv_allocated_len <= r.cache_protected_len:
         return set()
@@ -37,7 +38,7 @@ def request_kv_ids(s: Any, r: Req) -> set[int]:
     return {t // page for t in slots.tolist()}
 
 
-def request_ids(s: Any, pool: str, r: Req) -> set[int]:
+def request_ids(s: SchedulerState, pool: str, r: Req) -> set[int]:
     """The ids of ``pool`` that ``r`` holds by its own bookkeeping."""
     if pool == "mamba":
         return set(r.mamba_slots())  # the working slot and, under V2, the tracking slots
@@ -46,14 +47,22 @@ def request_ids(s: Any, pool: str, r: Req) -> set[int]:
     return request_kv_ids(s, r)
 
 
-def census(s: Any, pool: str) -> Census:
-    """Every claim the scheduler's bookkeeping makes on ``pool``'s ids."""
+def census(s: SchedulerState, pool: str) -> Census:
+    """Every claim the scheduler's bookkeeping makes on ``pool``'s ids.
+
+    A kvledger pool's free list is read from its ``IdFreeList``; another implementation's from its
+    ``free_ids()`` when it has one (else the census is incomplete: free ids are not judged).
+    """
     obj = pool_object(s, pool)
     out = Census(pool)
     try:
         ids = free_list_of(obj)
-    except TypeError:  # a pool not built on an IdFreeList (an adapter): its free list is unknown here
-        out.complete = False
+    except TypeError:  # another implementation (an adapter): its free list, if it shows one
+        free_ids = getattr(obj, "free_ids", None)
+        if free_ids is None:
+            out.complete = False
+        else:
+            out.claim([int(i) for i in free_ids()], FREE_LIST)
     else:
         out.claim(ids.free_ids().tolist(), FREE_LIST)
         if ids.pending:
@@ -71,11 +80,11 @@ def census(s: Any, pool: str) -> Census:
     return out
 
 
-def describe_owner(s: Any, owner: Owner) -> str | None:
+def describe_owner(s: SchedulerState, owner: Owner) -> str | None:
     """What the scheduler knows about a request owner (its state, whether it was released)."""
     if owner.kind != "req":
         return None
-    req = s.requests.get(owner.key)
+    req = s.requests.get(owner.key) if isinstance(owner.key, int) else None
     if req is None or req.owner is not owner:
         return "a request the scheduler no longer keeps (ended, out of the finished window)"
     released = "released: its bookkeeping holds nothing" if req.released else "not released"

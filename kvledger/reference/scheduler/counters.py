@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from kvledger.contracts.protocols import AnyPrefixCache, KVAllocator, MambaStatePool, ReqRowPool
 from kvledger.reference.pools.id_free_list import free_list_of
 
 
@@ -33,14 +34,21 @@ def _free_reader(pool: Any, public: str) -> tuple[Callable[[], int], Callable[[]
 class Counters:
     """The counters of one engine's pools and tree (any of ``mamba_pool`` and ``tree`` may be None)."""
 
-    def __init__(self, *, kv_allocator: Any, req_to_token_pool: Any, mamba_pool: Any = None, tree: Any = None):
+    def __init__(
+        self,
+        *,
+        kv_allocator: KVAllocator,
+        req_to_token_pool: ReqRowPool,
+        mamba_pool: MambaStatePool | None = None,
+        tree: AnyPrefixCache | None = None,
+    ) -> None:
         self.kv_available, self.kv_pending = _free_reader(kv_allocator, "available_size")
         self.rows_available, self.rows_pending = _free_reader(req_to_token_pool, "available_size")
         if mamba_pool is not None:
             self.mamba_available, self.mamba_pending = _free_reader(mamba_pool, "available_size")
         else:
             self.mamba_available = self.mamba_pending = _zero
-        self._tree = tree
+        self._tree: Any = tree  # kvledger's own trees are read through their counters (see the module doc)
         self._own_tree = tree is not None and hasattr(tree, "_evictable") and hasattr(tree, "_protected")
         self._mamba_tree = tree is not None and hasattr(tree, "mamba_evictable_size")
 

@@ -34,6 +34,7 @@ import torch
 from kvledger.contracts.arith import ceil_to_page, extend_page_plan, floor_to_page, pages_needed
 from kvledger.contracts.errors import ContractViolation
 from kvledger.contracts.owners import REQ_CHUNKED, REQ_RUNNING, REQ_WAITING, Account
+from kvledger.contracts.protocols import AnyPrefixCache, KVAllocator, MambaStatePool, ReqRowPool
 from kvledger.contracts.switch import ENABLED, ensure, snapshot
 from kvledger.reference.scheduler.counters import Counters
 from kvledger.reference.scheduler.request import Req, track_point_holds
@@ -52,18 +53,20 @@ class ReqMemory:
     def __init__(
         self,
         *,
-        kv_allocator: Any,
-        req_to_token_pool: Any,
-        mamba_pool: Any = None,
-        tree: Any = None,
+        kv_allocator: KVAllocator,
+        req_to_token_pool: ReqRowPool,
+        mamba_pool: MambaStatePool | None = None,
+        tree: AnyPrefixCache | None = None,
         page_size: int = 1,
         fault_injector: Any = None,
         tracking: MambaTracking | None = None,
     ) -> None:
-        self.kv_allocator = kv_allocator
-        self.req_to_token_pool = req_to_token_pool
-        self.mamba_pool = mamba_pool
-        self.tree = tree
+        # Typed at the boundary (the protocols of kvledger.contracts); inside, each branch knows the
+        # variant it talks to (``is_mamba_tree``, ``page_size``), so the attributes stay dynamic.
+        self.kv_allocator: Any = kv_allocator
+        self.req_to_token_pool: Any = req_to_token_pool
+        self.mamba_pool: Any = mamba_pool
+        self.tree: Any = tree
         self.page_size = page_size
         self.is_mamba_tree = tree is not None and hasattr(tree, "evict_mamba")
         self.fault_injector = fault_injector

@@ -20,7 +20,9 @@ from typing import Any
 from kvledger.contracts.arith import ceil_to_page
 from kvledger.contracts.errors import ContractViolation, InvalidArgument, KVLedgerError
 from kvledger.contracts.handles import HandleClaim, check_handles_owned
+from kvledger.contracts.ledger import Ledger
 from kvledger.contracts.owners import BATCH_INFLIGHT, REQ_CHUNKED, REQ_WAITING, Account
+from kvledger.contracts.protocols import AnyPrefixCache, KVAllocator, MambaStatePool, ReqRowPool
 from kvledger.contracts.switch import ensure, invariant
 from kvledger.reference.scheduler.accounting import Accounting
 from kvledger.reference.scheduler.adder import AddReqResult, PrefillAdder
@@ -75,11 +77,6 @@ class FaultInjector:
         return False
 
 
-def _dated(pool: Any) -> bool:
-    """Whether ``pool`` has a real ledger whose moves can be dated by the scheduler's step."""
-    return pool is not None and bool(getattr(pool.ledger, "enabled", False)) and hasattr(pool.ledger, "epoch")
-
-
 def _ladders_hold(self: Scheduler) -> bool:
     """I-REQ-LADDER; the accounting re-verifies only the requests whose ladder fields changed."""
     return self.accounting.ladders_hold()
@@ -114,10 +111,10 @@ class Scheduler:
         self,
         config: SchedulerConfig,
         *,
-        kv_allocator: Any,
-        req_to_token_pool: Any,
-        mamba_pool: Any = None,
-        tree: Any = None,
+        kv_allocator: KVAllocator,
+        req_to_token_pool: ReqRowPool,
+        mamba_pool: MambaStatePool | None = None,
+        tree: AnyPrefixCache | None = None,
         runner: ModelRunner | None = None,
         on_step: Callable[[Scheduler], None] | None = None,
     ) -> None:
@@ -167,7 +164,8 @@ class Scheduler:
         self.step_no = 0
         self._next_batch_id = 0
         # Ledgers date their moves by this scheduler's step, so a violation's history reads in steps.
-        self._dated_ledgers = [p.ledger for p in (kv_allocator, req_to_token_pool, mamba_pool) if _dated(p)]
+        pools = (kv_allocator, req_to_token_pool, mamba_pool)
+        self._dated_ledgers = [p.ledger for p in pools if p is not None and isinstance(p.ledger, Ledger)]
         for ledger in self._dated_ledgers:
             ledger.clock, ledger.epoch = "scheduler step", 0
 
@@ -468,7 +466,7 @@ class Scheduler:
             if req is previous_chunked:
                 req.owner.set_account(REQ_CHUNKED, op="rollback")
                 continue
-            if req.lock is not None:
+            if req.lock is not None and self.tree is not None:
                 self.tree.dec_lock_ref(req.lock)
                 req.lock = None
             req.owner.set_account(REQ_WAITING, op="rollback")

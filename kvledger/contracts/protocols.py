@@ -1,0 +1,229 @@
+"""What the scheduler and the caches require of the components they are given: ``typing.Protocol`` classes.
+
+The scheduler is built from a KV allocator, a request-row pool, an optional Mamba pool and an optional
+prefix cache; the caches from an allocator (and a Mamba pool). They are typed with these protocols, not
+with kvledger's classes, so another engine's component can stand in through a small adapter and be held
+to the same checks: the scheduler's identities read only what is listed here, and every id an adapter
+hands out or takes back goes through its ``ledger`` (a :class:`~kvledger.contracts.ledger.Ledger`, or the
+no-op :class:`~kvledger.contracts.ledger.NullLedger` when contracts are off).
+
+Conventions (SGLang's): ids are int64 tensors on the component's ``device``; ``alloc`` is all or nothing
+and returns None when short; ``free`` takes an owner and refuses, with a typed
+:class:`~kvledger.contracts.errors.KVLedgerError`, ids the owner does not hold. ``_free_unchecked`` and
+``_copy_unchecked`` are the trusted paths a cache uses for ids it owns (validated by the caller; the
+ledger still checks the owner). Structural: nothing needs to inherit from these classes.
+
+Only ``kvledger.contracts`` is imported at run time (tensors are named for type checkers only), so the
+spec stays independent of every implementation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from kvledger.contracts.ledger import AnyLedger
+from kvledger.contracts.owners import Owner
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+
+class IdPool(Protocol):
+    """What every pool shares: a size in ids, a device, a ledger, and its own free counters."""
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def ledger(self) -> AnyLedger: ...
+
+    def available_size(self) -> int:
+        """Free units (tokens for a KV pool, rows, slots); a free group's buffered ids excluded."""
+        ...
+
+    def pending_free_size(self) -> int:
+        """Units freed inside the open free group (back on the free list at its end)."""
+        ...
+
+    def audit(self) -> None:
+        """Full recount of the pool's own structures against its ledger (quiescence, tests)."""
+        ...
+
+
+class KVAllocator(IdPool, Protocol):
+    """``TokenToKVPoolAllocator`` (page size 1) and the common part of the paged allocator."""
+
+    @property
+    def page_size(self) -> int: ...
+
+    def alloc(self, n: int, owner: Owner) -> torch.Tensor | None:
+        """``n`` token slots for ``owner`` (a multiple of the page size), or None."""
+        ...
+
+    def alloc_decode(
+        self, seq_lens: Sequence[int], last_loc: Sequence[int], owners: Sequence[Owner]
+    ) -> torch.Tensor | None:
+        """One slot per request of a decode step (``owners[i]`` gets ``result[i]``), all or none."""
+        ...
+
+    def free(self, ids: Any, owner: Owner) -> None: ...
+
+    def _free_unchecked(self, ids: torch.Tensor, owner: Owner, op: str = "free") -> None:
+        """The trusted release path (a cache freeing its own ids)."""
+        ...
+
+
+class PagedKVAllocator(KVAllocator, Protocol):
+    """``PagedTokenToKVPoolAllocator``: pages of ``page_size`` slots, the page the unit of ownership."""
+
+    def alloc_extend(
+        self,
+        prefix_lens: Sequence[int],
+        seq_lens: Sequence[int],
+        last_loc: Sequence[int],
+        owners: Sequence[Owner],
+    ) -> torch.Tensor | None:
+        """Slots extending each request from ``prefix_lens[i]`` to ``seq_lens[i]``: its partial last page
+        first, then new pages; all requests or none."""
+        ...
+
+
+class ReqRowPool(IdPool, Protocol):
+    """``ReqToTokenPool``: one row per request, mapping its positions to KV slots."""
+
+    @property
+    def max_context_len(self) -> int: ...
+
+    def alloc(self, n: int, owner: Owner) -> list[int] | None: ...
+
+    def free(self, rows: Any, owner: Owner) -> None: ...
+
+    def write(self, row: int, start: int, values: torch.Tensor) -> None: ...
+
+    def write_each(self, rows: Sequence[int], positions: Sequence[int], values: Any) -> None: ...
+
+    def read(self, row: int, start: int, end: int) -> torch.Tensor: ...
+
+    def read_each(self, rows: Sequence[int], positions: Sequence[int]) -> torch.Tensor: ...
+
+
+class MambaStatePool(IdPool, Protocol):
+    """``MambaPool``: one recurrent state per slot; states are copied, never shared."""
+
+    @property
+    def name(self) -> str: ...
+
+    def alloc(self, n: int, owner: Owner) -> torch.Tensor | None:
+        """``n`` zeroed slots for ``owner``, or None."""
+        ...
+
+    def free(self, slots: Any, owner: Owner) -> None: ...
+
+    def fork_from(self, src_index: Any, owner: Owner) -> torch.Tensor | None:
+        """A new slot for ``owner`` holding a copy of ``src_index``'s state, or None (pool empty)."""
+        ...
+
+    def copy_from(self, src_index: Any, dst_index: Any) -> None: ...
+
+    def _copy_unchecked(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """The trusted copy (a cache's copy-on-write from its own slot into the caller's)."""
+        ...
+
+    def _free_unchecked(self, slots: torch.Tensor, owner: Owner, op: str = "free") -> None: ...
+
+
+class MatchLike(Protocol):
+    """What ``match_prefix`` returns: the matched KV ids, the node it ends at, the copy-on-write slot."""
+
+    @property
+    def device_indices(self) -> torch.Tensor: ...
+
+    @property
+    def last_node(self) -> Any: ...
+
+    @property
+    def cow_slot(self) -> torch.Tensor | None: ...
+
+
+class LockLike(Protocol):
+    """A lock handle from ``inc_lock_ref``: the node, and whether it also took the node's state."""
+
+    @property
+    def node(self) -> Any: ...
+
+    @property
+    def took_mamba(self) -> bool: ...
+
+
+class InsertLike(Protocol):
+    """A Mamba cache insert's result: tokens already cached, and whether the cache took the slot."""
+
+    @property
+    def prefix_len(self) -> int: ...
+
+    @property
+    def mamba_adopted(self) -> bool: ...
+
+
+class CacheSizes(Protocol):
+    """What every prefix cache reports (SGLang's names), and its audit."""
+
+    @property
+    def page_size(self) -> int: ...
+
+    @property
+    def root(self) -> Any: ...
+
+    def inc_lock_ref(self, node: Any) -> LockLike: ...
+
+    def dec_lock_ref(self, lock: Any) -> None: ...
+
+    def evict(self, num_tokens: int) -> int: ...
+
+    def evictable_size(self) -> int: ...
+
+    def protected_size(self) -> int: ...
+
+    def audit(self) -> None: ...
+
+
+class PrefixCache(CacheSizes, Protocol):
+    """``RadixCache``: KV ids keyed by token ids."""
+
+    def match_prefix(self, key: Sequence[int]) -> MatchLike: ...
+
+    def insert(self, key: Sequence[int], value: torch.Tensor, owner: Owner, protected_len: int = 0) -> int:
+        """Cache ``key -> value``; returns the length already cached (the caller's duplicates are freed)."""
+        ...
+
+
+class MambaPrefixCache(CacheSizes, Protocol):
+    """``MambaRadixCache``: KV ids plus a Mamba state at node ends (copy-on-write on a match)."""
+
+    def match_prefix(
+        self, key: Sequence[int], *, cow_owner: Owner | None = None, cow_slot: torch.Tensor | None = None
+    ) -> MatchLike: ...
+
+    def insert(
+        self,
+        key: Sequence[int],
+        value: torch.Tensor,
+        owner: Owner,
+        *,
+        mamba_slot: torch.Tensor | None,
+        protected_len: int = 0,
+    ) -> InsertLike: ...
+
+    def evict_mamba(self, num_slots: int) -> int: ...
+
+    def mamba_evictable_size(self) -> int: ...
+
+    def mamba_protected_size(self) -> int: ...
+
+
+AnyPrefixCache = PrefixCache | MambaPrefixCache
+"""The cache a scheduler may be given (or None: no prefix cache)."""
