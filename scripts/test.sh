@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The test command (README, CI): lint, invariant traceability, CrossHair proofs, Triton-interpreter kernel
-# tests, then the suite.
+# The test command (README, CI): lint, invariant traceability, type checks, the docs build, CrossHair proofs,
+# Triton-interpreter kernel tests, then the suite.
 # The main pytest run comes last so its closing line is the summary CI reads.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,6 +10,10 @@ echo "== ruff"
 "$PY" -m ruff check kvledger tests scripts benchmarks
 echo "== invariant traceability (registry, contracts, firing tests, IDs in use, generated spec)"
 "$PY" -m kvledger.contracts.invariants check
+echo "== mypy (strict on kvledger/contracts and kvledger/audit, the project's config elsewhere; pyproject.toml)"
+"$PY" -m mypy kvledger tests/contracts/test_protocols.py
+echo "== docs (mkdocs build --strict: API reference pages from the docstrings)"
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet  # into site/ (ignored by git)
 echo "== crosshair (the registry's proof targets: every postcondition declared proved must be confirmed)"
 "$PY" scripts/crosshair_gate.py
 echo "== kernels under the Triton interpreter (own process: TRITON_INTERPRET is read at import)"

@@ -214,9 +214,10 @@ def free_list_report(ledger: Any, free_ids: Iterable[int], pending_ids: Iterable
     }
     listed = [d.slot for d in disputes if d.claimed]
     missing = [d.slot for d in disputes if not d.claimed]
-    return ledger.describe(
+    text: str = ledger.describe(
         [d.slot for d in shown],
         f"free list vs ledger: listed as free but owned by someone {listed[:8]},"
         f" free in the ledger but not listed {missing[:8]}",
         claims=claims,
     )
+    return text

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import icontract
 import icontract._checkers as _checkers
@@ -44,7 +44,7 @@ def _plan(contract: Any) -> tuple[str, ...] | None:
         else:
             plan = tuple(contract.condition_args)
         contract.__dict__[_PLAN] = plan
-    return plan
+    return cast("tuple[str, ...] | None", plan)
 
 
 def _truth(check: Any) -> bool | None:
@@ -56,6 +56,14 @@ def _truth(check: Any) -> bool | None:
     return None
 
 
+def _fallback(
+    name: str, contracts: list[Any], resolved_kwargs: Mapping[str, Any], func: Callable[..., Any]
+) -> BaseException | None:
+    """icontract's own loop for the corner cases (see the module doc)."""
+    result: BaseException | None = _original[name](contracts, resolved_kwargs, func)
+    return result
+
+
 def _assert_preconditions(
     preconditions: list[list[Any]], resolved_kwargs: Mapping[str, Any], func: Callable[..., Any]
 ) -> BaseException | None:
@@ -65,16 +73,16 @@ def _assert_preconditions(
         for contract in group:
             plan = _plan(contract)
             if plan is None:
-                return _original["_assert_preconditions"](preconditions, resolved_kwargs, func)
+                return _fallback("_assert_preconditions", preconditions, resolved_kwargs, func)
             try:
                 kwargs = {name: resolved_kwargs[name] for name in plan}
             except KeyError:
-                return _original["_assert_preconditions"](preconditions, resolved_kwargs, func)
+                return _fallback("_assert_preconditions", preconditions, resolved_kwargs, func)
             truth = _truth(contract.condition(**kwargs))
             if truth is True:
                 continue
             if truth is None:
-                return _original["_assert_preconditions"](preconditions, resolved_kwargs, func)
+                return _fallback("_assert_preconditions", preconditions, resolved_kwargs, func)
             exception = _checkers._create_violation_error(contract=contract, resolved_kwargs=resolved_kwargs)
             break
         if exception is None:
@@ -88,16 +96,16 @@ def _assert_postconditions(
     for contract in postconditions:
         plan = _plan(contract)
         if plan is None:
-            return _original["_assert_postconditions"](postconditions, resolved_kwargs, func)
+            return _fallback("_assert_postconditions", postconditions, resolved_kwargs, func)
         try:
             kwargs = {name: resolved_kwargs[name] for name in plan}
         except KeyError:
-            return _original["_assert_postconditions"](postconditions, resolved_kwargs, func)
+            return _fallback("_assert_postconditions", postconditions, resolved_kwargs, func)
         truth = _truth(contract.condition(**kwargs))
         if truth is True:
             continue
         if truth is None:
-            return _original["_assert_postconditions"](postconditions, resolved_kwargs, func)
+            return _fallback("_assert_postconditions", postconditions, resolved_kwargs, func)
         return _checkers._create_violation_error(contract=contract, resolved_kwargs=resolved_kwargs)
     return None
 

@@ -166,7 +166,8 @@ class MoveLog:
         return (self._move(e) for e in self._entries)
 
     def raw_reversed(self) -> Iterator[tuple[Any, ...]]:
-        return reversed(self._entries)
+        out: Iterator[tuple[Any, ...]] = reversed(self._entries)
+        return out
 
 
 def _name(kind: str, key: Any) -> str:
@@ -390,7 +391,8 @@ class Ledger:
             wrong[:] = True
         else:
             wrong[inside] = self._own[a[inside]] != code
-        return a[wrong].tolist()
+        out: list[int] = a[wrong].tolist()
+        return out
 
     def _held_by(self, a: np.ndarray, code: int | None) -> bool:
         """Fast path: every id of ``a`` (non-empty) is held by ``code``."""
