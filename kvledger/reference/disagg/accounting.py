@@ -19,30 +19,39 @@ by the ledger cross-check, which names the request.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from kvledger.contracts.identity import PoolTerms
 from kvledger.reference.scheduler.accounting import Accounting
 from kvledger.reference.scheduler.request import Req
+from kvledger.reference.scheduler.state import SchedulerState
+
+
+class PDSchedulerState(SchedulerState, Protocol):
+    """A PD instance as its accounting sees it: a scheduler with a metadata-slot pool."""
+
+    @property
+    def metadata_pool(self) -> Any: ...
 
 
 class PDAccounting(Accounting):
-    def __init__(self, scheduler: Any) -> None:
+    def __init__(self, scheduler: PDSchedulerState) -> None:
         super().__init__(scheduler)
-        meta = scheduler.metadata_pool
-        self._ledgers["metadata"] = meta.ledger
-        self._sizes["metadata"] = meta.size
+        self.metadata_pool = scheduler.metadata_pool
+        self._ledgers["metadata"] = self.metadata_pool.ledger
+        self._sizes["metadata"] = self.metadata_pool.size
 
     def pools_by_name(self) -> dict[str, Any]:
         pools = super().pools_by_name()
-        pools["metadata"] = self.s.metadata_pool
+        pools["metadata"] = self.metadata_pool
         return pools
 
-    def _build_terms(self, held: dict[str, Counter[str]]) -> list[PoolTerms]:
+    def _build_terms(self, held: Mapping[str, Mapping[str, int]]) -> list[PoolTerms]:
         return [*super()._build_terms(held), self._metadata_terms()]
 
     def _metadata_terms(self) -> PoolTerms:
-        meta = self.s.metadata_pool
+        meta = self.metadata_pool
         held: Counter[str] = Counter()
         for r in self.s.live_requests():
             if getattr(r, "metadata_idx", None) is not None:
@@ -57,7 +66,7 @@ class PDAccounting(Accounting):
         )
 
     def free_terms(self) -> dict[str, tuple[int, int]]:
-        meta = self.s.metadata_pool
+        meta = self.metadata_pool
         return {**super().free_terms(), "metadata": (meta.size, meta.available_size() + meta.pending_free_size())}
 
     def _expected_ids(self, pool: str, r: Req) -> set[int]:

@@ -237,8 +237,10 @@ class DecodeScheduler(PDScheduler):
             k = self.kv_buffer.k_buffer[:, slots].clone().cpu()
             v = self.kv_buffer.v_buffer[:, slots].clone().cpu()
         if self.mamba_pool is not None and req.mamba_pool_idx is not None:
-            conv = self.mamba_pool.conv_state[:, req.mamba_pool_idx].clone().cpu()
-            temporal = self.mamba_pool.temporal_state[:, req.mamba_pool_idx].clone().cpu()
+            # The reference pool's state tensors (the collaborator protocol exposes ids, not contents).
+            states: Any = self.mamba_pool
+            conv = states.conv_state[:, req.mamba_pool_idx].clone().cpu()
+            temporal = states.temporal_state[:, req.mamba_pool_idx].clone().cpu()
         return HostCopy(n, k, v, conv, temporal)
 
     def resume_retracted(self) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvledger.contracts.errors import ContractViolation, InvalidArgument
+from kvledger.contracts.ledger import Ledger
 from kvledger.contracts.owners import LEASE_ACCOUNTS, Account
 from kvledger.reference.disagg.accounting import PDAccounting
 from kvledger.reference.disagg.channel import TransferChannel
@@ -93,6 +94,9 @@ class PDScheduler(Scheduler):
         self.rooms: dict[int, PDReq] = {}  # bootstrap room -> this side's live request
         super().__init__(config, **parts)
         self.metadata_pool = metadata_pool
+        if isinstance(metadata_pool.ledger, Ledger):  # its moves are dated by this instance's step too
+            self._dated_ledgers.append(metadata_pool.ledger)
+            metadata_pool.ledger.clock, metadata_pool.ledger.epoch = "scheduler step", 0
         self.channel = channel
         self.kv_buffer = kv_buffer
         self.accounting = PDAccounting(self)

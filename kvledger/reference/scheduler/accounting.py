@@ -49,7 +49,7 @@ def _recount_setting() -> bool:
     return os.environ.get(RECOUNT_ENV_VAR, "0").strip().lower() in ("1", "true", "on", "yes")
 
 
-UNITS = {"kv": "tokens", "req": "rows", "mamba": "slots"}
+UNITS = {"kv": "tokens", "req": "rows", "mamba": "slots", "metadata": "slots"}
 """What each pool's identity terms count."""
 
 _DONE = frozenset(s for s in ReqState if s.is_done)
@@ -322,11 +322,11 @@ class Accounting:
         """The ids of ``pool`` in dispute between the bookkeeping and the ledger, with their owners, the
         holders the bookkeeping names, their last moves and the requests involved (only on a failure)."""
         s = self.s
-        ledger = census.pool_object(s, pool).ledger
+        obj = self.pools_by_name()[pool]
         return diagnose(
-            census.census(s, pool),
-            ledger.domain,
-            ledger,
+            census.census(s, pool, obj, lambda r: self._expected_ids(pool, r)),
+            obj.ledger.domain,
+            obj.ledger,
             describe_owner=lambda owner: census.describe_owner(s, owner),
         )
 
@@ -449,6 +449,10 @@ class Accounting:
         if "mamba" in self._ledgers:
             out["mamba"] = (self._sizes["mamba"], c.mamba_available() + c.mamba_pending())
         return out
+
+    def _expected_ids(self, pool: str, r: Req) -> set[int]:
+        """The ids of ``pool`` that ``r`` holds by its own bookkeeping (a subclass with more pools adds)."""
+        return census.request_ids(self.s, pool, r)
 
     def units(self) -> dict[str, str]:
         """Per pool of this scheduler, what its terms count (the plot's axis labels)."""

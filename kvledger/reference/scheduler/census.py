@@ -12,6 +12,7 @@ O(pool + tree + live requests): only ever built after a check has failed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -47,13 +48,18 @@ def request_ids(s: SchedulerState, pool: str, r: Req) -> set[int]:
     return request_kv_ids(s, r)
 
 
-def census(s: SchedulerState, pool: str) -> Census:
+def census(
+    s: SchedulerState, pool: str, obj: Any = None, ids_of: Callable[[Req], set[int]] | None = None
+) -> Census:
     """Every claim the scheduler's bookkeeping makes on ``pool``'s ids.
 
+    ``obj`` is the pool (default: :func:`pool_object`) and ``ids_of`` what a live request holds of it
+    (default: :func:`request_ids`); a scheduler with more pools (PD's metadata slots) passes both.
     A kvledger pool's free list is read from its ``IdFreeList``; another implementation's from its
     ``free_ids()`` when it has one (else the census is incomplete: free ids are not judged).
     """
-    obj = pool_object(s, pool)
+    obj = pool_object(s, pool) if obj is None else obj
+    held_by = ids_of if ids_of is not None else (lambda r: request_ids(s, pool, r))
     out = Census(pool)
     try:
         ids = free_list_of(obj)
@@ -76,7 +82,7 @@ def census(s: SchedulerState, pool: str) -> Census:
             elif getattr(node, "mamba_value", None) is not None:
                 out.claim([int(node.mamba_value[0])], node.mamba_owner)
     for r in s.live_requests():
-        out.claim(request_ids(s, pool, r), r.owner)
+        out.claim(held_by(r), r.owner)
     return out
 
 
