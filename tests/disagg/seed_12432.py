@@ -10,7 +10,10 @@ two more): four cached states, the log's ``mamba_evictable_size=4``.
 * ``run("legacy")`` (run in a process with ``KVLEDGER_CONTRACTS=0``; the late-2025 chunk path and the
   pool's free without duplicate detection, as SGLang had them): SGLang's late-2025 idle check, called
   as its event loop did (no batch this step, inflight queue empty), and the step at which it fires:
-  ``mamba_available_size=473 + mamba_evictable_size=4 = 477 > 476``.
+  ``mamba_available_size=473 + mamba_evictable_size=4 = 477 > 476``. kvledger's release-build count
+  identities are turned off for this mode: only SGLang's own check runs.
+* ``run("counted")``: the same as ``legacy`` with the count identities every contracts-off build keeps:
+  the over-free is an ``IdentityFailure`` (its ``caught`` message) before the legacy check fires.
 * ``run("fixed")``: the 2026 path (#12994 / #17850); nothing fires and the legacy check passes too.
 
 Run as a script (``python -m tests.disagg.seed_12432 MODE``) it prints one JSON line.
@@ -78,11 +81,14 @@ def _legacy_idle_check(system: PDSystem) -> None:
 
 
 def run(mode: str, max_steps: int = 200) -> dict[str, Any]:
-    bug = b4_chunk_frees_mamba_slot() if mode in ("kvledger", "legacy") else contextlib.nullcontext()
-    pool = sglang_2025_mamba_pool() if mode == "legacy" else contextlib.nullcontext()
+    sglang_pool = mode in ("legacy", "counted")
+    bug = b4_chunk_frees_mamba_slot() if mode != "fixed" else contextlib.nullcontext()
+    pool = sglang_2025_mamba_pool() if sglang_pool else contextlib.nullcontext()
     out: dict[str, Any] = {"mode": mode, "caught_step": None, "caught": None, "legacy_step": None, "legacy": None}
     with bug, pool:
         system = build_system()
+        if mode == "legacy":  # SGLang's build: only its own idle check, not kvledger's release-build counts
+            system.prefill.accounting.counting = system.decode.accounting.counting = False
         try:
             for rid, prompt in [*WARMUPS.items(), CHUNKED]:  # one at a time: no batch shares a chunk budget
                 system.add_request(rid, prompt, 3)

@@ -73,12 +73,10 @@ def test_b4_seed_caught_at_the_first_chunk_boundary_naming_slot_holder_and_moves
     assert out["finished"] == 2  # both warm-ups went through; nothing of request 2 got past its boundary
 
 
-def test_b4_seed_legacy_check_sees_only_the_later_over_free_of_the_log() -> None:
-    """SGLang's late-2025 idle check, in a process with kvledger's contracts off and SGLang's pool semantics:
-    it fires only after the request left the inflight queue, with the log's numbers."""
+def _run_without_contracts(mode: str) -> dict[str, object]:
     env = dict(os.environ, KVLEDGER_CONTRACTS="0", PYTHONPATH=str(ROOT))
     line = subprocess.run(
-        [sys.executable, "-m", "tests.disagg.seed_12432", "legacy"],
+        [sys.executable, "-m", "tests.disagg.seed_12432", mode],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -86,13 +84,33 @@ def test_b4_seed_legacy_check_sees_only_the_later_over_free_of_the_log() -> None
         check=True,
         timeout=300,
     ).stdout.strip().splitlines()[-1]
-    legacy = json.loads(line)
+    out: dict[str, object] = json.loads(line)
+    return out
+
+
+def test_b4_seed_legacy_check_sees_only_the_later_over_free_of_the_log() -> None:
+    """SGLang's late-2025 idle check, in a process with kvledger's contracts off and SGLang's pool semantics:
+    it fires only after the request left the inflight queue, with the log's numbers."""
+    legacy = _run_without_contracts("legacy")
     assert legacy["caught"] is None  # nothing of kvledger's ran
     assert legacy["mamba"] == [seed_12432.LOG_MAMBA_AVAILABLE, seed_12432.LOG_MAMBA_EVICTABLE, 476]
     assert "mamba_available_size=473, mamba_evictable_size=4" in legacy["legacy"]
     assert "mamba_protected_size()=0" in legacy["legacy"]
     if switch.ENABLED:
         assert seed_12432.run("kvledger")["caught_step"] < legacy["legacy_step"]
+
+
+def test_b4_seed_release_build_count_identities_catch_it_before_the_legacy_check() -> None:
+    """The same process with kvledger's count identities on (what every contracts-off build keeps): the
+    over-free is an identity failure naming the slot's two holders, before SGLang's idle check fires."""
+    counted = _run_without_contracts("counted")
+    legacy = _run_without_contracts("legacy")
+    msg = counted["caught"]
+    assert isinstance(msg, str) and "I-COUNT" in msg and "over-free" in msg and "[mamba]" in msg, counted
+    assert "prefill.req#2" in msg and "count identities of a build with contracts off" in msg
+    assert counted["legacy"] is None
+    assert isinstance(counted["caught_step"], int) and isinstance(legacy["legacy_step"], int)
+    assert counted["caught_step"] < legacy["legacy_step"]
 
 
 def test_b4_fix_12994_passes_and_the_legacy_check_agrees() -> None:
