@@ -60,3 +60,10 @@ def test_an_unreadable_log_is_one_line_and_exit_2(
 def test_record_path_is_checked_before_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", *SMALL, "--no-plot", "--record", str(tmp_path)]) == 2
     assert f"--record {tmp_path}: is a directory" in capsys.readouterr().err
+
+
+def test_record_is_refused_with_pd(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "run.jsonl"
+    assert main(["simulate", *SMALL, "--no-plot", "--pd", "--record", str(log)]) == 2
+    assert "--record does not support --pd" in capsys.readouterr().err
+    assert not log.exists()

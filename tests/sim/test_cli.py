@@ -140,7 +140,7 @@ def test_row_pool_size_is_settable(
 ) -> None:
     seen = {}
 
-    def fake_run(opts: simulate_module.SimOptions, progress: object = None) -> object:
+    def fake_run(opts: simulate_module.SimOptions, progress: object = None, record: object = None) -> object:
         seen["rows"] = opts.engine_spec().rows
         raise SystemExit(0)
 

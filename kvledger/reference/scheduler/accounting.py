@@ -26,7 +26,6 @@ from kvledger.contracts.diagnosis import diagnose
 from kvledger.contracts.errors import ContractViolation, IdentityFailure
 from kvledger.contracts.identity import PoolTerms, check_busy_identity, check_idle_identity
 from kvledger.contracts.owners import (
-    BATCH_INFLIGHT,
     CACHE_EVICTABLE,
     CACHE_PROTECTED,
     FREE,
@@ -201,6 +200,7 @@ class Accounting:
         kv: dict[str, int] = {}
         mamba: dict[str, int] = {}
         rows: dict[str, int] = {}
+        parked = self.s.parked_accounts
         for r in self.s.queued_requests():
             row = r.req_pool_idx
             slot = r.mamba_pool_idx
@@ -209,8 +209,8 @@ class Accounting:
                 continue
             owner = r.owner
             account = owner.account
-            if r.state in _DONE and account is not BATCH_INFLIGHT:
-                continue  # ended, not parked on a batch: not live (see Scheduler.live_requests)
+            if r.state in _DONE and account not in parked:
+                continue  # ended, not parked (a launched batch, a PD lease): not live (Scheduler.live_requests)
             acct = account.name
             if slot is not None or track is not None:
                 mamba[acct] = mamba.get(acct, 0) + (1 if track is None else len(r.mamba_slots()))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
+from kvledger.contracts.owners import Account
 from kvledger.contracts.protocols import AnyPrefixCache, KVAllocator, MambaStatePool, ReqRowPool
 from kvledger.reference.scheduler.batch import ScheduleBatch
 from kvledger.reference.scheduler.config import SchedulerConfig
@@ -50,6 +51,11 @@ class SchedulerState(Protocol):
 
     @property
     def step_no(self) -> int: ...
+
+    @property
+    def parked_accounts(self) -> frozenset[Account]:
+        """Accounts an ended request may still hold ids in (a launched batch, a PD lease)."""
+        ...
 
     @property
     def requests(self) -> Mapping[int, Req]: ...
