@@ -91,7 +91,9 @@ def run_fault(fault: str, *, check_integrity: bool = True) -> dict[str, Any]:
                 sched.step()
                 sched.step()
                 _free_a_running_slot_early(sched)
-                sched.accounting.enabled = False  # the identity would name the lie; let the data show it
+                # The identity would name the lie (so would a contracts-off build's count identities); let the
+                # data show it.
+                sched.accounting.enabled = sched.accounting.counting = False
             sched.run_until_idle(200)
         except (ContractViolation, KVLedgerError) as exc:
             caught = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
