@@ -136,7 +136,7 @@ def main() -> None:
                 "steps/s (CPU)",
                 release=with_checks,
                 ratio=False,
-                target="cost <= 1.05 (issue 10)",
+                target=None,  # issue 10 asks for the cost to be measured, not for a bound
                 note=(
                     f"without the checks {without or 0:.0f} steps/s; cost {cost or 0:.3f}x,"
                     f" {per_check_us or 0:.1f} us per step"
@@ -151,7 +151,7 @@ def main() -> None:
                 release=child["simulate_on_cpu_s"] / child["rounds"],
                 ratio=False,
                 higher_is_better=False,
-                target="cost <= 1.05 (issue 10)",
+                target=None,  # issue 10 asks for the cost to be measured, not for a bound
                 note=(
                     f"without the checks {child['simulate_off_cpu_s'] / child['rounds']:.3f} s;"
                     f" cost {sim_cost or 0:.3f}x (the timeline computes the terms anyway)"
