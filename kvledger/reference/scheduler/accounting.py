@@ -426,18 +426,6 @@ class Accounting:
             ]
         )
 
-    def _expected_ids(self, pool: str, r: Req) -> set[int]:
-        """The ids a request holds according to its own bookkeeping (row contents for KV)."""
-        if pool == "mamba":
-            return set(r.mamba_slots())
-        if pool == "req":
-            return set() if r.req_pool_idx is None else {r.req_pool_idx}
-        if r.req_pool_idx is None or r.kv_allocated_len <= r.cache_protected_len:
-            return set()
-        slots = self.s.req_to_token_pool.read(r.req_pool_idx, r.cache_protected_len, r.kv_allocated_len)
-        page = self.s.config.page_size
-        return {s // page for s in slots.tolist()}
-
     # ------------------------------------------------------------------ reporting
     def free_terms(self) -> dict[str, tuple[int, int]]:
         """Per pool, (size, free + pending) from the counters: O(1), for a per-step peak-use figure."""
