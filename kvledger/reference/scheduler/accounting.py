@@ -213,7 +213,8 @@ class Accounting:
                 continue  # ended, not parked (a launched batch, a PD lease): not live (Scheduler.live_requests)
             acct = account.name
             if slot is not None or track is not None:
-                mamba[acct] = mamba.get(acct, 0) + (1 if track is None else len(r.mamba_slots()))
+                n = (slot is not None) + (0 if track is None else len(track))  # == len(r.mamba_slots())
+                mamba[acct] = mamba.get(acct, 0) + n
             if row is not None:
                 rows[acct] = rows.get(acct, 0) + 1
                 kv[acct] = kv.get(acct, 0) + kv_held(r)
