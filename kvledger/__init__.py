@@ -54,6 +54,15 @@ _EXPORTS: dict[str, str] = {
     "ReqState": "kvledger.reference.scheduler",
     "build_engine": "kvledger.reference.engine",
     "EngineSpec": "kvledger.reference.engine",
+    # prefill/decode disaggregation
+    "build_pd": "kvledger.reference.disagg",
+    "PDSpec": "kvledger.reference.disagg",
+    "PDSystem": "kvledger.reference.disagg",
+    "PrefillScheduler": "kvledger.reference.disagg",
+    "DecodeScheduler": "kvledger.reference.disagg",
+    "TransferChannel": "kvledger.reference.disagg",
+    "ChannelConfig": "kvledger.reference.disagg",
+    "MetadataBufferPool": "kvledger.reference.pools",
     # ownership
     "Ledger": "kvledger.contracts.ledger",
     "NullLedger": "kvledger.contracts.ledger",
@@ -142,10 +151,18 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see
     from kvledger.contracts.protocols import PagedKVAllocator as PagedKVAllocator
     from kvledger.contracts.protocols import PrefixCache as PrefixCache
     from kvledger.contracts.protocols import ReqRowPool as ReqRowPool
+    from kvledger.reference.disagg import ChannelConfig as ChannelConfig
+    from kvledger.reference.disagg import DecodeScheduler as DecodeScheduler
+    from kvledger.reference.disagg import PDSpec as PDSpec
+    from kvledger.reference.disagg import PDSystem as PDSystem
+    from kvledger.reference.disagg import PrefillScheduler as PrefillScheduler
+    from kvledger.reference.disagg import TransferChannel as TransferChannel
+    from kvledger.reference.disagg import build_pd as build_pd
     from kvledger.reference.engine import EngineSpec as EngineSpec
     from kvledger.reference.engine import build_engine as build_engine
     from kvledger.reference.pools import KVBufferPool as KVBufferPool
     from kvledger.reference.pools import MambaPool as MambaPool
+    from kvledger.reference.pools import MetadataBufferPool as MetadataBufferPool
     from kvledger.reference.pools import PagedTokenToKVPoolAllocator as PagedTokenToKVPoolAllocator
     from kvledger.reference.pools import ReqToTokenPool as ReqToTokenPool
     from kvledger.reference.pools import TokenToKVPoolAllocator as TokenToKVPoolAllocator

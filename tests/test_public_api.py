@@ -31,6 +31,7 @@ def test_the_surface_covers_pools_caches_scheduler_ownership_and_the_audit() -> 
         "Ledger", "Owner", "Account", "FREE_LIST", "ContractViolation", "KVLedgerError",
         "KVAllocator", "ReqRowPool", "MambaStatePool", "PrefixCache", "MambaPrefixCache",
         "audit_file", "Auditor", "Recorder",
+        "build_pd", "PDSpec", "PDSystem", "PrefillScheduler", "DecodeScheduler", "MetadataBufferPool",
     }  # fmt: skip
     assert wanted <= set(kvledger.__all__)
 
