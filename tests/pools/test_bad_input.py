@@ -1,6 +1,10 @@
 """Bad input is an operating error: a typed :class:`KVLedgerError`, and the pool and ledger unchanged.
 
-Table-driven: every case builds a pool in a known busy state (owner ``a`` and owner ``b`` hold ids, some
+The table of bad calls on every pool member lives in the sweep (``tests/sweep/cases_pools.py``, run by
+``tests/sweep/test_sweep.py`` with contracts on and off). This module keeps the pool-specific stories
+around it: the reserved id named in the message, double frees with and without a ledger and inside a
+free group, SGLang's double-free scenario, group and backup misuse, and the regressions found while
+writing the table. Each builds a pool in a known busy state (owner ``a`` and owner ``b`` hold ids, some
 ids are free), snapshots it (free list, state mask, free-group buffer, ledger owner table, holdings,
 account counts, step counter, tensor contents), makes one bad call, and compares the snapshot.
 
@@ -10,7 +14,6 @@ foreign free is detectable; the double-free tests also run with ledgers off.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +24,6 @@ import torch
 from kvledger.contracts.errors import (
     DoubleFree,
     DuplicateIds,
-    ForeignSlot,
     FreeGroupError,
     InvalidArgument,
     KVLedgerError,
@@ -118,171 +120,6 @@ SCENES: dict[str, Callable[..., Scene]] = {
     "req": req_scene,
     "mamba": mamba_scene,
 }
-
-Case = tuple[type[KVLedgerError], Callable[[Scene], object]]
-
-
-def _free(s: Scene, ids: Any, owner: Owner | None = None) -> Callable[[], object]:
-    return lambda: s.pool.free(ids, owner or s.a)
-
-
-# Bad calls every pool's free/alloc must refuse. Each makes exactly one thing wrong; where a valid id of
-# the owner rides along, the call must still change nothing (no partial free).
-COMMON: dict[str, Case] = {
-    "free an id that is free": (DoubleFree, lambda s: s.pool.free([s.free_ids[0]], s.a)),
-    "free own ids plus a free one": (DoubleFree, lambda s: s.pool.free([*s.a_ids[:1], s.free_ids[-1]], s.a)),
-    "free another owner's id": (ForeignSlot, lambda s: s.pool.free(s.b_ids[:1], s.a)),
-    "free own ids plus a foreign one": (ForeignSlot, lambda s: s.pool.free([s.a_ids[0], s.b_ids[-1]], s.a)),
-    "free id past the end": (SlotOutOfRange, lambda s: s.pool.free([s.beyond[0]], s.a)),
-    "free a huge id": (SlotOutOfRange, lambda s: s.pool.free(torch.tensor([s.beyond[-1]]), s.a)),
-    "free a negative id": (SlotOutOfRange, lambda s: s.pool.free(torch.tensor([s.a_ids[0], -1]), s.a)),
-    "free float tensor": (
-        InvalidArgument,
-        lambda s: s.pool.free(torch.tensor(s.a_ids, dtype=torch.float32), s.a),
-    ),
-    "free float64 tensor": (
-        InvalidArgument,
-        lambda s: s.pool.free(torch.tensor(s.a_ids, dtype=torch.float64), s.a),
-    ),
-    "free bool tensor": (InvalidArgument, lambda s: s.pool.free(torch.ones(1, dtype=torch.bool), s.a)),
-    "free uint8 tensor": (
-        InvalidArgument,
-        lambda s: s.pool.free(torch.tensor(s.a_ids, dtype=torch.uint8), s.a),
-    ),
-    "free int16 tensor": (
-        InvalidArgument,
-        lambda s: s.pool.free(torch.tensor(s.a_ids, dtype=torch.int16), s.a),
-    ),
-    "free 2-D tensor": (InvalidArgument, lambda s: s.pool.free(torch.tensor([s.a_ids]), s.a)),
-    "free on the wrong device": (
-        InvalidArgument,
-        lambda s: s.pool.free(torch.tensor(s.a_ids, device="meta"), s.a),
-    ),
-    "free a Python float": (InvalidArgument, lambda s: s.pool.free(float(s.a_ids[0]), s.a)),
-    "free a list with a float": (InvalidArgument, lambda s: s.pool.free([s.a_ids[0], 1.0], s.a)),
-    "free a bool": (InvalidArgument, lambda s: s.pool.free(True, s.a)),
-    "free a string": (InvalidArgument, lambda s: s.pool.free("1", s.a)),
-    "alloc a negative count": (InvalidArgument, lambda s: s.pool.alloc(-1, s.a)),
-    "alloc a float count": (InvalidArgument, lambda s: s.pool.alloc(1.0, s.a)),
-    "alloc a bool count": (InvalidArgument, lambda s: s.pool.alloc(True, s.a)),
-    "alloc a str count": (InvalidArgument, lambda s: s.pool.alloc("2", s.a)),
-}
-
-RESERVED: dict[str, Case] = {
-    "free the reserved id": (SlotOutOfRange, lambda s: s.pool.free([s.reserved[0]], s.a)),
-    "free own ids plus the reserved id": (
-        SlotOutOfRange,
-        lambda s: s.pool.free([*s.a_ids, s.reserved[-1]], s.a),
-    ),
-}
-
-ID_POOLS: dict[str, Case] = {  # pools whose ids are not tokens of pages: a repeat is an error
-    "free a repeated id": (DuplicateIds, lambda s: s.pool.free([s.a_ids[0], s.a_ids[0]], s.a)),
-    "free int32 ids with a repeat": (
-        DuplicateIds,
-        lambda s: s.pool.free(torch.tensor([*s.a_ids, s.a_ids[-1]], dtype=torch.int32), s.a),
-    ),
-}
-
-GROUPS: dict[str, Case] = {
-    "free_group_end without begin": (FreeGroupError, lambda s: s.pool.free_group_end()),
-}
-
-PAGED: dict[str, Case] = {
-    "alloc not a page multiple": (InvalidArgument, lambda s: s.pool.alloc(PAGE + 1, s.a)),
-    "free a token of a free page": (DoubleFree, lambda s: s.pool.free([s.free_ids[0] + PAGE - 1], s.a)),
-    "free a token of a foreign page": (ForeignSlot, lambda s: s.pool.free([s.a_ids[0], s.b_ids[1]], s.a)),
-    "free a token just past the last page": (SlotOutOfRange, lambda s: s.pool.free([7 * PAGE], s.a)),
-    "alloc_extend lengths differ": (InvalidArgument, lambda s: s.pool.alloc_extend([0], [1, 1], [-1], [s.a])),
-    "alloc_extend prefix > seq": (InvalidArgument, lambda s: s.pool.alloc_extend([5], [4], [-1], [s.a])),
-    "alloc_extend negative seq_len": (InvalidArgument, lambda s: s.pool.alloc_extend([0], [-4], [-1], [s.a])),
-    "alloc_extend last_loc at the wrong offset": (
-        InvalidArgument,
-        lambda s: s.pool.alloc_extend([1], [3], [s.a_ids[1]], [s.a]),  # prefix 1 ends at offset 0, not 1
-    ),
-    "alloc_extend last_loc in a free page": (
-        InvalidArgument,
-        lambda s: s.pool.alloc_extend([1], [3], [s.free_ids[0]], [s.a]),
-    ),
-    "alloc_extend last_loc in a foreign page": (
-        ForeignSlot,
-        lambda s: s.pool.alloc_extend([1], [3], [s.b_ids[0]], [s.a]),
-    ),
-    "alloc_extend last_loc outside the pool": (
-        InvalidArgument,
-        lambda s: s.pool.alloc_extend([1], [3], [0], [s.a]),
-    ),
-    "alloc_extend last_loc not an int": (
-        InvalidArgument,
-        lambda s: s.pool.alloc_extend([1], [3], [float(s.a_ids[0])], [s.a]),
-    ),
-    "alloc_extend valid request then a bad one": (
-        ForeignSlot,
-        lambda s: s.pool.alloc_extend([0, 1], [PAGE, 2], [-1, s.b_ids[0]], [s.b, s.a]),
-    ),
-    "alloc_decode seq_len 0": (InvalidArgument, lambda s: s.pool.alloc_decode([0], [0], [s.a])),
-    "alloc_decode lengths differ": (InvalidArgument, lambda s: s.pool.alloc_decode([2], [0, 0], [s.a])),
-    "alloc_decode last_loc in a foreign page": (
-        ForeignSlot,
-        lambda s: s.pool.alloc_decode([2], [s.b_ids[0]], [s.a]),
-    ),
-    "alloc_decode valid request then a bad one": (
-        InvalidArgument,
-        lambda s: s.pool.alloc_decode([1, 2], [0, s.free_ids[0]], [s.b, s.a]),
-    ),
-}
-
-REQ: dict[str, Case] = {
-    "write to a free row": (InvalidArgument, lambda s: s.pool.write(s.free_ids[0], 0, torch.tensor([1]))),
-    "write to a row past the end": (InvalidArgument, lambda s: s.pool.write(5, 0, torch.tensor([1]))),
-    "write at a negative start": (InvalidArgument, lambda s: s.pool.write(s.a_ids[0], -1, torch.tensor([1]))),
-    "write past max_context_len": (
-        InvalidArgument,
-        lambda s: s.pool.write(s.a_ids[0], 6, torch.tensor([1, 2, 3])),
-    ),
-    "write float ids": (InvalidArgument, lambda s: s.pool.write(s.a_ids[0], 0, torch.tensor([1.5, 2.5]))),
-    "write bool ids": (InvalidArgument, lambda s: s.pool.write(s.a_ids[0], 0, torch.tensor([True]))),
-    "write ids on the wrong device": (
-        InvalidArgument,
-        lambda s: s.pool.write(s.a_ids[0], 0, torch.tensor([1], device="meta")),
-    ),
-    "write a bool row": (InvalidArgument, lambda s: s.pool.write(True, 0, torch.tensor([1]))),
-}
-
-MAMBA: dict[str, Case] = {
-    "copy_from a free source": (InvalidArgument, lambda s: s.pool.copy_from(s.free_ids[0], s.a_ids[0])),
-    "copy_from into a free slot": (InvalidArgument, lambda s: s.pool.copy_from(s.a_ids[0], s.free_ids[0])),
-    "copy_from slot 0": (SlotOutOfRange, lambda s: s.pool.copy_from(0, s.a_ids[0])),
-    "copy_from past the end": (SlotOutOfRange, lambda s: s.pool.copy_from(s.a_ids[0], 7)),
-    "copy_from length mismatch": (InvalidArgument, lambda s: s.pool.copy_from(s.a_ids[:1], s.b_ids)),
-    "copy_from float index": (InvalidArgument, lambda s: s.pool.copy_from(torch.tensor([1.0]), s.b_ids[:1])),
-    "fork_from two sources": (InvalidArgument, lambda s: s.pool.fork_from(s.a_ids, s.b)),
-    "fork_from a free slot": (InvalidArgument, lambda s: s.pool.fork_from(s.free_ids[0], s.b)),
-    "fork_from slot 0": (SlotOutOfRange, lambda s: s.pool.fork_from(0, s.b)),
-}
-
-TABLE: list[tuple[str, str, Case]] = [
-    *((pool, name, case) for pool in SCENES for name, case in COMMON.items()),
-    *((pool, name, case) for pool in ("token", "paged", "mamba") for name, case in RESERVED.items()),
-    *((pool, name, case) for pool in ("token", "req", "mamba") for name, case in ID_POOLS.items()),
-    *((pool, name, case) for pool in ("token", "paged", "mamba") for name, case in GROUPS.items()),
-    *(("paged", name, case) for name, case in PAGED.items()),
-    *(("req", name, case) for name, case in REQ.items()),
-    *(("mamba", name, case) for name, case in MAMBA.items()),
-]
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"\W+", "_", text).strip("_")
-
-
-@pytest.mark.parametrize(("pool_kind", "what", "case"), TABLE, ids=[f"{p}-{_slug(w)}" for p, w, _ in TABLE])
-def test_bad_call_is_typed_and_changes_nothing(pool_kind: str, what: str, case: Case) -> None:
-    scene = SCENES[pool_kind]()
-    error, call = case
-    expect_rejected(scene.pool, error, lambda: call(scene), what)
-    scene.pool.audit()
-
 
 # ---------------------------------------------------------------------- the id domain
 @pytest.mark.fires("I-DIAG-DOMAIN")

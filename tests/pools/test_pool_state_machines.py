@@ -377,19 +377,20 @@ class ReqToTokenMachine(IdPoolMachine):
         size = self.pool.size
         free_rows = self.model.free + list(self.model.pending or ())
         held = self.model.held_ids()
-        cases: list[tuple[str, int, int, int]] = [
-            ("row out of range", size, 0, 1),
-            ("negative start", 0, -1, 1),
+        cases: list[tuple[str, int, int, int, type[KVLedgerError]]] = [
+            ("row out of range", size, 0, 1, SlotOutOfRange),
+            ("negative start", 0, -1, 1, InvalidArgument),
         ]
         if free_rows:
-            cases.append(("row nobody holds", data.draw(st.sampled_from(free_rows), label="free row"), 0, 1))
+            free_row = data.draw(st.sampled_from(free_rows), label="free row")
+            cases.append(("row nobody holds", free_row, 0, 1, InvalidArgument))
         if held:
             row = data.draw(st.sampled_from(held), label="row")
             start = data.draw(st.integers(0, MAX_CONTEXT), label="start")
-            cases.append(("past max_context_len", row, start, MAX_CONTEXT - start + 1))
-        what, row, start, length = data.draw(st.sampled_from(cases), label="case")
+            cases.append(("past max_context_len", row, start, MAX_CONTEXT - start + 1, InvalidArgument))
+        what, row, start, length, error = data.draw(st.sampled_from(cases), label="case")
         values = torch.arange(100, 100 + length, dtype=torch.int64)
-        self._reject(InvalidArgument, lambda: self.pool.write(row, start, values), what)
+        self._reject(error, lambda: self.pool.write(row, start, values), what)
 
     @invariant()
     def table_matches(self) -> None:

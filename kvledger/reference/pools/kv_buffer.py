@@ -18,9 +18,30 @@ from kvledger.reference.pools.validate import (
     as_index_tensor,
     check_count,
     check_in_range,
+    check_positive,
     check_unique,
     resolve_device,
 )
+
+
+def check_float_dtype(dtype: Any, what: str) -> torch.dtype:
+    """A floating-point ``torch.dtype`` (state and KV tensors hold NaN poison, which integers cannot)."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise InvalidArgument(f"{what} must be a floating-point torch.dtype, got {dtype!r}")
+    return dtype
+
+
+def check_kv_buffer(buffer: Any, rows_needed: int, device: torch.device, pool: str) -> KVBufferPool:
+    """A :class:`KVBufferPool` on the allocator's device with a row for every slot it can hand out."""
+    if not isinstance(buffer, KVBufferPool):
+        raise InvalidArgument(f"[{pool}] attach_kv_buffer: expected a KVBufferPool, got {type(buffer).__name__}")
+    if buffer.device != device:
+        raise InvalidArgument(f"[{pool}] attach_kv_buffer: the buffer is on {buffer.device}, the pool on {device}")
+    if buffer.num_slots < rows_needed:
+        raise InvalidArgument(
+            f"[{pool}] attach_kv_buffer: the buffer has {buffer.num_slots} rows, the pool needs {rows_needed}"
+        )
+    return buffer
 
 
 class KVBufferPool:
@@ -44,6 +65,7 @@ class KVBufferPool:
         ):
             if check_count(v, what) < 1:
                 raise InvalidArgument(f"KVBufferPool: {what} must be >= 1")
+        check_float_dtype(dtype, "KVBufferPool: dtype")
         self.num_slots = num_slots
         self.num_layers = num_layers
         self.device = resolve_device(device)
@@ -54,8 +76,15 @@ class KVBufferPool:
     @classmethod
     def for_allocator(cls, allocator: Any, **kwargs: Any) -> KVBufferPool:
         """A buffer with a row for every slot ``allocator`` can hand out, padding included."""
-        page_size = getattr(allocator, "page_size", 1)
-        num_slots = (allocator.size // page_size + 1) * page_size
+        page_size = getattr(allocator, "page_size", None)
+        size = getattr(allocator, "size", None)
+        if page_size is None or size is None:
+            raise InvalidArgument(
+                f"KVBufferPool.for_allocator: expected a KV allocator (size, page_size), got {type(allocator).__name__}"
+            )
+        check_positive(page_size, "allocator.page_size")
+        check_positive(size, "allocator.size")
+        num_slots = (size // page_size + 1) * page_size
         return cls(num_slots, **kwargs)
 
     @ensure(
@@ -65,9 +94,9 @@ class KVBufferPool:
     )
     def set_kv_buffer(self, layer: int, loc: Any, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store ``k``/``v`` (``[T, H, D]``) of layer ``layer`` at the token slots ``loc``."""
-        check_count(layer, "layer")
-        if layer >= self.num_layers:
-            raise InvalidArgument(f"layer {layer} outside [0, {self.num_layers})")
+        self._check_layer(layer)
+        if not isinstance(k, torch.Tensor) or not isinstance(v, torch.Tensor):
+            raise InvalidArgument(f"set_kv_buffer: k and v must be tensors, got {type(k).__name__}, {type(v).__name__}")
         idx = as_index_tensor(loc, self.device, "set_kv_buffer")
         check_in_range(idx, 0, self.num_slots - 1, "kv_buffer", "slot")
         check_unique(idx, "kv_buffer", "slot")
@@ -84,10 +113,23 @@ class KVBufferPool:
             raise InvalidArgument(f"set_kv_buffer: k/v on {k.device}, buffer on {self.device}")
         kernels.store_kv(self.k_buffer, self.v_buffer, layer, idx, k, v)
 
+    def _check_layer(self, layer: Any) -> int:
+        check_count(layer, "layer")
+        if layer >= self.num_layers:
+            raise InvalidArgument(f"layer {layer} outside [0, {self.num_layers})")
+        return int(layer)
+
+    def _slots(self, slots: Any, what: str) -> torch.Tensor:
+        """Slot ids of this buffer (padding rows included: kernels may write them)."""
+        idx = as_index_tensor(slots, self.device, f"kv_buffer.{what}")
+        check_in_range(idx, 0, self.num_slots - 1, "kv_buffer", "slot")
+        return idx
+
     def zero_slots(self, slots: torch.Tensor) -> None:
         """Zero K and V of ``slots`` in every layer (what a debug build does on alloc)."""
-        kernels.zero_slots(self.k_buffer, slots)
-        kernels.zero_slots(self.v_buffer, slots)
+        idx = self._slots(slots, "zero_slots")
+        kernels.zero_slots(self.k_buffer, idx)
+        kernels.zero_slots(self.v_buffer, idx)
 
     @ensure(
         lambda self, slots: bool(self.poisoned(slots).all()),
@@ -95,15 +137,17 @@ class KVBufferPool:
     )
     def poison_slots(self, slots: torch.Tensor) -> None:
         """Poison K and V of ``slots`` (NaN): a later read of a freed slot shows in the data."""
-        kernels.poison_slots(self.k_buffer, slots)
-        kernels.poison_slots(self.v_buffer, slots)
+        idx = self._slots(slots, "poison_slots")
+        kernels.poison_slots(self.k_buffer, idx)
+        kernels.poison_slots(self.v_buffer, idx)
 
     def poisoned(self, slots: torch.Tensor) -> torch.Tensor:
         """Per slot: does any element of K or V hold the poison value?"""
-        return kernels.any_poisoned(self.k_buffer, slots) | kernels.any_poisoned(self.v_buffer, slots)
+        idx = self._slots(slots, "poisoned")
+        return kernels.any_poisoned(self.k_buffer, idx) | kernels.any_poisoned(self.v_buffer, idx)
 
     def get_key_buffer(self, layer: int) -> torch.Tensor:
-        return self.k_buffer[layer]
+        return self.k_buffer[self._check_layer(layer)]
 
     def get_value_buffer(self, layer: int) -> torch.Tensor:
-        return self.v_buffer[layer]
+        return self.v_buffer[self._check_layer(layer)]

@@ -27,14 +27,24 @@ from kvledger.contracts.errors import ContractViolation, InvalidArgument, KVLedg
 from kvledger.contracts.owners import FREE, Owner
 from kvledger.contracts.switch import ensure, invariant, require, snapshot
 from kvledger.reference.pools.id_free_list import HELD, IdFreeList
+from kvledger.reference.pools.kv_buffer import check_float_dtype
 from kvledger.reference.pools.validate import (
     as_index_tensor,
     check_count,
     check_in_range,
+    check_name,
+    check_owner,
     check_unique,
     resolve_device,
 )
 from kvledger.reference.pools.write_schedule import ZERO, WriteSchedule
+
+
+def check_state_shape(shape: Any, what: str) -> tuple[int, ...]:
+    """The per-slot shape of a state tensor: a tuple of ints >= 1 (possibly empty: a scalar per slot)."""
+    if not isinstance(shape, tuple) or not all(type(d) is int and d >= 1 for d in shape):
+        raise InvalidArgument(f"MambaPool: {what} must be a tuple of ints >= 1, got {shape!r}")
+    return shape
 
 
 @invariant(
@@ -67,8 +77,12 @@ class MambaPool:
         check_count(num_layers, "num_layers")
         if size < 1 or num_layers < 1:
             raise InvalidArgument(f"MambaPool needs size >= 1 and num_layers >= 1, got {size}, {num_layers}")
+        check_state_shape(conv_state_shape, "conv_state_shape")
+        check_state_shape(temporal_state_shape, "temporal_state_shape")
+        check_float_dtype(conv_dtype, "conv_dtype")
+        check_float_dtype(ssm_dtype, "ssm_dtype")
         self.size = size
-        self.name = name
+        self.name = check_name(name)
         self.num_layers = num_layers
         self.device = resolve_device(device)
         self._conv = torch.zeros(
@@ -130,6 +144,7 @@ class MambaPool:
     def alloc(self, n: int, owner: Owner) -> torch.Tensor | None:
         """``n`` zeroed slots for ``owner``, or None when fewer are free."""
         check_count(n)
+        check_owner(owner)
         return self._slots.alloc(n, owner)
 
     # ------------------------------------------------------------------ the schedule
@@ -259,9 +274,13 @@ class MambaPool:
         )
 
     def poisoned(self, slots: torch.Tensor) -> torch.Tensor:
-        """Per slot: does any element of its conv or temporal state hold the poison value?"""
+        """Per slot: does any element of its conv or temporal state hold the poison value?
+
+        Any slot of the pool, held or free (a freed slot reads as poisoned in a debug build)."""
+        idx = as_index_tensor(slots, self.device, f"{self.name}.poisoned")
+        check_in_range(idx, 1, self.size, self.name, "slot")
         self._flush()
-        return self._raw_poisoned(slots)
+        return self._raw_poisoned(idx)
 
     @snapshot(lambda self: self.available_size() + self._slots.pending_count(), name="reclaimable")
     @ensure(
@@ -273,6 +292,7 @@ class MambaPool:
     def free(self, slots: Any, owner: Owner) -> None:
         """Return ``owner``'s slots."""
         t = as_index_tensor(slots, self.device, f"{self.name}.free")
+        check_owner(owner)
         self._slots.free_checked(t, owner, "free", "slot")
 
     def _free_unchecked(self, slots: torch.Tensor, owner: Owner, op: str = "free") -> None:
@@ -336,6 +356,7 @@ class MambaPool:
         if src.numel() != 1:
             raise InvalidArgument(f"[{self.name}] fork_from takes one source slot, got {src.numel()}")
         self._check_held(src, "fork_from source")
+        check_owner(owner)
         if self._poison_on_release and self._source_poisoned(src):
             raise ContractViolation(
                 f"I-NO-POISON-READ: [{self.name}] fork_from reads freed slot {src.tolist()}"

@@ -19,11 +19,17 @@ from kvledger.contracts.errors import InvalidArgument
 from kvledger.contracts.owners import FREE, Owner
 from kvledger.contracts.switch import ensure, invariant, snapshot
 from kvledger.reference.pools.id_free_list import FreeListSnapshot, IdFreeList, host_ids
+from kvledger.reference.pools.kv_buffer import check_kv_buffer
 from kvledger.reference.pools.validate import (
     as_index_tensor,
     check_count,
     check_decode_batch,
     check_in_range,
+    check_int_sequence,
+    check_name,
+    check_owner,
+    check_owners,
+    check_snapshot,
     resolve_device,
 )
 
@@ -54,7 +60,7 @@ class PagedTokenToKVPoolAllocator:
         self.page_size = page_size
         self.num_pages = size // page_size
         self.size = self.num_pages * page_size
-        self.name = name
+        self.name = check_name(name)
         self.device = resolve_device(device)
         self._pages = IdFreeList(name, 1, self.num_pages, self.device, unit=page_size, reuse="lifo")
         self._offsets = torch.arange(page_size, dtype=torch.int64, device=self.device)
@@ -77,7 +83,18 @@ class PagedTokenToKVPoolAllocator:
         return self._pages.pending_count() * self.page_size
 
     def pages_of(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """The distinct pages the token ids fall in, in first-seen order (a new int64 tensor)."""
+        """The distinct pages the token ids fall in, in first-seen order (a new int64 tensor).
+
+        The tokens must be slots of the pool (padding page 0 excluded), as for ``free``."""
+        tokens = as_index_tensor(token_ids, self.device, f"{self.name}.pages_of")
+        self._check_tokens(tokens)
+        return self._pages_of(tokens)
+
+    def _check_tokens(self, tokens: torch.Tensor) -> None:
+        check_in_range(tokens, self.page_size, (self.num_pages + 1) * self.page_size - 1, self.name, "token slot")
+
+    def _pages_of(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """:meth:`pages_of` without validation (internal callers, and the unchecked release path)."""
         tokens = host_ids(token_ids)
         pages = self._distinct_pages(tokens)
         if pages is None:  # pages outside the pool (only an invalid _free_unchecked call has those)
@@ -127,6 +144,7 @@ class PagedTokenToKVPoolAllocator:
     def alloc(self, need_size: int, owner: Owner) -> torch.Tensor | None:
         """Whole pages for ``need_size`` tokens (a multiple of page_size), as token ids; None when short."""
         check_count(need_size, "need_size")
+        check_owner(owner)
         if need_size % self.page_size:
             raise InvalidArgument(
                 f"[{self.name}] alloc({need_size}) is not a multiple of page_size {self.page_size}"
@@ -157,6 +175,10 @@ class PagedTokenToKVPoolAllocator:
         prefix is empty). Tokens up to the end of that page are filled in place (the page must be
         ``owners[i]``'s); new pages come off the free list for the rest. All requests or none.
         """
+        check_int_sequence(prefix_lens, f"[{self.name}] alloc_extend: prefix_lens")
+        check_int_sequence(seq_lens, f"[{self.name}] alloc_extend: seq_lens")
+        check_int_sequence(last_loc, f"[{self.name}] alloc_extend: last_loc")
+        check_owners(owners, f"[{self.name}] alloc_extend: owners")
         n = len(prefix_lens)
         if not (len(seq_lens) == len(last_loc) == len(owners) == n):
             raise InvalidArgument(f"[{self.name}] alloc_extend: argument lengths differ")
@@ -268,24 +290,23 @@ class PagedTokenToKVPoolAllocator:
     @ensure(
         lambda self, ids, OLD: (
             self._pages.available() + self._pages.pending_count()
-            == OLD.reclaimable + self.pages_of(as_index_tensor(ids, self.device, "free")).numel()
+            == OLD.reclaimable + self._pages_of(as_index_tensor(ids, self.device, "free")).numel()
         ),
         "I-PAGE-UNIT: each distinct page is freed exactly once",
     )
     def free(self, ids: Any, owner: Owner) -> None:
         """Free the pages the token ids fall in; a page named by several of its tokens is freed once."""
         tokens = as_index_tensor(ids, self.device, self._free_what)
+        check_owner(owner)
         pages = self._distinct_pages(host_ids(tokens))
         if pages is None:
-            check_in_range(
-                tokens, self.page_size, (self.num_pages + 1) * self.page_size - 1, self.name, "token slot"
-            )  # raises SlotOutOfRange naming the tokens
+            self._check_tokens(tokens)  # raises SlotOutOfRange naming the tokens
             raise AssertionError("unreachable: a page outside the pool means a token outside it")
         self._pages.free_distinct(pages, owner, "free", "page")
 
     def _free_unchecked(self, ids: torch.Tensor, owner: Owner, op: str = "free") -> None:
         """Release the pages of ``ids`` without validation (see TokenToKVPoolAllocator._free_unchecked)."""
-        self._pages.release(self.pages_of(ids), owner, op)
+        self._pages.release(self._pages_of(ids), owner, op)
 
     def _free_pages_unchecked(self, pages: torch.Tensor, owner: Owner, op: str = "free") -> None:
         """Release page ids (not token ids) without validation: for callers that already know the pages.
@@ -297,6 +318,7 @@ class PagedTokenToKVPoolAllocator:
 
     def attach_kv_buffer(self, buffer: Any) -> None:
         """Debug builds (a real ledger): zero a page's KV slots when handed out, poison them when given back."""
+        check_kv_buffer(buffer, (self.num_pages + 1) * self.page_size, self.device, self.name)
         if self._pages.ledger.enabled:
             self._pages.on_alloc = lambda pages: buffer.zero_slots(self._tokens_of(pages))
             self._pages.on_release = lambda pages: buffer.poison_slots(self._tokens_of(pages))
@@ -311,7 +333,7 @@ class PagedTokenToKVPoolAllocator:
         return self._pages.backup()
 
     def restore_state(self, state: FreeListSnapshot) -> None:
-        self._pages.restore(state)
+        self._pages.restore(check_snapshot(state, self.name))
 
     def audit(self) -> None:
         self._pages.audit()

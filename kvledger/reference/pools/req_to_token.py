@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvledger.contracts.errors import InvalidArgument
+from kvledger.contracts.errors import DuplicateIds, InvalidArgument, SlotOutOfRange
 from kvledger.contracts.owners import FREE, Owner
 from kvledger.contracts.switch import ensure, invariant, snapshot
 from kvledger.reference.pools.id_free_list import IdFreeList, host_ids
@@ -23,6 +23,9 @@ from kvledger.reference.pools.validate import (
     as_index_tensor,
     check_count,
     check_in_range,
+    check_int_sequence,
+    check_name,
+    check_owner,
     check_positive,
     ids_within,
     resolve_device,
@@ -53,7 +56,7 @@ class ReqToTokenPool:
         self.size = size
         self.reserved_rows = reserved_rows
         self.max_context_len = max_context_len
-        self.name = name
+        self.name = check_name(name)
         self.device = resolve_device(device)
         self.req_to_token = torch.zeros(
             (reserved_rows + size, max_context_len), dtype=torch.int32, device=self.device
@@ -80,6 +83,7 @@ class ReqToTokenPool:
     def alloc(self, n: int, owner: Owner) -> list[int] | None:
         """``n`` rows for ``owner``, or None when fewer are free."""
         check_count(n)
+        check_owner(owner)
         rows = self._rows.alloc(n, owner)
         return None if rows is None else rows.tolist()
 
@@ -92,6 +96,7 @@ class ReqToTokenPool:
     def free(self, rows: Any, owner: Owner) -> None:
         """Return ``owner``'s rows (an int or a sequence). Contents are left as they are."""
         t = as_index_tensor(rows, self.device, self._free_what)
+        check_owner(owner)
         self._rows.free_checked(t, owner, "free", "row")
 
     def _free_unchecked(self, rows: torch.Tensor, owner: Owner, op: str = "free") -> None:
@@ -101,16 +106,7 @@ class ReqToTokenPool:
     def write(self, row: int, start: int, values: torch.Tensor) -> None:
         """``req_to_token[row, start:start+len(values)] = values``; the row must be held by someone."""
         values = as_index_tensor(values, self.device, f"{self.name}.write")  # int32/int64, pool device
-        check_count(row, "row")
-        check_count(start, "start")
-        if row >= self.reserved_rows + self.size:
-            raise InvalidArgument(f"[{self.name}] row {row} outside [0, {self.reserved_rows + self.size})")
-        if start + values.numel() > self.max_context_len:
-            raise InvalidArgument(
-                f"[{self.name}] write of {values.numel()} ids at {start} exceeds max_context_len {self.max_context_len}"
-            )
-        if not self._rows.is_held(row):
-            raise InvalidArgument(f"[{self.name}] write to row {row}, which no request holds")
+        self._check_span(row, start, start + values.numel(), "write")
         check_in_range(values, 0, INT32_MAX, self.name, "KV slot id")  # the table is int32
         self.req_to_token[row, start : start + values.numel()] = values.to(torch.int32)
 
@@ -124,22 +120,11 @@ class ReqToTokenPool:
         Rows must be distinct and held; positions inside the row; values fit int32. All or nothing.
         """
         vals = as_index_tensor(values, self.device, f"{self.name}.write_each")
-        n = len(rows)
-        if len(positions) != n or vals.numel() != n:
-            raise InvalidArgument(
-                f"[{self.name}] write_each: {n} rows, {len(positions)} positions, {vals.numel()} values"
-            )
-        for row, pos in zip(rows, positions, strict=True):
-            check_count(row, "row")
-            check_count(pos, "position")
-            if row >= self.reserved_rows + self.size:
-                raise InvalidArgument(f"[{self.name}] row {row} outside [0, {self.reserved_rows + self.size})")
-            if pos >= self.max_context_len:
-                raise InvalidArgument(f"[{self.name}] position {pos} outside [0, {self.max_context_len})")
-            if not self._rows.is_held(row):
-                raise InvalidArgument(f"[{self.name}] write to row {row}, which no request holds")
+        n = self._check_cells(rows, positions, "write_each")
+        if vals.numel() != n:
+            raise InvalidArgument(f"[{self.name}] write_each: {n} rows and positions, {vals.numel()} values")
         if len(set(rows)) != n:
-            raise InvalidArgument(f"[{self.name}] write_each: a row appears twice in one batch")
+            raise DuplicateIds(f"[{self.name}] write_each: a row appears twice in one batch: {rows}")
         if not n:
             return
         if not ids_within(vals, 0, INT32_MAX):
@@ -152,7 +137,54 @@ class ReqToTokenPool:
             self.req_to_token[row_t, pos_t] = vals.to(torch.int32)
 
     def read_each(self, rows: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
-        """``req_to_token[rows[i], positions[i]]`` for a batch, as int64."""
+        """``req_to_token[rows[i], positions[i]]`` for a batch, as int64 (rows held, positions in the row)."""
+        self._check_cells(rows, positions, "read_each")
+        return self._read_each(rows, positions)
+
+    def _check_row(self, row: Any, op: str) -> int:
+        """A row some request holds: reading or writing any other is a caller's mistake."""
+        check_count(row, "row")
+        end = self.reserved_rows + self.size
+        if row >= end:
+            raise SlotOutOfRange(f"[{self.name}] {op}: row {row} outside [0, {end})")
+        if not self._rows.is_held(row):
+            raise InvalidArgument(f"[{self.name}] {op}: row {row} is not held by any request")
+        return row
+
+    def _check_span(self, row: Any, start: Any, end: Any, op: str) -> None:
+        """Positions ``[start, end)`` of a held row: ``0 <= start <= end <= max_context_len``."""
+        check_count(start, "start")
+        check_count(end, "end")
+        if start > end or end > self.max_context_len:
+            raise InvalidArgument(
+                f"[{self.name}] {op}: positions [{start}, {end}) outside [0, {self.max_context_len}]"
+            )
+        self._check_row(row, op)
+
+    def _check_cells(self, rows: Any, positions: Any, op: str) -> int:
+        """Equally long lists of held rows and positions inside a row; returns their length. O(n)."""
+        check_int_sequence(rows, f"[{self.name}] {op}: rows")
+        check_int_sequence(positions, f"[{self.name}] {op}: positions")
+        n = len(rows)
+        if len(positions) != n:
+            raise InvalidArgument(f"[{self.name}] {op}: {n} rows, {len(positions)} positions")
+        if n:
+            if min(positions) < 0 or max(positions) >= self.max_context_len:
+                bad = [p for p in positions if not 0 <= p < self.max_context_len][:8]
+                raise InvalidArgument(
+                    f"[{self.name}] {op}: position(s) {bad} outside [0, {self.max_context_len})"
+                )
+            end = self.reserved_rows + self.size
+            if min(rows) < 0 or max(rows) >= end:
+                bad = [r for r in rows if not 0 <= r < end][:8]
+                raise SlotOutOfRange(f"[{self.name}] {op}: row(s) {bad} outside [0, {end})")
+            is_held = self._rows.is_held
+            if not all(map(is_held, rows)):
+                bad = [r for r in rows if not is_held(r)][:8]
+                raise InvalidArgument(f"[{self.name}] {op}: row(s) {bad} are not held by any request")
+        return n
+
+    def _read_each(self, rows: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
         if self._table is not None:
             return torch.from_numpy(self._table[rows, positions].astype(np.int64))
         row_t = torch.as_tensor(rows, dtype=torch.int64, device=self.device)
@@ -172,10 +204,11 @@ class ReqToTokenPool:
         vals = as_index_tensor(values, self.device, "write_each")
         if self._table is not None:
             return bool(np.array_equal(self._table[rows, positions], host_ids(vals)))
-        return bool((self.read_each(rows, positions) == vals).all())
+        return bool((self._read_each(rows, positions) == vals).all())
 
     def read(self, row: int, start: int, end: int) -> torch.Tensor:
-        """The KV slot ids of positions ``[start, end)`` of ``row`` as int64."""
+        """The KV slot ids of positions ``[start, end)`` of ``row`` as int64 (a row some request holds)."""
+        self._check_span(row, start, end, "read")
         return self.req_to_token[row, start:end].to(torch.int64)
 
     def audit(self) -> None:

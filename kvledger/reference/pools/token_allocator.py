@@ -15,11 +15,15 @@ import torch
 from kvledger.contracts.owners import FREE, Owner
 from kvledger.contracts.switch import ensure, invariant, snapshot
 from kvledger.reference.pools.id_free_list import FreeListSnapshot, IdFreeList
+from kvledger.reference.pools.kv_buffer import check_kv_buffer
 from kvledger.reference.pools.validate import (
     as_index_tensor,
     check_count,
     check_decode_batch,
+    check_name,
+    check_owner,
     check_positive,
+    check_snapshot,
     ids_within,
     resolve_device,
 )
@@ -44,7 +48,7 @@ class TokenToKVPoolAllocator:
     def __init__(self, size: int, *, device: str | torch.device = "cpu", name: str = "kv") -> None:
         check_positive(size, "size")
         self.size = size
-        self.name = name
+        self.name = check_name(name)
         self.device = resolve_device(device)
         self._ids = IdFreeList(name, 1, size, self.device, reuse="fifo")
         self._free_what = f"{name}.free"
@@ -73,6 +77,7 @@ class TokenToKVPoolAllocator:
     def alloc(self, n: int, owner: Owner) -> torch.Tensor | None:
         """``n`` slots for ``owner`` (int64, on the pool's device), or None if fewer than ``n`` are free."""
         check_count(n)
+        check_owner(owner)
         return self._ids.alloc(n, owner)
 
     @snapshot(lambda self: self._ids.available(), name="available")
@@ -116,6 +121,7 @@ class TokenToKVPoolAllocator:
     def free(self, ids: Any, owner: Owner) -> None:
         """Return ``owner``'s slots. Inside a free group they are buffered until ``free_group_end``."""
         t = as_index_tensor(ids, self.device, self._free_what)
+        check_owner(owner)
         self._ids.free_checked(t, owner, "free", "slot")
 
     def _free_unchecked(self, ids: torch.Tensor, owner: Owner, op: str = "free") -> None:
@@ -128,6 +134,7 @@ class TokenToKVPoolAllocator:
 
     def attach_kv_buffer(self, buffer: Any) -> None:
         """Debug builds (a real ledger): zero KV slots when handed out, poison them when given back."""
+        check_kv_buffer(buffer, self.size + 1, self.device, self.name)
         if self._ids.ledger.enabled:
             self._ids.on_alloc = buffer.zero_slots
             self._ids.on_release = buffer.poison_slots
@@ -142,7 +149,7 @@ class TokenToKVPoolAllocator:
         return self._ids.backup()
 
     def restore_state(self, state: FreeListSnapshot) -> None:
-        self._ids.restore(state)
+        self._ids.restore(check_snapshot(state, self.name))
 
     def audit(self) -> None:
         """Full recount of the free list, state mask and ledger (quiescence / tests)."""

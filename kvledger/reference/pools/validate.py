@@ -13,6 +13,8 @@ import numpy as np
 import torch
 
 from kvledger.contracts.errors import DuplicateIds, InvalidArgument, SlotOutOfRange
+from kvledger.contracts.owners import Owner
+from kvledger.reference.pools.id_free_list import FreeListSnapshot
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 INT32_MAX = 2**31 - 1
@@ -20,7 +22,12 @@ INT32_MAX = 2**31 - 1
 
 def resolve_device(device: str | torch.device) -> torch.device:
     """A concrete device (``cuda`` becomes ``cuda:0``); asking for CUDA without one is an error."""
-    dev = torch.device(device)
+    if not isinstance(device, (str, torch.device)):
+        raise InvalidArgument(f"device must be a str or torch.device, got {type(device).__name__} {device!r}")
+    try:
+        dev = torch.device(device)
+    except RuntimeError as exc:  # an unparsable device string
+        raise InvalidArgument(f"unknown device {device!r}: {exc}") from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise InvalidArgument(f"device {device!r} requested but CUDA is not available")
@@ -45,6 +52,51 @@ def check_positive(n: Any, what: str) -> int:
     if check_count(n, what) < 1:
         raise InvalidArgument(f"{what} must be >= 1, got {n}")
     return n
+
+
+def check_int(n: Any, what: str) -> int:
+    """A Python int of any sign (bools and floats are rejected, not coerced)."""
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise InvalidArgument(f"{what} must be an int, got {type(n).__name__} {n!r}")
+    return n
+
+
+def check_name(name: Any, what: str = "name") -> str:
+    """A non-empty str (a pool's or cache's name appears in every message and ledger report)."""
+    if not isinstance(name, str) or not name:
+        raise InvalidArgument(f"{what} must be a non-empty str, got {type(name).__name__} {name!r}")
+    return name
+
+
+def check_owner(owner: Any, what: str = "owner") -> Owner:
+    """An :class:`Owner`: whoever takes or gives back ids must be a handle the ledger can record."""
+    if not isinstance(owner, Owner):
+        raise InvalidArgument(f"{what} must be an Owner, got {type(owner).__name__} {owner!r}")
+    return owner
+
+
+def check_sequence(seq: Any, what: str) -> Sequence[Any]:
+    """A list or tuple (sized, indexable, read twice without being consumed: no generator, no str)."""
+    if not isinstance(seq, (list, tuple)):
+        raise InvalidArgument(f"{what} must be a list or tuple, got {type(seq).__name__}")
+    return seq
+
+
+def check_int_sequence(seq: Any, what: str) -> Sequence[int]:
+    """A list or tuple of Python ints (no bools, floats or tensors): one C-level pass over the types."""
+    check_sequence(seq, what)
+    if not all(type(x) is int for x in seq):
+        bad = next(x for x in seq if type(x) is not int)
+        raise InvalidArgument(f"{what} must hold ints, got {type(bad).__name__} {bad!r}")
+    return seq
+
+
+def check_owners(owners: Any, what: str = "owners") -> Sequence[Owner]:
+    """A list or tuple of :class:`Owner` handles."""
+    check_sequence(owners, what)
+    for owner in owners:
+        check_owner(owner, f"each of {what}")
+    return owners
 
 
 def as_index_tensor(ids: Any, device: torch.device, what: str) -> torch.Tensor:
@@ -84,13 +136,15 @@ def as_index_tensor(ids: Any, device: torch.device, what: str) -> torch.Tensor:
     )
 
 
-def check_decode_batch(seq_lens: Sequence[Any], last_loc: Sequence[Any], owners: Sequence[Any], pool: str) -> None:
-    """The shape of a decode batch: equally long lists, every ``seq_len`` an int >= 1."""
+def check_decode_batch(seq_lens: Any, last_loc: Any, owners: Any, pool: str) -> None:
+    """The shape of a decode batch: equally long lists of ints and owners, every ``seq_len`` >= 1."""
+    check_int_sequence(seq_lens, f"[{pool}] alloc_decode: seq_lens")
+    check_int_sequence(last_loc, f"[{pool}] alloc_decode: last_loc")
+    check_owners(owners, f"[{pool}] alloc_decode: owners")
     if not (len(seq_lens) == len(last_loc) == len(owners)):
         raise InvalidArgument(f"[{pool}] alloc_decode: argument lengths differ")
-    for s in seq_lens:
-        if check_count(s, "seq_len") < 1:
-            raise InvalidArgument(f"[{pool}] alloc_decode: seq_len must be >= 1")
+    if seq_lens and min(seq_lens) < 1:
+        raise InvalidArgument(f"[{pool}] alloc_decode: seq_len must be >= 1, got {min(seq_lens)}")
 
 
 def ids_within(ids: torch.Tensor, low: int, high: int) -> bool:
@@ -123,3 +177,12 @@ def check_unique(ids: torch.Tensor, pool: str, unit: str = "id") -> None:
     uniq, counts = torch.unique(ids, return_counts=True)
     if uniq.numel() != ids.numel():
         raise DuplicateIds(f"[{pool}] {unit}(s) repeated in one call: {uniq[counts > 1][:8].tolist()}")
+
+
+def check_snapshot(state: Any, pool: str) -> FreeListSnapshot:
+    """What ``backup_state`` returned (a :class:`FreeListSnapshot`); whose pool it is, ``restore`` checks."""
+    if not isinstance(state, FreeListSnapshot):
+        raise InvalidArgument(
+            f"[{pool}] restore_state: expected the snapshot backup_state returned, got {type(state).__name__}"
+        )
+    return state

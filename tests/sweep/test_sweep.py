@@ -1,0 +1,88 @@
+"""The bad-input sweep: every public member of the pools, caches, scheduler and engine builder, each class
+of bad input, a typed error and nothing changed (``tests/sweep/``; ``scripts/bad_input_sweep.py`` prints
+the counts). CI runs this module twice: with contracts on (the main run) and off (its own process, see
+``scripts/test.sh``): validation must not depend on the contracts.
+
+* ``test_bad_call``: one row of the table. It must raise a ``KVLedgerError`` (of the class the row names),
+  leave the full snapshot of every object the scene holds unchanged, and leave the pools and caches
+  passing their audits. Returning normally is the "accepted although bad" failure.
+* ``test_no_argument_member``: a member that takes no argument and is allowed in every state succeeds on
+  its busy scene and changes nothing observable (reads validate like writes: they must not write).
+* ``test_every_public_member_has_a_row``: the surface, found by introspection, against the table.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.sweep import snapshot
+from tests.sweep.cases import CASES, QUERIES
+from tests.sweep.scenes import SCENES, Scene
+from tests.sweep.table import (
+    CATEGORIES,
+    Case,
+    Query,
+    build_scene,
+    public_members,
+    run_case,
+    run_query,
+    takes_arguments,
+)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_call(case: Case) -> None:
+    outcome = run_case(case)
+    assert outcome.raised is not None, f"accepted although bad: {outcome.describe()}"
+    assert outcome.kind == "typed", f"untyped error: {outcome.describe()}"
+    assert not outcome.changed, f"state changed: {outcome.describe()}"
+    assert outcome.audit_error is None, f"audit failed after the refusal: {outcome.describe()}"
+    assert outcome.expected_class, f"expected {case.error}: {outcome.describe()}"
+
+
+@pytest.mark.parametrize("query", QUERIES, ids=[q.member for q in QUERIES])
+def test_no_argument_member(query: Query) -> None:
+    raised, changed = run_query(query)
+    assert raised is None, f"{query.member} failed on a busy scene: {raised!r}"
+    assert not changed, f"{query.member} ({query.reason}) changed {changed}"
+
+
+def test_every_public_member_has_a_row() -> None:
+    rows = {c.member for c in CASES} | {q.member for q in QUERIES}
+    members = public_members()
+    missing = [m for m in members if m not in rows]
+    assert not missing, f"public members with no row in the sweep: {missing}"
+    stale = sorted(rows - set(members))
+    assert not stale, f"rows for members that are not public (renamed or removed?): {stale}"
+    with_args = {c.member for c in CASES}
+    untried = [m for m in members if takes_arguments(m) and m not in with_args]
+    assert not untried, f"members with arguments and no bad call: {untried}"
+
+
+def test_rows_are_well_formed() -> None:
+    assert {c.category for c in CASES} <= set(CATEGORIES)
+    assert {c.scene for c in CASES} | {q.scene for q in QUERIES} <= set(SCENES)
+    ids = [c.id for c in CASES]
+    assert len(ids) == len(set(ids)), "two rows share a label"
+
+
+@pytest.mark.parametrize("name", sorted(SCENES))
+def test_snapshot_sees_a_change(name: str) -> None:
+    """Guard for the whole sweep: the snapshot of every scene notices a legitimate change."""
+    scene = build_scene(name)
+    if not scene.roots:
+        pytest.skip("a constructor scene holds nothing")
+    before = snapshot.take(*scene.roots)
+    _change(scene)
+    assert snapshot.differences(before, snapshot.take(*scene.roots))
+
+
+def _change(scene: Scene) -> None:
+    if hasattr(scene, "sched"):
+        scene.sched.step()
+    elif hasattr(scene, "cache"):
+        scene.cache.inc_lock_ref(scene.a_node)
+    elif hasattr(scene, "kv"):
+        scene.pool.zero_slots([1])
+    else:
+        scene.pool.free(scene.a_ids[:1], scene.a)
