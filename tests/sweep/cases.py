@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from tests.sweep import cases_pools
+from tests.sweep import cases_caches, cases_pools
 from tests.sweep.table import Case, Query
 
-CASES: list[Case] = [*cases_pools.CASES]
-QUERIES: list[Query] = [*cases_pools.QUERIES]
+CASES: list[Case] = [*cases_pools.CASES, *cases_caches.CASES]
+QUERIES: list[Query] = [*cases_pools.QUERIES, *cases_caches.QUERIES]

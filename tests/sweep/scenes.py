@@ -51,6 +51,12 @@ def _free_ids(pool: Any) -> list[int]:
     return ids.free.tolist()
 
 
+def _free_tokens(alloc: Any, ps: int) -> torch.Tensor:
+    """The token ids of the first free page (or slot) of an allocator."""
+    first = _free_ids(alloc)[0]
+    return torch.arange(first * ps, (first + 1) * ps, dtype=torch.int64) if ps > 1 else torch.tensor([first])
+
+
 def owners() -> tuple[Owner, Owner]:
     return Owner("req", 1, REQ_RUNNING), Owner("req", 2, REQ_WAITING)
 
@@ -153,7 +159,7 @@ def _cache_scene(mamba: bool, page_size: int) -> Scene:
     scene = Scene(
         roots=(cache,), cache=cache, alloc=alloc, pool=pool, ps=ps, a=a, b=b, p1=p1, p2=p2,
         a_lock=a_lock, a_node=m.last_node, a_prefix=m.device_indices, a_own=a_own, b_own=b_own,
-        released_lock=released, dead_node=dead, free_kv=_free_ids(alloc)[: 2 * ps],
+        released_lock=released, dead_node=dead, free_kv=_free_tokens(alloc, ps),
         a_slot=None, b_slot=None, free_slot=None,
     )  # fmt: skip
     if mamba:

@@ -144,7 +144,8 @@ class MambaPool:
     def alloc(self, n: int, owner: Owner) -> torch.Tensor | None:
         """``n`` zeroed slots for ``owner``, or None when fewer are free."""
         check_count(n)
-        check_owner(owner)
+        if type(owner) is not Owner:  # one comparison on the fast path
+            check_owner(owner)
         return self._slots.alloc(n, owner)
 
     # ------------------------------------------------------------------ the schedule
@@ -292,7 +293,8 @@ class MambaPool:
     def free(self, slots: Any, owner: Owner) -> None:
         """Return ``owner``'s slots."""
         t = as_index_tensor(slots, self.device, f"{self.name}.free")
-        check_owner(owner)
+        if type(owner) is not Owner:  # one comparison on the fast path
+            check_owner(owner)
         self._slots.free_checked(t, owner, "free", "slot")
 
     def _free_unchecked(self, slots: torch.Tensor, owner: Owner, op: str = "free") -> None:
@@ -356,7 +358,8 @@ class MambaPool:
         if src.numel() != 1:
             raise InvalidArgument(f"[{self.name}] fork_from takes one source slot, got {src.numel()}")
         self._check_held(src, "fork_from source")
-        check_owner(owner)
+        if type(owner) is not Owner:  # one comparison on the fast path
+            check_owner(owner)
         if self._poison_on_release and self._source_poisoned(src):
             raise ContractViolation(
                 f"I-NO-POISON-READ: [{self.name}] fork_from reads freed slot {src.tolist()}"

@@ -144,7 +144,8 @@ class PagedTokenToKVPoolAllocator:
     def alloc(self, need_size: int, owner: Owner) -> torch.Tensor | None:
         """Whole pages for ``need_size`` tokens (a multiple of page_size), as token ids; None when short."""
         check_count(need_size, "need_size")
-        check_owner(owner)
+        if type(owner) is not Owner:  # one comparison on the fast path
+            check_owner(owner)
         if need_size % self.page_size:
             raise InvalidArgument(
                 f"[{self.name}] alloc({need_size}) is not a multiple of page_size {self.page_size}"
@@ -297,7 +298,8 @@ class PagedTokenToKVPoolAllocator:
     def free(self, ids: Any, owner: Owner) -> None:
         """Free the pages the token ids fall in; a page named by several of its tokens is freed once."""
         tokens = as_index_tensor(ids, self.device, self._free_what)
-        check_owner(owner)
+        if type(owner) is not Owner:  # one comparison on the fast path
+            check_owner(owner)
         pages = self._distinct_pages(host_ids(tokens))
         if pages is None:
             self._check_tokens(tokens)  # raises SlotOutOfRange naming the tokens

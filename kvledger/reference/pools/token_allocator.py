@@ -77,7 +77,8 @@ class TokenToKVPoolAllocator:
     def alloc(self, n: int, owner: Owner) -> torch.Tensor | None:
         """``n`` slots for ``owner`` (int64, on the pool's device), or None if fewer than ``n`` are free."""
         check_count(n)
-        check_owner(owner)
+        if type(owner) is not Owner:  # one comparison on the fast path
+            check_owner(owner)
         return self._ids.alloc(n, owner)
 
     @snapshot(lambda self: self._ids.available(), name="available")
@@ -121,7 +122,8 @@ class TokenToKVPoolAllocator:
     def free(self, ids: Any, owner: Owner) -> None:
         """Return ``owner``'s slots. Inside a free group they are buffered until ``free_group_end``."""
         t = as_index_tensor(ids, self.device, self._free_what)
-        check_owner(owner)
+        if type(owner) is not Owner:  # one comparison on the fast path
+            check_owner(owner)
         self._ids.free_checked(t, owner, "free", "slot")
 
     def _free_unchecked(self, ids: torch.Tensor, owner: Owner, op: str = "free") -> None:

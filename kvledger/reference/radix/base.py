@@ -28,7 +28,7 @@ from kvledger.contracts.errors import (
 from kvledger.contracts.owners import CACHE_EVICTABLE, CACHE_PROTECTED, Owner
 from kvledger.contracts.protocols import KVAllocator
 from kvledger.contracts.switch import require
-from kvledger.reference.pools.validate import as_index_tensor, check_count
+from kvledger.reference.pools.validate import as_index_tensor, check_count, check_name, check_owner
 from kvledger.reference.radix.keys import as_key, common_prefix_len
 from kvledger.reference.radix.kv_side import KVSide
 from kvledger.reference.radix.lru import LRUList
@@ -58,6 +58,7 @@ class RadixTreeBase:
     """State and private helpers common to the plain and the Mamba radix cache."""
 
     def __init__(self, token_to_kv_pool_allocator: KVAllocator, page_size: int | None, name: str) -> None:
+        check_name(name)
         kv = KVSide(token_to_kv_pool_allocator)
         ps = kv.alloc_page if page_size is None else check_count(page_size, "page_size")
         if ps < 1 or ps % kv.alloc_page:
@@ -68,6 +69,7 @@ class RadixTreeBase:
         self.page_size: int = ps
         self.name = name
         self.device = kv.device
+        self._on_cpu = kv.device.type == "cpu"
         self._kv = kv
         self._tree_id = next(_tree_ids)
         self._empty = torch.empty((0,), dtype=torch.int64, device=self.device)
@@ -193,8 +195,7 @@ class RadixTreeBase:
     def _plan_insert(self, key: Any, value: Any, owner: Any, protected_len: Any) -> InsertPlan:
         """Validate an insert completely (typed errors) and compute its path, changing nothing."""
         k = as_key(key)
-        if not isinstance(owner, Owner):
-            raise InvalidArgument(f"{self.name}.insert: owner must be an Owner, got {type(owner).__name__}")
+        check_owner(owner, f"{self.name}.insert: owner")
         v = value
         if not (
             isinstance(v, torch.Tensor)
@@ -222,17 +223,22 @@ class RadixTreeBase:
                 f" but only {prefix_len} tokens of the key are cached"
             )
         pos = 0
+        host = v.numpy() if self._on_cpu and protected_len else None  # CPU: compare bytes, no tensor ops
         for node, m in path:
             if pos >= protected_len:
                 break
             take = min(m, protected_len - pos)
-            if not torch.equal(v[pos : pos + take], node.value[:take]):
+            if (
+                host[pos : pos + take].tobytes() != node.value.numpy()[:take].tobytes()
+                if host is not None
+                else not torch.equal(v[pos : pos + take], node.value[:take])
+            ):
                 raise PrefixMismatch(
                     f"{self.name}.insert: value[{pos}:{pos + take}] is not the tree's ids at {node!r}"
                     " (the protected prefix must be the ids match_prefix returned)"
                 )
             pos += take
-        if self._kv.checked and protected_len < len(k):
+        if self._kv.checked and protected_len < len(k):  # debug builds: who holds the ids (the ledger)
             self._kv.check_caller_ids(v[protected_len:], owner, f"{self.name}.insert")
         return InsertPlan(k, v, owner, protected_len, path, prefix_len)
 

@@ -1,27 +1,65 @@
-"""Radix keys: normalisation, the child key, and page-granular common-prefix length."""
+"""Radix keys: normalisation and validation, the child key, and page-granular common-prefix length."""
 
 from __future__ import annotations
 
+import functools
+import struct
 from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
+import torch
 
 from kvledger.contracts.errors import InvalidKey
 
 
 def as_key(key: Any) -> tuple[int, ...]:
-    """A key as a tuple of ints (tuples hash and compare slices in C, which the walk relies on)."""
-    if isinstance(key, tuple):
-        return key
-    if isinstance(key, list):
-        return tuple(key)
-    tolist = getattr(key, "tolist", None)
-    if tolist is not None:
-        out = tolist()
-        if isinstance(out, list):
-            return tuple(out)
-    if isinstance(key, Sequence) and not isinstance(key, (str, bytes)):
-        return tuple(key)
-    raise InvalidKey(f"a key must be a sequence of token ids, got {type(key).__name__}")
+    """A key as a tuple of ints (tuples hash and compare slices in C, which the walk relies on).
+
+    A key is a list or tuple of ints ``>= 0``, or a 1-D integer tensor or array. Anything else (a nested
+    sequence, a float, a string, None, a negative id, a generator) is :class:`InvalidKey` before the tree
+    is touched.
+    Tokens are opaque to the cache beyond that (their range is the model's vocabulary, checked where
+    requests enter the scheduler); a bool is an int here, as in Python.
+    """
+    if type(key) is tuple:
+        k = key
+    elif type(key) is list:
+        k = tuple(key)
+    elif isinstance(key, (torch.Tensor, np.ndarray)):
+        return _array_key(key)
+    elif isinstance(key, Sequence) and not isinstance(key, (str, bytes, bytearray)):
+        k = tuple(key)
+    else:
+        raise InvalidKey(f"a key must be a sequence of token ids, got {type(key).__name__}")
+    check_tokens(k)
+    return k
+
+
+def check_tokens(k: tuple[Any, ...]) -> None:
+    """Every token an int in ``[0, 2**64)``: one C-level pass (``struct`` packs each through
+    ``__index__``, so a float, a string, None or a nested sequence fails, and so does a negative id)."""
+    try:
+        _packer(len(k))(*k)
+    except struct.error:
+        bad = next((t for t in k if not isinstance(t, int) or not 0 <= t < 2**64), None)
+        raise InvalidKey(f"a key's tokens must be ints >= 0, got {type(bad).__name__} {bad!r}") from None
+
+
+@functools.lru_cache(maxsize=256)
+def _packer(n: int) -> Any:
+    return struct.Struct(f"{n}Q").pack
+
+
+def _array_key(key: torch.Tensor | np.ndarray) -> tuple[int, ...]:
+    integer = (
+        not key.dtype.is_floating_point and not key.dtype.is_complex and key.dtype != torch.bool
+        if isinstance(key, torch.Tensor)
+        else key.dtype.kind in "iu"
+    )
+    if not integer or key.ndim != 1:
+        raise InvalidKey(f"a key tensor must be 1-D with an integer dtype, got {key.dtype} {tuple(key.shape)}")
+    return tuple(key.tolist())
 
 
 def common_prefix_len(key: tuple[int, ...], start: int, node_key: tuple[int, ...], page_size: int) -> int:

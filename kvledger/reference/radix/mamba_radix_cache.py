@@ -44,12 +44,27 @@ from kvledger.contracts.mamba_track import branching_seqlen
 from kvledger.contracts.owners import CACHE_EVICTABLE, CACHE_PROTECTED, Owner
 from kvledger.contracts.protocols import KVAllocator, MambaStatePool
 from kvledger.contracts.switch import ensure, invariant, require, snapshot
+from kvledger.reference.pools.id_free_list import free_list_of
 from kvledger.reference.pools.validate import as_index_tensor, check_count, check_in_range
 from kvledger.reference.radix.base import InsertPlan, RadixTreeBase
 from kvledger.reference.radix.lru import LRUList
 from kvledger.reference.radix.radix_cache import kv_counters_agree
 from kvledger.reference.radix.results import InsertResult, LockRef, MatchResult
 from kvledger.reference.radix.tree_node import TreeNode
+
+MAMBA_POOL_API = ("device", "size", "ledger", "alloc", "free", "_free_unchecked", "_copy_unchecked")
+"""What the Mamba tree calls on its state pool (kvledger's ``MambaPool``, or an adapter with the same)."""
+
+
+def check_mamba_pool(pool: Any, self_device: torch.device | None) -> Any:
+    missing = [name for name in MAMBA_POOL_API if not hasattr(pool, name)]
+    if pool is None or missing:
+        raise InvalidArgument(
+            f"mamba_pool: expected a MambaPool, got {type(pool).__name__} (missing {missing})"
+        )
+    if self_device is not None and pool.device != self_device:
+        raise InvalidArgument(f"mamba_pool is on {pool.device}, the KV allocator on {self_device}")
+    return pool
 
 
 def mamba_counters_agree(cache: Any) -> bool:
@@ -111,7 +126,9 @@ class MambaRadixCache(RadixTreeBase):
         mamba_cache_chunk_size: int | None = None,
         name: str = "mamba_radix",
     ) -> None:
+        check_mamba_pool(mamba_pool, self_device=None)
         super().__init__(token_to_kv_pool_allocator, page_size, name)
+        check_mamba_pool(mamba_pool, self_device=self.device)
         if mamba_cache_chunk_size is not None:
             check_count(mamba_cache_chunk_size, "mamba_cache_chunk_size")
             if mamba_cache_chunk_size < 1 or mamba_cache_chunk_size % self.page_size:
@@ -122,6 +139,10 @@ class MambaRadixCache(RadixTreeBase):
         # None: V1 (no_buffer). Set: V2 (extra_buffer), the grid of branching points.
         self.mamba_cache_chunk_size = mamba_cache_chunk_size
         self.mamba_pool = mamba_pool
+        try:  # the pool's per-id state: what a release build checks a caller's slot against
+            self._m_ids: Any = free_list_of(mamba_pool)
+        except TypeError:  # an adapter that is not built on an IdFreeList
+            self._m_ids = None
         self._m_ledger = mamba_pool.ledger
         self._m_checked = bool(self._m_ledger.enabled)
         self._mamba_lru = LRUList(2, f"{name}.mamba")
@@ -226,6 +247,8 @@ class MambaRadixCache(RadixTreeBase):
             if t.numel() != 1:
                 raise InvalidArgument(f"{self.name}.{op}: one state slot expected, got {t.numel()}")
             check_in_range(t, 1, pool.size, pool.name, "slot")
+        if self._m_ids is not None and not self._m_ids.is_held(int(t)):
+            raise InvalidArgument(f"{self.name}.{op}: state slot {int(t)} is not handed out (free)")
         if self._m_checked:
             self._m_ledger.require_held_by(t, owner, f"{self.name}.{op}")
         return t

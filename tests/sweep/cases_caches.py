@@ -1,0 +1,443 @@
+"""Bad calls on the radix caches: every public member of ``RadixCache`` and ``MambaRadixCache``.
+
+Scenes (``tests/sweep/scenes.py``): a tree with a split, request ``a`` holding a live lock on the path it
+matched plus its own KV (``a_own``) and, in the Mamba tree, a working slot; ``b`` holding KV and a slot
+the tree does not know; a released lock, a deleted node, and a node and a lock of another cache.
+
+The reference call for ``insert`` is ``a``'s: ``p1 + one page`` with the matched prefix protected and
+``a_own`` adopted. Each bad call changes exactly one argument of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from kvledger.reference.pools import MambaPool, TokenToKVPoolAllocator
+from kvledger.reference.radix import LockRef, MambaRadixCache, RadixCache
+from tests.sweep.scenes import Scene
+from tests.sweep.table import (
+    DEGENERATE,
+    DOUBLE,
+    DUPLICATE,
+    FOREIGN,
+    NEGATIVE,
+    OUT_OF_RANGE,
+    WRONG_STATE,
+    WRONG_TYPE,
+    Case,
+    Query,
+)
+
+Call = Callable[[Scene], object]
+Row = tuple[str, str, str, Call, bool]
+Plain: Any = RadixCache  # typed as Any: the wrong-type arguments below are deliberate
+Mamba: Any = MambaRadixCache
+
+KEEP = object()
+
+
+def _key(s: Scene) -> list[int]:
+    return list(s.p1) + [7] * s.ps
+
+
+def _value(s: Scene) -> torch.Tensor:
+    return torch.cat((s.a_prefix, s.a_own))
+
+
+def _insert(
+    s: Scene, key: Any = KEEP, value: Any = KEEP, owner: Any = KEEP, protected: Any = KEEP, slot: Any = KEEP
+) -> object:
+    """``a``'s insert with the given arguments replaced."""
+    key = _key(s) if key is KEEP else key
+    value = _value(s) if value is KEEP else value
+    owner = s.a if owner is KEEP else owner
+    protected = len(s.a_prefix) if protected is KEEP else protected
+    if isinstance(s.cache, MambaRadixCache):
+        slot = s.a_slot if slot is KEEP else slot
+        return s.cache.insert(key, value, owner, mamba_slot=slot, protected_len=protected)
+    return s.cache.insert(key, value, owner, protected_len=protected)
+
+
+def _row(category: str, label: str, error: str, call: Call, ledger: bool = False) -> Row:
+    return (category, label, error, call, ledger)
+
+
+def _with_id(v: torch.Tensor, i: int, new: int) -> torch.Tensor:
+    out = v.clone()
+    out[i] = new
+    return out
+
+
+BAD_KEYS: list[tuple[str, str, Any]] = [  # (category, label, key); the scene's page size fills in nothing
+    (WRONG_TYPE, "a nested list key", [[1], [2]]),
+    (WRONG_TYPE, "a float token", [1.0, 2.0]),
+    (WRONG_TYPE, "a str token", ["a", "b"]),
+    (WRONG_TYPE, "a None token", [1, None]),
+    (WRONG_TYPE, "a None key", None),
+    (WRONG_TYPE, "an int key", 5),
+    (WRONG_TYPE, "a str key", "12"),
+    (WRONG_TYPE, "a dict key", {1: 2}),
+    (WRONG_TYPE, "a generator key", (t for t in [1, 2])),
+    (WRONG_TYPE, "a float tensor key", torch.tensor([1.0, 2.0])),
+    (WRONG_TYPE, "a bool tensor key", torch.tensor([True, False])),
+    (WRONG_TYPE, "a 2-D tensor key", torch.tensor([[1, 2]])),
+    (WRONG_TYPE, "a float array key", np.array([1.0, 2.0])),
+    (WRONG_TYPE, "numpy scalar tokens", [np.int64(1), np.float32(2)]),
+]
+
+
+def _key_rows(method: str) -> list[Row]:
+    rows = []
+    for cat, label, key in BAD_KEYS:
+        if method == "match_prefix":
+            rows.append(_row(cat, label, "InvalidKey", lambda s, k=key: s.cache.match_prefix(k)))
+        else:
+            rows.append(_row(cat, label, "InvalidKey", lambda s, k=key: _insert(s, key=k)))
+    return rows
+
+
+INSERT: list[Row] = [
+    *_key_rows("insert"),
+    _row(
+        DEGENERATE,
+        "a key longer than the value",
+        "InvalidKey",
+        lambda s: _insert(s, key=[*_key(s), *[8] * s.ps]),
+    ),
+    _row(WRONG_TYPE, "a float value", "InvalidArgument", lambda s: _insert(s, value=_value(s).float())),
+    _row(WRONG_TYPE, "a 2-D value", "InvalidArgument", lambda s: _insert(s, value=_value(s)[None])),
+    _row(WRONG_TYPE, "a None value", "InvalidArgument", lambda s: _insert(s, value=None)),
+    _row(
+        WRONG_TYPE,
+        "a value on the wrong device",
+        "InvalidArgument",
+        lambda s: _insert(s, value=_value(s).to("meta")),
+    ),
+    _row(WRONG_TYPE, "an owner that is not an Owner", "InvalidArgument", lambda s: _insert(s, owner="a")),
+    _row(WRONG_TYPE, "a None owner", "InvalidArgument", lambda s: _insert(s, owner=None)),
+    _row(NEGATIVE, "a negative protected_len", "InvalidArgument", lambda s: _insert(s, protected=-s.ps)),
+    _row(
+        WRONG_TYPE,
+        "a float protected_len",
+        "InvalidArgument",
+        lambda s: _insert(s, protected=float(len(s.a_prefix))),
+    ),
+    _row(
+        OUT_OF_RANGE,
+        "protected_len beyond the key",
+        "InvalidArgument",
+        lambda s: _insert(s, protected=len(_key(s)) + s.ps),
+    ),
+    _row(
+        OUT_OF_RANGE,
+        "protected_len beyond the cached prefix",
+        "PrefixMismatch",
+        lambda s: _insert(s, protected=len(_key(s))),
+    ),
+    _row(
+        FOREIGN,
+        "protected ids that are not the tree's",
+        "PrefixMismatch",
+        lambda s: _insert(s, value=torch.cat((s.a_own, s.a_prefix))),
+    ),
+    _row(
+        DOUBLE,
+        "an adopted id that is free",
+        "DoubleFree",
+        lambda s: _insert(s, value=torch.cat((s.a_prefix, s.free_kv))),
+        True,
+    ),
+    _row(
+        FOREIGN,
+        "adopted ids held by another owner",
+        "ForeignSlot",
+        lambda s: _insert(s, value=torch.cat((s.a_prefix, s.b_own[: s.ps]))),
+        True,
+    ),
+    _row(
+        FOREIGN,
+        "adopted ids the tree owns",
+        "ForeignSlot",
+        lambda s: _insert(s, value=torch.cat((s.a_prefix, s.a_prefix[: s.ps]))),
+        True,
+    ),
+    _row(
+        OUT_OF_RANGE,
+        "an adopted id past the pool",
+        "SlotOutOfRange",
+        lambda s: _insert(s, value=torch.cat((s.a_prefix, torch.arange(10**4 * s.ps, 10**4 * s.ps + s.ps)))),
+        True,
+    ),
+    _row(
+        NEGATIVE,
+        "a negative adopted id",
+        "SlotOutOfRange",
+        lambda s: _insert(s, value=torch.cat((s.a_prefix, torch.arange(-s.ps, 0)))),
+        True,
+    ),
+    _row(
+        DUPLICATE,
+        "an adopted id twice",
+        "DuplicateIds",
+        lambda s: _insert(s, key=[*_key(s), *[8] * s.ps], value=torch.cat((s.a_prefix, s.a_own, s.a_own))),
+        True,
+    ),
+]
+
+PAGED_INSERT: list[Row] = [
+    _row(
+        DEGENERATE,
+        "a key that is not whole pages",
+        "InvalidKey",
+        lambda s: _insert(s, key=_key(s)[:-1], value=_value(s)[:-1]),
+    ),
+    _row(
+        OUT_OF_RANGE,
+        "adopted ids that are not whole pages in order",
+        "InvalidArgument",
+        lambda s: _insert(s, value=torch.cat((s.a_prefix, s.a_own.flip(0)))),
+        True,
+    ),
+    _row(
+        DEGENERATE,
+        "an unaligned protected_len",
+        "InvalidArgument",
+        lambda s: _insert(s, protected=len(s.a_prefix) - 1),
+    ),
+]
+
+MAMBA_INSERT: list[Row] = [
+    _row(WRONG_STATE, "no state for a new leaf", "InvalidArgument", lambda s: _insert(s, slot=None)),
+    _row(DOUBLE, "a free state slot", "InvalidArgument", lambda s: _insert(s, slot=s.free_slot)),
+    _row(
+        FOREIGN, "a state slot another owner holds", "ForeignSlot", lambda s: _insert(s, slot=s.b_slot), True
+    ),
+    _row(
+        FOREIGN,
+        "a state slot the tree owns",
+        "ForeignSlot",
+        lambda s: _insert(s, slot=s.a_node.mamba_value),
+        True,
+    ),
+    _row(
+        OUT_OF_RANGE,
+        "a state slot past the pool",
+        "SlotOutOfRange",
+        lambda s: _insert(s, slot=torch.tensor([99])),
+    ),
+    _row(OUT_OF_RANGE, "the reserved state slot", "SlotOutOfRange", lambda s: _insert(s, slot=0)),
+    _row(
+        DEGENERATE,
+        "two state slots",
+        "InvalidArgument",
+        lambda s: _insert(s, slot=torch.cat((s.a_slot, s.b_slot))),
+    ),
+    _row(WRONG_TYPE, "a float state slot", "InvalidArgument", lambda s: _insert(s, slot=torch.tensor([1.0]))),
+    _row(WRONG_TYPE, "a str state slot", "InvalidArgument", lambda s: _insert(s, slot="1")),
+]
+
+MATCH: list[Row] = _key_rows("match_prefix")
+
+MAMBA_MATCH: list[Row] = [
+    _row(
+        WRONG_TYPE,
+        "a cow_owner that is not an Owner",
+        "InvalidArgument",
+        lambda s: s.cache.match_prefix(s.p1, cow_owner="a"),
+    ),
+    _row(
+        WRONG_STATE,
+        "a cow_slot without a cow_owner",
+        "InvalidArgument",
+        lambda s: s.cache.match_prefix(s.p1, cow_slot=s.a_slot),
+    ),
+    _row(
+        DOUBLE,
+        "a free cow_slot",
+        "InvalidArgument",
+        lambda s: s.cache.match_prefix(s.p1, cow_owner=s.a, cow_slot=torch.tensor([s.free_slot])),
+    ),
+    _row(
+        FOREIGN,
+        "a cow_slot another owner holds",
+        "ForeignSlot",
+        lambda s: s.cache.match_prefix(s.p1, cow_owner=s.a, cow_slot=s.b_slot),
+        True,
+    ),
+    _row(
+        FOREIGN,
+        "a cow_slot the tree owns",
+        "ForeignSlot",
+        lambda s: s.cache.match_prefix(s.p1, cow_owner=s.a, cow_slot=s.a_node.mamba_value),
+        True,
+    ),
+    _row(
+        OUT_OF_RANGE,
+        "a cow_slot past the pool",
+        "SlotOutOfRange",
+        lambda s: s.cache.match_prefix(s.p1, cow_owner=s.a, cow_slot=torch.tensor([9])),
+    ),
+    _row(
+        NEGATIVE,
+        "a negative cow_slot",
+        "SlotOutOfRange",
+        lambda s: s.cache.match_prefix(s.p1, cow_owner=s.a, cow_slot=-1),
+    ),
+    _row(
+        DEGENERATE,
+        "two cow slots",
+        "InvalidArgument",
+        lambda s: s.cache.match_prefix(s.p1, cow_owner=s.a, cow_slot=torch.cat((s.a_slot, s.b_slot))),
+    ),
+    _row(
+        WRONG_TYPE,
+        "a float cow_slot",
+        "InvalidArgument",
+        lambda s: s.cache.match_prefix(s.p1, cow_owner=s.a, cow_slot=1.0),
+    ),
+]
+
+INC: list[Row] = [
+    _row(WRONG_TYPE, "None", "InvalidArgument", lambda s: s.cache.inc_lock_ref(None)),
+    _row(WRONG_TYPE, "a lock instead of a node", "InvalidArgument", lambda s: s.cache.inc_lock_ref(s.a_lock)),
+    _row(WRONG_TYPE, "a key instead of a node", "InvalidArgument", lambda s: s.cache.inc_lock_ref(s.p1)),
+    _row(FOREIGN, "a node of another cache", "ForeignNode", lambda s: s.cache.inc_lock_ref(s.foreign_node)),
+    _row(
+        WRONG_STATE,
+        "a node no longer in the tree",
+        "ForeignNode",
+        lambda s: s.cache.inc_lock_ref(s.dead_node),
+    ),
+]
+
+DEC: list[Row] = [
+    _row(WRONG_TYPE, "None", "InvalidArgument", lambda s: s.cache.dec_lock_ref(None)),
+    _row(WRONG_TYPE, "a node instead of a lock", "InvalidArgument", lambda s: s.cache.dec_lock_ref(s.a_node)),
+    _row(DOUBLE, "a released lock", "LockNotHeld", lambda s: s.cache.dec_lock_ref(s.released_lock)),
+    _row(FOREIGN, "a lock of another cache", "ForeignNode", lambda s: s.cache.dec_lock_ref(s.foreign_lock)),
+    _row(
+        FOREIGN,
+        "a forged lock",
+        "LockNotHeld",
+        lambda s: s.cache.dec_lock_ref(LockRef(s.a_node, False, s.a_lock.tree_id)),
+    ),
+]
+
+
+def _count_rows(method: str) -> list[Row]:
+    return [
+        _row(NEGATIVE, "a negative count", "InvalidArgument", lambda s: getattr(s.cache, method)(-1)),
+        _row(WRONG_TYPE, "a float count", "InvalidArgument", lambda s: getattr(s.cache, method)(1.5)),
+        _row(WRONG_TYPE, "a bool count", "InvalidArgument", lambda s: getattr(s.cache, method)(True)),
+        _row(WRONG_TYPE, "a None count", "InvalidArgument", lambda s: getattr(s.cache, method)(None)),
+    ]
+
+
+def _small_alloc() -> Any:
+    return TokenToKVPoolAllocator(8)
+
+
+def _small_pool() -> Any:
+    return MambaPool(2, num_layers=1, conv_state_shape=(1,), temporal_state_shape=(1,))
+
+
+CTOR_PLAIN: list[Row] = [
+    _row(WRONG_TYPE, "a None allocator", "InvalidArgument", lambda s: Plain(None)),
+    _row(WRONG_TYPE, "a tensor allocator", "InvalidArgument", lambda s: Plain(torch.zeros(4))),
+    _row(WRONG_TYPE, "a Mamba pool as the allocator", "InvalidArgument", lambda s: Plain(_small_pool())),
+    _row(DEGENERATE, "page_size 0", "InvalidArgument", lambda s: Plain(_small_alloc(), page_size=0)),
+    _row(NEGATIVE, "a negative page_size", "InvalidArgument", lambda s: Plain(_small_alloc(), page_size=-2)),
+    _row(WRONG_TYPE, "a float page_size", "InvalidArgument", lambda s: Plain(_small_alloc(), page_size=1.0)),
+    _row(
+        WRONG_TYPE, "a name that is not a str", "InvalidArgument", lambda s: Plain(_small_alloc(), name=None)
+    ),
+]
+
+CTOR_MAMBA: list[Row] = [
+    _row(WRONG_TYPE, "a None allocator", "InvalidArgument", lambda s: Mamba(None, _small_pool())),
+    _row(WRONG_TYPE, "a None Mamba pool", "InvalidArgument", lambda s: Mamba(_small_alloc(), None)),
+    _row(
+        WRONG_TYPE,
+        "a KV allocator as the Mamba pool",
+        "InvalidArgument",
+        lambda s: Mamba(_small_alloc(), _small_alloc()),
+    ),
+    _row(
+        DEGENERATE,
+        "page_size 0",
+        "InvalidArgument",
+        lambda s: Mamba(_small_alloc(), _small_pool(), page_size=0),
+    ),
+    _row(
+        WRONG_TYPE,
+        "a str page_size",
+        "InvalidArgument",
+        lambda s: Mamba(_small_alloc(), _small_pool(), page_size="1"),
+    ),
+    _row(
+        WRONG_TYPE,
+        "a name that is not a str",
+        "InvalidArgument",
+        lambda s: Mamba(_small_alloc(), _small_pool(), name=1),
+    ),
+]
+
+
+def _cases(cls: str, scene: str, rows: dict[str, list[Row]], suffix: str = "") -> list[Case]:
+    return [
+        Case(
+            f"{cls}.{method}",
+            cat,
+            label + suffix,
+            "empty" if method == "__init__" else scene,
+            call,
+            err,
+            ledger,
+        )
+        for method, method_rows in rows.items()
+        for cat, label, err, call, ledger in method_rows
+    ]
+
+
+def _tree_rows(mamba: bool, paged: bool) -> dict[str, list[Row]]:
+    rows = {
+        "match_prefix": MATCH + (MAMBA_MATCH if mamba else []),
+        "insert": INSERT + (PAGED_INSERT if paged else []) + (MAMBA_INSERT if mamba else []),
+        "inc_lock_ref": INC,
+        "dec_lock_ref": DEC,
+        "evict": _count_rows("evict"),
+    }
+    if mamba:
+        rows["evict_full"] = _count_rows("evict_full")
+        rows["evict_mamba"] = _count_rows("evict_mamba")
+    return rows
+
+
+CASES: list[Case] = [
+    *_cases("RadixCache", "plain_cache", {"__init__": CTOR_PLAIN, **_tree_rows(False, False)}),
+    *_cases("RadixCache", "plain_paged_cache", _tree_rows(False, True), " (page 2)"),
+    *_cases("MambaRadixCache", "mamba_cache", {"__init__": CTOR_MAMBA, **_tree_rows(True, False)}),
+]
+
+_SIZES = ("evictable_size", "protected_size", "total_size")
+_MAMBA_SIZES = (
+    "full_evictable_size",
+    "full_protected_size",
+    "mamba_evictable_size",
+    "mamba_protected_size",
+    "mamba_total_size",
+)
+
+QUERIES: list[Query] = [
+    Query("RadixCache.audit", "plain_cache", lambda s: s.cache.audit(), "a full recount"),
+    Query("MambaRadixCache.audit", "mamba_cache", lambda s: s.cache.audit(), "a full recount"),
+    *(Query(f"RadixCache.{n}", "plain_cache", lambda s, n=n: getattr(s.cache, n)()) for n in _SIZES),
+    *(
+        Query(f"MambaRadixCache.{n}", "mamba_cache", lambda s, n=n: getattr(s.cache, n)())
+        for n in (*_SIZES, *_MAMBA_SIZES)
+    ),
+]
