@@ -115,3 +115,17 @@ class EventLogError(KVLedgerError, ValueError):
     log's *contents* breaking an invariant is a violation, not this."""
 
     invariant = "I-EVENT-LOG"
+
+
+class InvalidState(KVLedgerError):
+    """The call is well formed but not allowed in the object's current state (retracting a request that
+    is not running, building a batch outside ``step``): refused before anything changes."""
+
+    invariant = "I-CALL-STATE"
+
+
+class BatchNotInFlight(InvalidState):
+    """``process_batch_result`` named a batch that is not the oldest one in flight: already processed,
+    launched by another scheduler, or not yet due (results are processed once, in launch order)."""
+
+    invariant = "I-RESULTS-ONCE"

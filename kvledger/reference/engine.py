@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from kvledger.contracts.errors import InvalidArgument
+from kvledger.reference.config_fields import check_fields
 from kvledger.reference.model import TinyHybridConfig, TinyHybridRunner, TinyHybridWeights
 from kvledger.reference.pools import (
     KVBufferPool,
@@ -54,15 +55,50 @@ class EngineSpec:
     mamba_chunk_size: int | None = None  # V2's kernel chunk (None: 64); the capture grid is max(it, page)
 
     def __post_init__(self) -> None:
+        check_fields(self)  # every field of its annotated type (ints are not bools or floats)
+        sizes = (
+            "page_size",
+            "kv_tokens",
+            "rows",
+            "mamba_slots",
+            "mamba_layers",
+            "max_running",
+            "max_prefill",
+        )
+        for name in (*sizes, "max_context_len", "vocab_size"):
+            if getattr(self, name) < 1:
+                raise InvalidArgument(f"EngineSpec.{name} must be >= 1, got {getattr(self, name)}")
+        if self.kv_tokens < self.page_size:
+            raise InvalidArgument(
+                f"EngineSpec: kv_tokens {self.kv_tokens} is less than one page of {self.page_size}"
+            )
+        if self.chunk is not None and self.chunk < self.page_size:
+            raise InvalidArgument(
+                f"EngineSpec.chunk {self.chunk} must be None or >= page_size {self.page_size}"
+            )
+        if self.eos_token_id is not None and not 0 <= self.eos_token_id < self.vocab_size:
+            raise InvalidArgument(
+                f"EngineSpec.eos_token_id {self.eos_token_id} outside [0, {self.vocab_size})"
+            )
+        if self.tree == "mamba_radix" and self.page_size != 1:
+            raise InvalidArgument(
+                "the Mamba radix cache caches states at token granularity: page_size must be 1"
+            )
         if self.tree == "mamba_radix" and not self.hybrid:
             raise InvalidArgument("the Mamba radix cache needs a Mamba pool (hybrid=True)")
         if self.model == "tiny-hybrid" and not self.hybrid:
             raise InvalidArgument("the tiny hybrid model needs a Mamba pool (hybrid=True)")
 
 
-@functools.lru_cache(maxsize=4)
 def model_weights(vocab_size: int) -> TinyHybridWeights:
     """The tiny hybrid model's weights for a vocabulary (seeded, so every caller gets the same model)."""
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+        raise InvalidArgument(f"model_weights: vocab_size must be an int >= 1, got {vocab_size!r}")
+    return _model_weights(vocab_size)
+
+
+@functools.lru_cache(maxsize=4)
+def _model_weights(vocab_size: int) -> TinyHybridWeights:
     return TinyHybridWeights(TinyHybridConfig(vocab_size=vocab_size))
 
 
@@ -89,7 +125,10 @@ class EngineParts:
 
 
 def build_parts(spec: EngineSpec) -> EngineParts:
-    """Pools, cache, runner and scheduler config for ``spec`` (the PD builder reuses this per instance)."""
+    """Pools, cache, runner and scheduler config for ``spec`` (the PD builder reuses this per instance); an
+    :class:`EngineSpec` was checked when it was made."""
+    if not isinstance(spec, EngineSpec):
+        raise InvalidArgument(f"build_parts: expected an EngineSpec, got {type(spec).__name__}")
     kv: Any
     prefix = spec.name_prefix
     if spec.page_size == 1:
@@ -151,5 +190,6 @@ def build_parts(spec: EngineSpec) -> EngineParts:
 
 
 def build_engine(spec: EngineSpec) -> Scheduler:
+    """Pools, cache, runner and scheduler for ``spec`` (an :class:`EngineSpec`, checked when it was made)."""
     parts = build_parts(spec)
     return Scheduler(parts.config, **parts.scheduler_kwargs())

@@ -51,6 +51,7 @@ def build_system() -> PDSystem:
             chunk=8,
             decode_kv=512,
             decode_running=4,
+            vocab_size=512,  # the log's token ids run to 311: inside the vocabulary (I-TYPED-INPUT)
         )
     )
 

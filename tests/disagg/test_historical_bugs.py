@@ -68,7 +68,9 @@ def test_b4_seed_caught_at_the_first_chunk_boundary_naming_slot_holder_and_moves
     assert msg is not None and "I-HANDLE-OWNED" in msg, out
     assert "prefill.req#2" in msg and ".mamba_pool_idx names mamba id" in msg, msg
     assert "owned by free_list[free]" in msg
-    assert "alloc: free_list[free] -> prefill.req#2" in msg and "free: prefill.req#2" in msg  # the slot's moves
+    assert (
+        "alloc: free_list[free] -> prefill.req#2" in msg and "free: prefill.req#2" in msg
+    )  # the slot's moves
     # The first chunk boundary: the step that schedules the second (and last) chunk of request 2.
     assert out["finished"] == 2  # both warm-ups went through; nothing of request 2 got past its boundary
 
@@ -131,7 +133,10 @@ def _prebuilt_behind_a_running_request(system: PDSystem) -> int:
 @needs_contracts
 @pytest.mark.parametrize(
     "bug",
-    [pytest.param(True, marks=pytest.mark.fires("I-OWNER-RELEASE"), id="reenacted"), pytest.param(False, id="fixed")],
+    [
+        pytest.param(True, marks=pytest.mark.fires("I-OWNER-RELEASE"), id="reenacted"),
+        pytest.param(False, id="fixed"),
+    ],
 )
 def test_b10_decode_abort_of_a_prebuilt_request(bug: bool) -> None:
     with _reenacted("B10", bug):
@@ -140,7 +145,9 @@ def test_b10_decode_abort_of_a_prebuilt_request(bug: bool) -> None:
         d = system.pairs[rid][1]
         row = d.req_pool_idx
         if bug:
-            with pytest.raises(ContractViolation, match=r"I-OWNER-RELEASE: decode.req#1\[pd.decode.waiting\] ended"):
+            with pytest.raises(
+                ContractViolation, match=r"I-OWNER-RELEASE: decode.req#1\[pd.decode.waiting\] ended"
+            ):
                 system.abort(rid, DECODE)
             return
         assert system.abort(rid, DECODE)
@@ -152,13 +159,18 @@ def test_b10_decode_abort_of_a_prebuilt_request(bug: bool) -> None:
 @needs_contracts
 @pytest.mark.parametrize(
     "bug",
-    [pytest.param(True, marks=pytest.mark.fires("I-SIZING"), id="reenacted"), pytest.param(False, id="fixed")],
+    [
+        pytest.param(True, marks=pytest.mark.fires("I-SIZING"), id="reenacted"),
+        pytest.param(False, id="fixed"),
+    ],
 )
 def test_b11_decode_mamba_pool_must_cover_every_row(bug: bool) -> None:
     with _reenacted("B11", bug):
         spec = pd_spec(decode_running=4, decode_mamba=4)  # 4 running + 8 pre-allocated rows
         if bug:
-            with pytest.raises(ContractViolation, match=r"I-SIZING: the decode Mamba pool has 4 slots for 12 rows"):
+            with pytest.raises(
+                ContractViolation, match=r"I-SIZING: the decode Mamba pool has 4 slots for 12 rows"
+            ):
                 build(spec)
             return
         system = build(spec)
@@ -169,7 +181,10 @@ def test_b11_decode_mamba_pool_must_cover_every_row(bug: bool) -> None:
 @needs_contracts
 @pytest.mark.parametrize(
     "bug",
-    [pytest.param(True, marks=pytest.mark.fires("I-WRITER-LEASE"), id="reenacted"), pytest.param(False, id="fixed")],
+    [
+        pytest.param(True, marks=pytest.mark.fires("I-WRITER-LEASE"), id="reenacted"),
+        pytest.param(False, id="fixed"),
+    ],
 )
 def test_n4_decode_abort_mid_transfer_pages_reused_while_the_write_lands(bug: bool) -> None:
     with _reenacted("N4", bug):
@@ -199,7 +214,10 @@ def test_n4_decode_abort_mid_transfer_pages_reused_while_the_write_lands(bug: bo
 @needs_contracts
 @pytest.mark.parametrize(
     "bug",
-    [pytest.param(True, marks=pytest.mark.fires("I-WRITER-LEASE"), id="reenacted"), pytest.param(False, id="fixed")],
+    [
+        pytest.param(True, marks=pytest.mark.fires("I-WRITER-LEASE"), id="reenacted"),
+        pytest.param(False, id="fixed"),
+    ],
 )
 def test_n4_prefill_abort_while_a_send_still_reads(bug: bool) -> None:
     with _reenacted("N4-reader", bug):
@@ -226,7 +244,10 @@ def test_n4_prefill_abort_while_a_send_still_reads(bug: bool) -> None:
 @needs_contracts
 @pytest.mark.parametrize(
     "bug",
-    [pytest.param(True, marks=pytest.mark.fires("I-IDLE-IDENTITY"), id="reenacted"), pytest.param(False, id="fixed")],
+    [
+        pytest.param(True, marks=pytest.mark.fires("I-IDLE-IDENTITY"), id="reenacted"),
+        pytest.param(False, id="fixed"),
+    ],
 )
 def test_n5_idle_work_must_wait_for_leases(bug: bool) -> None:
     with _reenacted("N5", bug):
@@ -235,7 +256,9 @@ def test_n5_idle_work_must_wait_for_leases(bug: bool) -> None:
         system.add_request(0, list(range(10, 22)), 3)
         _step_until(system, lambda: any(True for _ in system.channel.in_flight()))
         if bug:  # the blind predicate lets idle-only work (here the scheduler's own idle checks) through
-            with pytest.raises(ContractViolation, match=r"I-IDLE-IDENTITY: quiescent but held=\{'pd.decode.lease'"):
+            with pytest.raises(
+                ContractViolation, match=r"I-IDLE-IDENTITY: quiescent but held=\{'pd.decode.lease'"
+            ):
                 system.abort(0, DECODE)
             return
         system.abort(0, DECODE)  # decode holds its pages under a lease until the write drains
@@ -254,7 +277,15 @@ def test_n5_idle_work_must_wait_for_leases(bug: bool) -> None:
 )
 def test_n6a_decode_abort_must_free_the_prefill_waiting_entry(bug: bool) -> None:
     with _reenacted("N6a", bug):
-        system = build(tree="none", prefill_rows=1, chunk=4, prefill_kv=400, decode_kv=400, max_context_len=200)
+        system = build(
+            tree="none",
+            prefill_rows=1,
+            chunk=4,
+            prefill_kv=400,
+            decode_kv=400,
+            max_context_len=200,
+            vocab_size=256,
+        )
         system.add_request(0, list(range(100, 220)), 2)  # 30 chunks: holds the only prefill row
         system.add_request(1, [1, 2, 3], 2)
         _step_until(system, lambda: system.pairs[1][0].state is ReqState.WAITING)
@@ -276,7 +307,10 @@ def test_n6a_decode_abort_must_free_the_prefill_waiting_entry(bug: bool) -> None
 @needs_contracts
 @pytest.mark.parametrize(
     "bug",
-    [pytest.param(True, marks=pytest.mark.fires("I-TRANSFER-ATOMIC"), id="reenacted"), pytest.param(False, id="fixed")],
+    [
+        pytest.param(True, marks=pytest.mark.fires("I-TRANSFER-ATOMIC"), id="reenacted"),
+        pytest.param(False, id="fixed"),
+    ],
 )
 def test_n9_a_transfer_missing_its_state_never_commits(bug: bool) -> None:
     with _reenacted("N9", bug):
@@ -284,7 +318,9 @@ def test_n9_a_transfer_missing_its_state_never_commits(bug: bool) -> None:
         system.channel.inject(Component.MAMBA, Fault.DROP)  # the state is lost; the metadata lands
         system.add_request(0, list(range(10, 20)), 3)
         if bug:
-            with pytest.raises(ContractViolation, match=r"I-TRANSFER-ATOMIC: decode.req#0.*\['mamba state'\]"):
+            with pytest.raises(
+                ContractViolation, match=r"I-TRANSFER-ATOMIC: decode.req#0.*\['mamba state'\]"
+            ):
                 system.run_until_idle(100)
             return
         _finish_and_check(system)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from tests.sweep import cases_caches, cases_pools
+from tests.sweep import cases_caches, cases_pools, cases_scheduler
 from tests.sweep.table import Case, Query
 
-CASES: list[Case] = [*cases_pools.CASES, *cases_caches.CASES]
-QUERIES: list[Query] = [*cases_pools.QUERIES, *cases_caches.QUERIES]
+CASES: list[Case] = [*cases_pools.CASES, *cases_caches.CASES, *cases_scheduler.CASES]
+QUERIES: list[Query] = [*cases_pools.QUERIES, *cases_caches.QUERIES, *cases_scheduler.QUERIES]
+NO_BAD_CALL: dict[str, str] = {**cases_scheduler.NO_BAD_CALL}
+"""Members that take no argument and are allowed in every state, but change state (so they are not
+queries): there is no bad call to make. Each names why."""

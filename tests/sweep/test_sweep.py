@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 
 from tests.sweep import snapshot
-from tests.sweep.cases import CASES, QUERIES
+from tests.sweep.cases import CASES, NO_BAD_CALL, QUERIES
 from tests.sweep.scenes import SCENES, Scene
 from tests.sweep.table import (
     CATEGORIES,
@@ -48,7 +48,7 @@ def test_no_argument_member(query: Query) -> None:
 
 
 def test_every_public_member_has_a_row() -> None:
-    rows = {c.member for c in CASES} | {q.member for q in QUERIES}
+    rows = {c.member for c in CASES} | {q.member for q in QUERIES} | set(NO_BAD_CALL)
     members = public_members()
     missing = [m for m in members if m not in rows]
     assert not missing, f"public members with no row in the sweep: {missing}"
@@ -57,6 +57,8 @@ def test_every_public_member_has_a_row() -> None:
     with_args = {c.member for c in CASES}
     untried = [m for m in members if takes_arguments(m) and m not in with_args]
     assert not untried, f"members with arguments and no bad call: {untried}"
+    argless = [m for m in NO_BAD_CALL if takes_arguments(m)]
+    assert not argless, f"members that take arguments cannot be exempt from bad calls: {argless}"
 
 
 def test_rows_are_well_formed() -> None:

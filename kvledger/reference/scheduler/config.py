@@ -7,6 +7,7 @@ from typing import Literal
 
 from kvledger.contracts.errors import InvalidArgument
 from kvledger.contracts.mamba_track import FLA_CHUNK_SIZE, mamba_cache_chunk_size, ping_pong_size
+from kvledger.reference.config_fields import check_fields
 
 CowReleasePolicy = Literal["if_not_appended", "keep", "on_failure"]
 """What happens to the copy-on-write Mamba slot of the request that stopped an admission round.
@@ -70,6 +71,7 @@ class SchedulerConfig:
         return ping_pong_size(self.extra_buffer, self.overlap)
 
     def __post_init__(self) -> None:
+        check_fields(self)  # every field of its annotated type (ints are not bools or floats)
         if self.page_size < 1:
             raise InvalidArgument(f"page_size must be >= 1, got {self.page_size}")
         if self.max_running_requests < 1 or self.max_prefill_tokens < 1 or self.max_context_len < 1:
@@ -84,6 +86,12 @@ class SchedulerConfig:
             raise InvalidArgument(f"unknown cow_release_policy {self.cow_release_policy!r}")
         if not 0.0 <= self.min_new_token_ratio <= self.init_new_token_ratio <= 1.0:
             raise InvalidArgument("need 0 <= min_new_token_ratio <= init_new_token_ratio <= 1")
+        if self.new_token_ratio_decay < 0 or self.clip_max_new_tokens < 1 or self.retract_decode_steps < 0:
+            raise InvalidArgument(
+                "need new_token_ratio_decay >= 0, clip_max_new_tokens >= 1 and retract_decode_steps >= 0"
+            )
+        if self.eos_token_id is not None and self.eos_token_id < 0:
+            raise InvalidArgument(f"eos_token_id must be a token id >= 0, got {self.eos_token_id}")
         if self.mamba_scheduler_strategy not in ("no_buffer", "extra_buffer"):
             raise InvalidArgument(
                 f"unknown mamba_scheduler_strategy {self.mamba_scheduler_strategy!r}:"

@@ -18,12 +18,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvledger.contracts.arith import ceil_to_page
-from kvledger.contracts.errors import ContractViolation, InvalidArgument, KVLedgerError
+from kvledger.contracts.errors import (
+    BatchNotInFlight,
+    ContractViolation,
+    InvalidArgument,
+    InvalidState,
+)
 from kvledger.contracts.handles import HandleClaim, check_handles_owned
 from kvledger.contracts.ledger import Ledger
 from kvledger.contracts.owners import BATCH_INFLIGHT, REQ_CHUNKED, REQ_WAITING, Account
 from kvledger.contracts.protocols import AnyPrefixCache, KVAllocator, MambaStatePool, ReqRowPool
 from kvledger.contracts.switch import ensure, invariant
+from kvledger.reference.pools.validate import check_positive
 from kvledger.reference.scheduler.accounting import Accounting
 from kvledger.reference.scheduler.adder import AddReqResult, PrefillAdder
 from kvledger.reference.scheduler.batch import ScheduleBatch
@@ -32,10 +38,15 @@ from kvledger.reference.scheduler.memory import ReqMemory
 from kvledger.reference.scheduler.request import Req, ReqState
 from kvledger.reference.scheduler.runner import HashTokenRunner, ModelRunner
 from kvledger.reference.scheduler.tracking import MambaTracking
+from kvledger.reference.scheduler.validate import (
+    UnknownRequest,
+    check_collaborators,
+    check_max_new_tokens,
+    check_prompt,
+    check_rid,
+)
 
-
-class UnknownRequest(KVLedgerError):
-    """``abort`` named a request id the scheduler never saw."""
+FAULT_KINDS = ("row", "mamba", "kv")
 
 
 @dataclass
@@ -67,6 +78,9 @@ class FaultInjector:
         self.fired = 0
 
     def fail_next(self, what: str, times: int = 1) -> None:
+        if what not in FAULT_KINDS:
+            raise InvalidArgument(f"fail_next: what must be one of {FAULT_KINDS}, got {what!r}")
+        check_positive(times, "times")
         self.pending[what] = self.pending.get(what, 0) + times
 
     def __call__(self, what: str) -> bool:
@@ -118,6 +132,7 @@ class Scheduler:
         runner: ModelRunner | None = None,
         on_step: Callable[[Scheduler], None] | None = None,
     ) -> None:
+        check_collaborators(config, kv_allocator, req_to_token_pool, mamba_pool, tree, runner, on_step)
         if kv_allocator.page_size != config.page_size:
             raise InvalidArgument(
                 f"allocator page_size {kv_allocator.page_size} != config {config.page_size}"
@@ -168,6 +183,7 @@ class Scheduler:
         self._dated_ledgers = [p.ledger for p in pools if p is not None and isinstance(p.ledger, Ledger)]
         for ledger in self._dated_ledgers:
             ledger.clock, ledger.epoch = "scheduler step", 0
+        self._stepping = False  # inside step(): the only place batches are built (I-CALL-STATE)
 
     @staticmethod
     def _tracking(config: SchedulerConfig, mamba_pool: Any, tree: Any) -> MambaTracking:
@@ -191,14 +207,17 @@ class Scheduler:
 
     # ------------------------------------------------------------------ requests in
     @ensure(
-        lambda self, result: result.state is ReqState.REJECTED
-        or (self._live.get(result.rid) is result and not result.state.is_done)
+        lambda self, result: (
+            result.state is ReqState.REJECTED
+            or (self._live.get(result.rid) is result and not result.state.is_done)
+        )
     )
     def add_request(self, rid: int, prompt: Sequence[int], max_new_tokens: int) -> Req:
         """Queue a request; one that can never fit is rejected with a reason instead of blocking the queue
-        (I-LIVENESS)."""
-        self.validate_arrival(rid, prompt, max_new_tokens)
-        req = self.new_request(rid, list(prompt), max_new_tokens)
+        (I-LIVENESS). Bad input (a used or non-int id, a prompt that is not a non-empty list of token ids in
+        the runner's vocabulary, ``max_new_tokens < 1``) is refused before anything is queued."""
+        tokens = self.validate_arrival(rid, prompt, max_new_tokens)
+        req = self.new_request(rid, tokens, max_new_tokens)
         self.requests[rid] = req
         reason = self._never_fits(req)
         if reason is not None:
@@ -211,16 +230,14 @@ class Scheduler:
         self.enqueue_arrival(req)
         return req
 
-    def validate_arrival(self, rid: int, prompt: Sequence[int], max_new_tokens: int) -> None:
-        """Bad input is a typed error (InvalidArgument) before anything changes."""
-        if isinstance(rid, bool) or not isinstance(rid, int) or rid in self.requests:
-            raise InvalidArgument(f"request id {rid!r} is not a fresh int")
-        if not prompt or not all(isinstance(t, int) and t >= 0 for t in prompt):
-            raise InvalidArgument(f"request {rid}: prompt must be a non-empty sequence of token ids >= 0")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise InvalidArgument(
-                f"request {rid}: max_new_tokens must be an int >= 1, got {max_new_tokens!r}"
-            )
+    def validate_arrival(self, rid: int, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
+        """Bad input is a typed error (InvalidArgument) before anything changes; returns the prompt's tokens."""
+        check_rid(rid)
+        if rid in self.requests or rid in self._live:
+            raise InvalidArgument(f"request id {rid!r} is already in use")
+        tokens = check_prompt(rid, prompt, getattr(self.runner, "vocab_size", None))
+        check_max_new_tokens(rid, max_new_tokens)
+        return tokens
 
     def new_request(self, rid: int, prompt: list[int], max_new_tokens: int) -> Req:
         """Hook: the request object for an arrival (PD instances use a subclass with PD handles)."""
@@ -245,7 +262,9 @@ class Scheduler:
     def live_requests(self) -> list[Req]:
         """Requests that may hold something: queued and not yet released, not ended unless parked in one of
         ``parked_accounts`` (a launched batch, a PD lease). O(live), not O(all ever)."""
-        return [r for r in self._live.values() if not r.state.is_done or r.owner.account in self.parked_accounts]
+        return [
+            r for r in self._live.values() if not r.state.is_done or r.owner.account in self.parked_accounts
+        ]
 
     def queued_requests(self) -> Iterable[Req]:
         """Every request queued and not yet released, unfiltered (a view: the count identities' fast path).
@@ -277,14 +296,18 @@ class Scheduler:
         for ledger in self._dated_ledgers:
             ledger.epoch = self.step_no
         self.before_schedule()
-        batch = self.get_next_batch_to_run()
+        self._stepping = True
+        try:
+            batch = self.get_next_batch_to_run()
+        finally:
+            self._stepping = False
         if batch is not None:
             self._launch(batch)
         # Without overlap a batch's results are processed in the step that launched it; with overlap
         # only the batch just launched stays in flight, its predecessor is processed now.
         keep = 1 if (self.config.overlap and batch is not None) else 0
         while len(self.inflight) > keep:
-            self.process_batch_result(self.inflight.popleft())
+            self.process_batch_result(self.inflight[0])
         if batch is None:
             self.stats.idle_steps += 1
             self._update_ratio_on_idle()
@@ -337,6 +360,7 @@ class Scheduler:
 
     def run_until_idle(self, max_steps: int = 1_000_000) -> int:
         """Step until quiescent; returns the steps taken. Raises if it does not drain (liveness)."""
+        check_positive(max_steps, "max_steps")
         taken = 0
         while self.has_work():
             if taken >= max_steps:
@@ -353,7 +377,14 @@ class Scheduler:
             f"chunked={self.chunked_req.rid if self.chunked_req else None} inflight={list(self.inflight)}"
         )
 
+    def _check_stepping(self, what: str) -> None:
+        """Batches are built only by step(), which launches them: one built elsewhere would hold its
+        requests' memory with nothing to run it (I-CALL-STATE)."""
+        if not self._stepping:
+            raise InvalidState(f"{what}() is a part of step(): call step()")
+
     def get_next_batch_to_run(self) -> ScheduleBatch | None:
+        self._check_stepping("get_next_batch_to_run")
         self._merge_last_prefill()
         if (
             self.chunked_req is not None
@@ -388,6 +419,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ prefill
     def get_new_batch_prefill(self) -> ScheduleBatch | None:
+        self._check_stepping("get_new_batch_prefill")
         if not self.waiting and self.chunked_req is None:
             return None
         if self.chunked_req is not None and self.chunked_req.abort_requested:
@@ -477,6 +509,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ decode
     def update_running_batch(self) -> ScheduleBatch | None:
+        self._check_stepping("update_running_batch")
         self.running = [r for r in self.running if r.state is ReqState.RUNNING]
         if not self.running:
             return None
@@ -499,7 +532,10 @@ class Scheduler:
 
     def _decode_fits(self) -> bool:
         counters = self.memory.counters
-        return self.memory.decode_demand_tokens(self.running) <= counters.kv_available() + counters.kv_evictable()
+        return (
+            self.memory.decode_demand_tokens(self.running)
+            <= counters.kv_available() + counters.kv_evictable()
+        )
 
     def _retract_until_decode_fits(self) -> list[Req]:
         retracted: list[Req] = []
@@ -507,7 +543,7 @@ class Scheduler:
             if self.inflight:
                 # Drain before retracting: a retracted request's row and slots must not be reused while a
                 # launched batch still references them (I-ROW-EXCLUSIVE-WHILE-IN-FLIGHT; B2, B8).
-                self.process_batch_result(self.inflight.popleft())
+                self.process_batch_result(self.inflight[0])
                 self.running = [r for r in self.running if r.state is ReqState.RUNNING]
                 continue
             if len(self.running) == 1 and self.chunked_req is None:
@@ -526,9 +562,17 @@ class Scheduler:
         return max(self.running, key=lambda r: (len(r.output_ids), -len(r.origin_input_ids)))
 
     def retract(self, req: Req) -> None:
-        """Release without insert and requeue (``release_req`` + ``reset_for_retract``)."""
+        """Release without insert and requeue (``release_req`` + ``reset_for_retract``).
+
+        Only a running request of this scheduler that no launched batch still references may be
+        retracted (I-CALL-STATE): anything else is refused before anything changes."""
+        self._check_own_request(req, "retract")
+        if req.state is not ReqState.RUNNING or req not in self.running:
+            raise InvalidState(f"retract: {req!r} is {req.state.value}, not running")
         if any(req in b.reqs for b in self.inflight):
-            raise ContractViolation(f"retracting {req.owner!r} while a launched batch references it")
+            raise InvalidState(
+                f"retract: a launched batch still references {req.owner!r} (I-ROW-EXCLUSIVE-WHILE-IN-FLIGHT)"
+            )
         self.running.remove(req)
         self.memory.release_without_insert(req)
         req.state = ReqState.WAITING
@@ -540,8 +584,9 @@ class Scheduler:
 
     def force_retract(self, count: int = 1) -> int:
         """Test hook (SGLang's TEST_RETRACT): retract up to ``count`` running requests now."""
+        check_positive(count, "count")
         while self.inflight:
-            self.process_batch_result(self.inflight.popleft())
+            self.process_batch_result(self.inflight[0])
         self.running = [r for r in self.running if r.state is ReqState.RUNNING]
         n = 0
         while self.running and n < count:
@@ -599,6 +644,24 @@ class Scheduler:
         self.inflight.append(batch)
 
     def process_batch_result(self, batch: ScheduleBatch) -> None:
+        """Process the results of ``batch``, the oldest batch in flight, once (I-RESULTS-ONCE): it leaves
+        the in-flight queue here. Another batch (already processed, not yet due, another scheduler's) is
+        refused before anything changes."""
+        if not isinstance(batch, ScheduleBatch):
+            raise InvalidArgument(
+                f"process_batch_result: expected a ScheduleBatch, got {type(batch).__name__}"
+            )
+        if not self.inflight or self.inflight[0] is not batch:
+            why = (
+                "is not in flight (already processed, or launched by another scheduler)"
+                if all(b is not batch for b in self.inflight)
+                else "is not the oldest batch in flight (results are processed in launch order)"
+            )
+            raise BatchNotInFlight(f"process_batch_result: {batch!r} {why}")
+        self.inflight.popleft()
+        self._process_results(batch)
+
+    def _process_results(self, batch: ScheduleBatch) -> None:
         assert batch.next_token_ids is not None
         for req, tok in zip(batch.reqs, batch.next_token_ids, strict=True):
             if req is batch.chunked_req:
@@ -679,6 +742,7 @@ class Scheduler:
     # ------------------------------------------------------------------ abort
     def abort(self, rid: int) -> bool:
         """Abort a request in any state. Returns False if it had already ended (idempotent)."""
+        check_rid(rid)
         req = self.requests.get(rid)
         if req is None:
             raise UnknownRequest(f"no request {rid!r}")
@@ -690,6 +754,12 @@ class Scheduler:
         self._abort_now(req, "aborted by client")
         self._check_step()
         return True
+
+    def _check_own_request(self, req: Any, op: str) -> None:
+        if not isinstance(req, Req):
+            raise InvalidArgument(f"{op}: expected a Req, got {type(req).__name__}")
+        if self._live.get(req.rid) is not req and self.requests.get(req.rid) is not req:
+            raise UnknownRequest(f"{op}: {req!r} is not a request of this scheduler")
 
     def _abort_now(self, req: Req, reason: str) -> None:
         self._leave_queues(req)

@@ -1,0 +1,413 @@
+"""Bad calls on the scheduler and the engine builder: ``Scheduler``, ``SchedulerConfig``, ``FaultInjector``,
+``EngineSpec``, ``build_engine`` and ``model_weights``.
+
+Scenes (``tests/sweep/scenes.py``): a scheduler with requests finished (rid 0), running (1), chunked (2)
+and waiting (3), built with overlap off (``sched``: nothing in flight between steps) and on
+(``sched_overlap``: the last launched batch in flight); each scene also carries a request and a batch of
+another scheduler built the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from kvledger.reference.engine import EngineSpec, build_engine, model_weights
+from kvledger.reference.pools import MambaPool, ReqToTokenPool, TokenToKVPoolAllocator
+from kvledger.reference.radix import MambaRadixCache, RadixCache
+from kvledger.reference.scheduler import FaultInjector, Scheduler, SchedulerConfig
+from tests.sweep.scenes import Scene
+from tests.sweep.table import (
+    DEGENERATE,
+    DOUBLE,
+    DUPLICATE,
+    FOREIGN,
+    NEGATIVE,
+    OUT_OF_RANGE,
+    WRONG_STATE,
+    WRONG_TYPE,
+    Case,
+    Query,
+)
+
+Call = Callable[[Scene], object]
+Row = tuple[str, str, str, Call, Call | None]
+Sched: Any = Scheduler  # typed as Any: the wrong-type arguments below are deliberate
+Config: Any = SchedulerConfig
+Spec: Any = EngineSpec
+build: Any = build_engine
+weights: Any = model_weights
+
+
+def _row(category: str, label: str, error: str, call: Call, setup: Call | None = None) -> Row:
+    return (category, label, error, call, setup)
+
+
+# ---------------------------------------------------------------------- constructor collaborators
+def _kv(size: int = 64) -> TokenToKVPoolAllocator:
+    return TokenToKVPoolAllocator(size)
+
+
+def _rows() -> ReqToTokenPool:
+    return ReqToTokenPool(4, 64)
+
+
+def _mamba() -> MambaPool:
+    return MambaPool(4, num_layers=1, conv_state_shape=(2,), temporal_state_shape=(2,))
+
+
+def _sched(**kw: Any) -> object:
+    args: dict[str, Any] = {"kv_allocator": _kv(), "req_to_token_pool": _rows()}
+    args.update(kw)
+    config = args.pop("config", SchedulerConfig())
+    return Sched(config, **args)
+
+
+def _tree_over_other_allocator(s: Scene) -> object:
+    return _sched(tree=RadixCache(_kv()))
+
+
+def _mamba_tree_without_pool(s: Scene) -> object:
+    kv = _kv()
+    return _sched(kv_allocator=kv, tree=MambaRadixCache(kv, _mamba()))
+
+
+def _mamba_tree_over_other_pool(s: Scene) -> object:
+    kv = _kv()
+    return _sched(kv_allocator=kv, mamba_pool=_mamba(), tree=MambaRadixCache(kv, _mamba()))
+
+
+SCHED_INIT: list[Row] = [
+    _row(WRONG_TYPE, "a None config", "InvalidArgument", lambda s: _sched(config=None)),
+    _row(WRONG_TYPE, "a dict config", "InvalidArgument", lambda s: _sched(config={"page_size": 1})),
+    _row(WRONG_TYPE, "a None kv_allocator", "InvalidArgument", lambda s: _sched(kv_allocator=None)),
+    _row(WRONG_TYPE, "a None req_to_token_pool", "InvalidArgument", lambda s: _sched(req_to_token_pool=None)),
+    _row(
+        WRONG_TYPE,
+        "a KV allocator as the row pool",
+        "InvalidArgument",
+        lambda s: _sched(req_to_token_pool=_kv()),
+    ),
+    _row(
+        WRONG_TYPE, "a KV allocator as the Mamba pool", "InvalidArgument", lambda s: _sched(mamba_pool=_kv())
+    ),
+    _row(WRONG_TYPE, "a tensor as the tree", "InvalidArgument", lambda s: _sched(tree=torch.zeros(1))),
+    _row(
+        DEGENERATE,
+        "page sizes differ",
+        "InvalidArgument",
+        lambda s: _sched(config=SchedulerConfig(page_size=4)),
+    ),
+    _row(FOREIGN, "a tree over another allocator", "InvalidArgument", _tree_over_other_allocator),
+    _row(WRONG_STATE, "a Mamba tree without the Mamba pool", "InvalidArgument", _mamba_tree_without_pool),
+    _row(FOREIGN, "a Mamba tree over another Mamba pool", "InvalidArgument", _mamba_tree_over_other_pool),
+    _row(WRONG_TYPE, "a runner without forward", "InvalidArgument", lambda s: _sched(runner=object())),
+    _row(WRONG_TYPE, "an on_step that is not callable", "InvalidArgument", lambda s: _sched(on_step=5)),
+]
+
+# ---------------------------------------------------------------------- requests in
+ADD: list[Row] = [
+    _row(WRONG_TYPE, "a bool rid", "InvalidArgument", lambda s: s.sched.add_request(True, [1, 2], 2)),
+    _row(WRONG_TYPE, "a float rid", "InvalidArgument", lambda s: s.sched.add_request(9.0, [1, 2], 2)),
+    _row(WRONG_TYPE, "a str rid", "InvalidArgument", lambda s: s.sched.add_request("9", [1, 2], 2)),
+    _row(
+        DUPLICATE, "the rid of a running request", "InvalidArgument", lambda s: s.sched.add_request(1, [1], 2)
+    ),
+    _row(
+        DUPLICATE,
+        "the rid of a finished request",
+        "InvalidArgument",
+        lambda s: s.sched.add_request(0, [1], 2),
+    ),
+    _row(
+        WRONG_TYPE,
+        "a generator prompt",
+        "InvalidArgument",
+        lambda s: s.sched.add_request(9, (t for t in [1, 2]), 2),
+    ),
+    _row(WRONG_TYPE, "a str prompt", "InvalidArgument", lambda s: s.sched.add_request(9, "12", 2)),
+    _row(
+        WRONG_TYPE,
+        "a tensor prompt",
+        "InvalidArgument",
+        lambda s: s.sched.add_request(9, torch.tensor([1, 2]), 2),
+    ),
+    _row(WRONG_TYPE, "a None prompt", "InvalidArgument", lambda s: s.sched.add_request(9, None, 2)),
+    _row(WRONG_TYPE, "a dict prompt", "InvalidArgument", lambda s: s.sched.add_request(9, {1: 2}, 2)),
+    _row(DEGENERATE, "an empty prompt", "InvalidArgument", lambda s: s.sched.add_request(9, [], 2)),
+    _row(WRONG_TYPE, "a float token", "InvalidArgument", lambda s: s.sched.add_request(9, [1, 2.0], 2)),
+    _row(WRONG_TYPE, "a bool token", "InvalidArgument", lambda s: s.sched.add_request(9, [1, True], 2)),
+    _row(WRONG_TYPE, "a nested token", "InvalidArgument", lambda s: s.sched.add_request(9, [[1], [2]], 2)),
+    _row(WRONG_TYPE, "a None token", "InvalidArgument", lambda s: s.sched.add_request(9, [1, None], 2)),
+    _row(NEGATIVE, "a negative token", "InvalidArgument", lambda s: s.sched.add_request(9, [1, -1], 2)),
+    _row(
+        OUT_OF_RANGE,
+        "a token at the vocabulary size",
+        "InvalidArgument",
+        lambda s: s.sched.add_request(9, [1, 32000], 2),
+    ),
+    _row(
+        OUT_OF_RANGE,
+        "a token beyond int64",
+        "InvalidArgument",
+        lambda s: s.sched.add_request(9, [1, 2**70], 2),
+    ),
+    _row(DEGENERATE, "max_new_tokens 0", "InvalidArgument", lambda s: s.sched.add_request(9, [1, 2], 0)),
+    _row(
+        NEGATIVE, "a negative max_new_tokens", "InvalidArgument", lambda s: s.sched.add_request(9, [1, 2], -3)
+    ),
+    _row(
+        WRONG_TYPE, "a float max_new_tokens", "InvalidArgument", lambda s: s.sched.add_request(9, [1, 2], 2.0)
+    ),
+    _row(
+        WRONG_TYPE, "a bool max_new_tokens", "InvalidArgument", lambda s: s.sched.add_request(9, [1, 2], True)
+    ),
+]
+
+ABORT: list[Row] = [
+    _row(WRONG_TYPE, "a str rid", "InvalidArgument", lambda s: s.sched.abort("1")),
+    _row(WRONG_TYPE, "a None rid", "InvalidArgument", lambda s: s.sched.abort(None)),
+    _row(WRONG_TYPE, "a bool rid", "InvalidArgument", lambda s: s.sched.abort(True)),
+    _row(
+        WRONG_TYPE,
+        "a request object instead of its rid",
+        "InvalidArgument",
+        lambda s: s.sched.abort(s.running),
+    ),
+    _row(FOREIGN, "an unknown rid", "UnknownRequest", lambda s: s.sched.abort(99)),
+    _row(NEGATIVE, "a negative rid", "UnknownRequest", lambda s: s.sched.abort(-1)),
+]
+
+
+# ---------------------------------------------------------------------- retraction
+def _retract_running(s: Scene) -> None:
+    s.sched.retract(s.running)
+
+
+def _in_flight_decode(s: Scene) -> None:
+    """Step the overlap scheduler until the batch in flight is a decode batch with the running request."""
+    for _ in range(20):
+        if s.sched.inflight and s.sched.inflight[0].is_decode and s.running in s.sched.inflight[0].reqs:
+            return
+        s.sched.step()
+    raise AssertionError("no decode batch with the running request came in flight")
+
+
+RETRACT: list[Row] = [
+    _row(WRONG_STATE, "a waiting request", "InvalidState", lambda s: s.sched.retract(s.waiting)),
+    _row(WRONG_STATE, "a chunked request", "InvalidState", lambda s: s.sched.retract(s.chunked)),
+    _row(WRONG_STATE, "a finished request", "InvalidState", lambda s: s.sched.retract(s.finished)),
+    _row(
+        DOUBLE,
+        "a request retracted already",
+        "InvalidState",
+        lambda s: s.sched.retract(s.running),
+        _retract_running,
+    ),
+    _row(FOREIGN, "another scheduler's request", "UnknownRequest", lambda s: s.sched.retract(s.foreign_req)),
+    _row(WRONG_TYPE, "a rid instead of a request", "InvalidArgument", lambda s: s.sched.retract(1)),
+    _row(WRONG_TYPE, "None", "InvalidArgument", lambda s: s.sched.retract(None)),
+]
+
+RETRACT_OVERLAP: list[Row] = [
+    _row(
+        WRONG_STATE,
+        "a request a batch in flight references",
+        "InvalidState",
+        lambda s: s.sched.retract(s.running),
+        _in_flight_decode,
+    ),
+]
+
+FORCE_RETRACT: list[Row] = [
+    _row(DEGENERATE, "count 0", "InvalidArgument", lambda s: s.sched.force_retract(0)),
+    _row(NEGATIVE, "a negative count", "InvalidArgument", lambda s: s.sched.force_retract(-1)),
+    _row(WRONG_TYPE, "a float count", "InvalidArgument", lambda s: s.sched.force_retract(1.0)),
+    _row(WRONG_TYPE, "a None count", "InvalidArgument", lambda s: s.sched.force_retract(None)),
+]
+
+# ---------------------------------------------------------------------- batches
+PROCESS: list[Row] = [
+    _row(WRONG_TYPE, "None", "InvalidArgument", lambda s: s.sched.process_batch_result(None)),
+    _row(
+        WRONG_TYPE,
+        "a request instead of a batch",
+        "InvalidArgument",
+        lambda s: s.sched.process_batch_result(s.running),
+    ),
+    _row(
+        DOUBLE,
+        "a batch processed already",
+        "BatchNotInFlight",
+        lambda s: s.sched.process_batch_result(s.processed[-1]),
+    ),
+    _row(
+        FOREIGN,
+        "another scheduler's batch",
+        "BatchNotInFlight",
+        lambda s: s.sched.process_batch_result(s.foreign_batch),
+    ),
+]
+
+
+def _outside_step(method: str) -> list[Row]:
+    return [
+        _row(WRONG_STATE, "outside step()", "InvalidState", lambda s: getattr(s.sched, method)()),
+    ]
+
+
+RUN_UNTIL_IDLE: list[Row] = [
+    _row(DEGENERATE, "max_steps 0", "InvalidArgument", lambda s: s.sched.run_until_idle(0)),
+    _row(NEGATIVE, "a negative max_steps", "InvalidArgument", lambda s: s.sched.run_until_idle(-5)),
+    _row(WRONG_TYPE, "a float max_steps", "InvalidArgument", lambda s: s.sched.run_until_idle(10.0)),
+    _row(WRONG_TYPE, "a str max_steps", "InvalidArgument", lambda s: s.sched.run_until_idle("10")),
+]
+
+FAULTS: list[Row] = [
+    _row(
+        WRONG_TYPE,
+        "an unknown allocation kind",
+        "InvalidArgument",
+        lambda s: s.sched.faults.fail_next("disk"),
+    ),
+    _row(WRONG_TYPE, "a None kind", "InvalidArgument", lambda s: s.sched.faults.fail_next(None)),
+    _row(DEGENERATE, "times 0", "InvalidArgument", lambda s: s.sched.faults.fail_next("kv", 0)),
+    _row(NEGATIVE, "negative times", "InvalidArgument", lambda s: s.sched.faults.fail_next("kv", -2)),
+    _row(WRONG_TYPE, "float times", "InvalidArgument", lambda s: s.sched.faults.fail_next("row", 1.5)),
+]
+
+# ---------------------------------------------------------------------- configuration and the builder
+CONFIG: list[Row] = [
+    _row(WRONG_TYPE, "a float page_size", "InvalidArgument", lambda s: Config(page_size=1.5)),
+    _row(DEGENERATE, "page_size 0", "InvalidArgument", lambda s: Config(page_size=0)),
+    _row(DEGENERATE, "max_running_requests 0", "InvalidArgument", lambda s: Config(max_running_requests=0)),
+    _row(WRONG_TYPE, "a str max_context_len", "InvalidArgument", lambda s: Config(max_context_len="4096")),
+    _row(
+        OUT_OF_RANGE,
+        "a chunk smaller than a page",
+        "InvalidArgument",
+        lambda s: Config(page_size=4, chunked_prefill_size=2),
+    ),
+    _row(NEGATIVE, "a negative finished_window", "InvalidArgument", lambda s: Config(finished_window=-1)),
+    _row(
+        WRONG_TYPE,
+        "an unknown cow_release_policy",
+        "InvalidArgument",
+        lambda s: Config(cow_release_policy="always"),
+    ),
+    _row(
+        OUT_OF_RANGE,
+        "min ratio above init ratio",
+        "InvalidArgument",
+        lambda s: Config(min_new_token_ratio=0.9),
+    ),
+    _row(WRONG_TYPE, "a NaN ratio", "InvalidArgument", lambda s: Config(init_new_token_ratio=float("nan"))),
+    _row(NEGATIVE, "a negative ratio decay", "InvalidArgument", lambda s: Config(new_token_ratio_decay=-0.1)),
+    _row(WRONG_TYPE, "an int overlap", "InvalidArgument", lambda s: Config(overlap=1)),
+    _row(WRONG_TYPE, "a bool eos_token_id", "InvalidArgument", lambda s: Config(eos_token_id=True)),
+    _row(NEGATIVE, "a negative eos_token_id", "InvalidArgument", lambda s: Config(eos_token_id=-1)),
+    _row(DEGENERATE, "clip_max_new_tokens 0", "InvalidArgument", lambda s: Config(clip_max_new_tokens=0)),
+]
+
+SPEC: list[Row] = [
+    _row(DEGENERATE, "page_size 0", "InvalidArgument", lambda s: Spec(page_size=0, tree="radix")),
+    _row(WRONG_TYPE, "an unknown tree", "InvalidArgument", lambda s: Spec(tree="btree")),
+    _row(WRONG_TYPE, "an unknown model", "InvalidArgument", lambda s: Spec(model="gpt")),
+    _row(DEGENERATE, "kv_tokens 0", "InvalidArgument", lambda s: Spec(kv_tokens=0)),
+    _row(WRONG_TYPE, "a float rows", "InvalidArgument", lambda s: Spec(rows=1.5)),
+    _row(NEGATIVE, "negative mamba_slots", "InvalidArgument", lambda s: Spec(mamba_slots=-1)),
+    _row(WRONG_STATE, "a Mamba tree without a Mamba pool", "InvalidArgument", lambda s: Spec(hybrid=False)),
+    _row(
+        WRONG_STATE,
+        "the tiny model without a Mamba pool",
+        "InvalidArgument",
+        lambda s: Spec(tree="radix", hybrid=False, model="tiny-hybrid"),
+    ),
+    _row(
+        OUT_OF_RANGE,
+        "a Mamba tree at page size 4",
+        "InvalidArgument",
+        lambda s: Spec(page_size=4, kv_tokens=64),
+    ),
+    _row(DEGENERATE, "chunk 0", "InvalidArgument", lambda s: Spec(chunk=0)),
+    _row(
+        OUT_OF_RANGE,
+        "an eos_token_id outside the vocabulary",
+        "InvalidArgument",
+        lambda s: Spec(eos_token_id=32000),
+    ),
+    _row(DEGENERATE, "vocab_size 0", "InvalidArgument", lambda s: Spec(vocab_size=0)),
+    _row(WRONG_TYPE, "a str overlap", "InvalidArgument", lambda s: Spec(overlap="yes")),
+    _row(
+        DEGENERATE,
+        "fewer KV tokens than a page",
+        "InvalidArgument",
+        lambda s: Spec(tree="radix", page_size=4, kv_tokens=2),
+    ),
+]
+
+BUILD: list[Row] = [
+    _row(WRONG_TYPE, "None", "InvalidArgument", lambda s: build(None)),
+    _row(WRONG_TYPE, "a dict", "InvalidArgument", lambda s: build({"page_size": 1})),
+    _row(WRONG_TYPE, "a SchedulerConfig", "InvalidArgument", lambda s: build(SchedulerConfig())),
+]
+
+WEIGHTS: list[Row] = [
+    _row(DEGENERATE, "vocab_size 0", "InvalidArgument", lambda s: weights(0)),
+    _row(NEGATIVE, "a negative vocab_size", "InvalidArgument", lambda s: weights(-1)),
+    _row(WRONG_TYPE, "a float vocab_size", "InvalidArgument", lambda s: weights(32000.0)),
+    _row(WRONG_TYPE, "a list vocab_size", "InvalidArgument", lambda s: weights([32000])),
+]
+
+
+def _cases(member: str, scene: str, rows: list[Row], suffix: str = "") -> list[Case]:
+    return [
+        Case(member, cat, label + suffix, scene, call, err, False, setup)
+        for cat, label, err, call, setup in rows
+    ]
+
+
+_BOTH = ("sched", "sched_overlap")
+
+
+def _both(method: str, rows: list[Row]) -> list[Case]:
+    return [c for scene in _BOTH for c in _cases(f"Scheduler.{method}", scene, rows, f" ({scene})")]
+
+
+CASES: list[Case] = [
+    *_cases("Scheduler.__init__", "empty", SCHED_INIT),
+    *_both("add_request", ADD),
+    *_both("abort", ABORT),
+    *_both("retract", RETRACT),
+    *_cases("Scheduler.retract", "sched_overlap", RETRACT_OVERLAP),
+    *_both("force_retract", FORCE_RETRACT),
+    *_both("process_batch_result", PROCESS),
+    *(
+        c
+        for m in ("get_next_batch_to_run", "get_new_batch_prefill", "update_running_batch")
+        for c in _both(m, _outside_step(m))
+    ),
+    *_both("run_until_idle", RUN_UNTIL_IDLE),
+    *_cases("FaultInjector.fail_next", "sched", FAULTS),
+    *_cases("SchedulerConfig.__init__", "empty", CONFIG),
+    *_cases("EngineSpec.__init__", "empty", SPEC),
+    *_cases("build_engine", "empty", BUILD),
+    *_cases("model_weights", "empty", WEIGHTS),
+]
+
+QUERIES: list[Query] = [
+    *(
+        Query(f"Scheduler.{name}", scene, lambda s, n=name: getattr(s.sched, n)())
+        for name in ("describe_queues", "ended_count", "has_work", "is_quiescent", "live_requests")
+        for scene in ("sched_overlap",)
+    ),
+    Query(
+        "FaultInjector.__init__", "sched", lambda s: FaultInjector(), "a fresh injector: nothing to misuse"
+    ),
+]
+
+NO_BAD_CALL: dict[str, str] = {
+    "Scheduler.step": "no argument, and allowed in every state (it is what drives the scheduler)",
+}
