@@ -20,7 +20,13 @@ from hypothesis import event
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from kvledger.contracts.errors import InvalidArgument, InvalidKey, LockNotHeld, PrefixMismatch
+from kvledger.contracts.errors import (
+    ForeignNode,
+    InvalidArgument,
+    InvalidKey,
+    LockNotHeld,
+    PrefixMismatch,
+)
 from kvledger.contracts.mamba_track import extend_track_seqlen
 from kvledger.contracts.owners import FREE_LIST
 from kvledger.reference.radix import LockRef, MambaRadixCache, RadixCache
@@ -330,7 +336,18 @@ class CacheMachine(RuleBasedStateMachine):
 
     @rule(n=st.integers(0, 24))
     def evict(self, n: int) -> None:
+        before = self.nodes()
         self.evict_full(n)
+        gone = [node for node_id, node in before.items() if node_id not in self.nodes()]
+        self.dead_nodes = [*self.dead_nodes, *gone][-4:]  # bad handles for later calls
+
+    def nodes(self) -> dict[int, Any]:
+        out, stack = {}, [self.cache.root]
+        while stack:
+            node = stack.pop()
+            out[id(node)] = node
+            stack.extend(node.children.values())
+        return out
 
     # ------------------------------------------------------------------ bad input
     @rule(data=st.data())
@@ -338,7 +355,8 @@ class CacheMachine(RuleBasedStateMachine):
         cache, owner = self.cache, new_owner()
         ids = torch.arange(self.ps, 2 * self.ps, dtype=torch.int64)
         kw = {"mamba_slot": None} if self.MAMBA else {}
-        choice = data.draw(st.integers(0, 4))
+        choice = data.draw(st.integers(0, 9))
+        event(f"bad input {choice}")
         if choice == 0:
             key = self.draw_key(data, min_pages=1)
             assert_rejected(cache, InvalidKey, lambda: cache.insert(key, ids[:0], owner, **kw))
@@ -362,6 +380,36 @@ class CacheMachine(RuleBasedStateMachine):
                     PrefixMismatch,
                     lambda: cache.insert(req.key, wrong, req.owner, protected_len=req.protected, **kw),
                 )
+        elif choice == 5:  # wrong types, whatever the tree holds
+            key = self.draw_key(data, min_pages=1)
+            bad = data.draw(st.sampled_from(["nested", "float", "negative", "owner"]))
+            if bad == "owner":
+                call = lambda: cache.insert(key, ids[: len(key)], "req-1", **kw)
+                assert_rejected(cache, InvalidArgument, call)
+            else:
+                token = {"nested": [0], "float": 0.5, "negative": -1}[bad]
+                assert_rejected(cache, InvalidKey, lambda: cache.match_prefix([*key[:-1], token]))
+        elif choice == 6:
+            bad_count = data.draw(st.sampled_from([1.5, None, True]))
+            assert_rejected(cache, InvalidArgument, lambda: cache.evict(bad_count))
+        elif choice == 7:
+            handle = data.draw(st.sampled_from([None, "node", 3]))
+            assert_rejected(cache, InvalidArgument, lambda: cache.inc_lock_ref(handle))
+            assert_rejected(cache, InvalidArgument, lambda: cache.dec_lock_ref(handle))
+        elif choice == 8:  # a handle of another cache of the same kind
+            other = self.foreign()
+            node = other.match_prefix([]).last_node
+            assert_rejected(cache, ForeignNode, lambda: cache.inc_lock_ref(node))
+            lock = other.inc_lock_ref(node)
+            assert_rejected(cache, ForeignNode, lambda: cache.dec_lock_ref(lock))
+            other.dec_lock_ref(lock)
+        elif choice == 9 and self.dead_nodes:  # a node eviction or a split took out of the tree
+            node = data.draw(st.sampled_from(self.dead_nodes))
+            assert_rejected(cache, ForeignNode, lambda: cache.inc_lock_ref(node))
+
+    def foreign(self) -> Any:
+        alloc = make_allocator(self.ps, 4)
+        return MambaRadixCache(alloc, make_mamba_pool(2)) if self.MAMBA else RadixCache(alloc)
 
     # ------------------------------------------------------------------ invariants
     @invariant()

@@ -1,15 +1,20 @@
 """A Hypothesis state machine over the whole scheduler.
 
 Arrivals from shared-prefix families, steps, aborts of random requests in any state, injected
-allocation failures, forced retractions; overlap on and off, page 1 and > 1, with the Mamba radix cache,
-the plain radix cache or none; tight pools (few Mamba slots, few rows). After every rule: the busy
-identity per pool (the scheduler checks it itself; the machine calls it again so a disabled switch
+allocation failures, forced retractions, early processing of the batch in flight, and bad calls from
+whatever state the scheduler is in (each must raise a typed error and leave the full snapshot of the
+scheduler, its pools and tree unchanged: ``tests/sweep/snapshot.py``); overlap on and off, page 1 and > 1,
+with the Mamba radix cache, the plain radix cache or none; tight pools (few Mamba slots, few rows). After
+every rule: the busy identity per pool (the scheduler checks it itself; the machine calls it again so a disabled switch
 cannot hide it), the ledger cross-check, every pool's and the tree's audit. At drain: every request
 finished, aborted or rejected with a reason (liveness), the strong idle identity, and every finished
 request's output equals the same request run alone with no cache (I-OUTPUT-ORACLE).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from hypothesis import event, settings
@@ -23,10 +28,17 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from kvledger.contracts.errors import (
+    BatchNotInFlight,
+    InvalidArgument,
+    InvalidState,
+    KVLedgerError,
+)
 from kvledger.contracts.identity import check_busy_identity
 from kvledger.contracts.oracle import check_output_oracle
-from kvledger.reference.scheduler import ReqState
+from kvledger.reference.scheduler import ReqState, UnknownRequest
 from tests.scheduler.harness import Setup, build, expected_output, long_fuzz_settings
+from tests.sweep import snapshot
 
 FAMILIES = [
     [],
@@ -93,6 +105,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.setup = setup
         self.sched = build(setup)
         self.next_rid = 0
+        # the last batches step() launched (re-processing a processed one is a bad call)
+        self.launched: list[Any] = []
         event(
             f"tree={setup.tree} page={setup.page_size} overlap={setup.overlap}"
             + (" extra_buffer" if setup.mamba_strategy == "extra_buffer" else "")
@@ -112,7 +126,9 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule(n=st.integers(1, 4))
     def step(self, n: int) -> None:
         for _ in range(n):
-            self.sched.step()
+            batch = self.sched.step()
+            if batch is not None:
+                self.launched = [*self.launched[-7:], batch]
         if self.sched.stats.retractions:
             event("retraction happened")
 
@@ -132,6 +148,75 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule()
     def force_retract(self) -> None:
         self.sched.force_retract(1)
+
+    @precondition(lambda self: bool(self.sched.inflight))
+    @rule()
+    def process_in_flight_early(self) -> None:
+        """Overlap: the caller processes the batch in flight itself; the next step must not process it again."""
+        self.sched.process_batch_result(self.sched.inflight[0])
+        event("batch processed early")
+
+    # ------------------------------------------------------------------ bad calls from any state
+    def _bad_calls(self) -> list[tuple[str, type[KVLedgerError], Callable[[], object]]]:
+        """The bad calls the current state allows: (what, typed error, call)."""
+        sched = self.sched
+        used = sorted(sched.requests)
+        calls: list[tuple[str, type[KVLedgerError], Callable[[], object]]] = [
+            (
+                "a generator prompt",
+                InvalidArgument,
+                lambda: sched.add_request(self.next_rid, iter([1, 2]), 2),
+            ),
+            ("an empty prompt", InvalidArgument, lambda: sched.add_request(self.next_rid, [], 2)),
+            ("a float token", InvalidArgument, lambda: sched.add_request(self.next_rid, [1, 2.0], 2)),
+            (
+                "a token outside the vocabulary",
+                InvalidArgument,
+                lambda: sched.add_request(self.next_rid, [1, 32000], 2),
+            ),
+            ("a negative token", InvalidArgument, lambda: sched.add_request(self.next_rid, [-1], 2)),
+            ("max_new_tokens 0", InvalidArgument, lambda: sched.add_request(self.next_rid, [1], 0)),
+            ("abort of an unknown rid", UnknownRequest, lambda: sched.abort(self.next_rid + 1000)),
+            ("abort of a str rid", InvalidArgument, lambda: sched.abort("0")),
+            ("a batch built outside step", InvalidState, sched.get_next_batch_to_run),
+            ("a prefill built outside step", InvalidState, sched.get_new_batch_prefill),
+            ("a decode built outside step", InvalidState, sched.update_running_batch),
+            ("force_retract(0)", InvalidArgument, lambda: sched.force_retract(0)),
+            ("run_until_idle(0)", InvalidArgument, lambda: sched.run_until_idle(0)),
+            ("an unknown fault kind", InvalidArgument, lambda: sched.faults.fail_next("disk")),
+            ("retract of None", InvalidArgument, lambda: sched.retract(None)),  # type: ignore[arg-type]
+        ]
+        if used:
+            rid = used[-1]
+            calls.append(("a used rid", InvalidArgument, lambda: sched.add_request(rid, [1], 2)))
+        in_flight = {id(r) for b in sched.inflight for r in b.reqs}
+        for req in list(sched.requests.values()):
+            if req not in sched.running or req.state is not ReqState.RUNNING or id(req) in in_flight:
+                calls.append(
+                    (f"retract of a {req.state.value} request", InvalidState, lambda r=req: sched.retract(r))
+                )
+        for batch in self.launched:
+            if not sched.inflight or sched.inflight[0] is not batch:
+                calls.append(
+                    ("re-processing a batch", BatchNotInFlight, lambda b=batch: sched.process_batch_result(b))
+                )
+        return calls
+
+    @rule(data=st.data())
+    def bad_call(self, data: st.DataObject) -> None:
+        what, error, call = data.draw(st.sampled_from(self._bad_calls()), label="bad call")
+        before = snapshot.take(self.sched)
+        try:
+            call()
+        except KVLedgerError as exc:
+            assert isinstance(exc, error), (
+                f"{what}: expected {error.__name__}, got {type(exc).__name__}: {exc}"
+            )
+        else:
+            raise AssertionError(f"{what}: accepted although bad")
+        changed = snapshot.differences(before, snapshot.take(self.sched))
+        assert not changed, f"{what}: refused but changed {changed}"
+        event(f"bad call: {what.split(' request')[0]}")
 
     @invariant()
     def identities_hold(self) -> None:
@@ -163,7 +248,9 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert req.state.is_done, f"liveness: {req!r} never ended"
             assert req.finish_reason, f"{req!r} ended without a reason"
             if req.state is ReqState.FINISHED:
-                check_output_oracle(req, req.output_ids, self.expected(req.origin_input_ids, req.max_new_tokens))
+                check_output_oracle(
+                    req, req.output_ids, self.expected(req.origin_input_ids, req.max_new_tokens)
+                )
 
     def expected(self, prompt: list[int], max_new_tokens: int) -> list[int]:
         """The oracle: what the request generates when run alone with no cache."""
