@@ -19,10 +19,12 @@ from typing import Any
 import torch
 
 from kvledger.contracts.owners import REQ_RUNNING, REQ_WAITING, Owner
+from kvledger.reference.disagg import PDSpec, build_pd
 from kvledger.reference.engine import EngineSpec, build_engine
 from kvledger.reference.pools import (
     KVBufferPool,
     MambaPool,
+    MetadataBufferPool,
     PagedTokenToKVPoolAllocator,
     ReqToTokenPool,
     TokenToKVPoolAllocator,
@@ -240,6 +242,29 @@ def sched_overlap_scene() -> Scene:
     return _sched_scene(True)
 
 
+# ---------------------------------------------------------------------- PD
+def metadata_scene() -> Scene:
+    pool = MetadataBufferPool(5)
+    a, b = owners()
+    a_ids = [pool.alloc(a), pool.alloc(a)]
+    b_ids = [pool.alloc(b)]
+    pool.set_buf(a_ids[0], 7, 3)
+    return Scene(roots=(pool,), pool=pool, a=a, b=b, a_ids=a_ids, b_ids=b_ids, free_ids=_free_ids(pool))
+
+
+def pd_scene() -> Scene:
+    """A PD system: request 0 finished, 1 between the instances (prefilled or in transfer), 2 waiting."""
+    system = build_pd(PDSpec())
+    system.add_request(0, [1, 2, 3], 2)
+    system.run_until_idle(200)
+    system.add_request(1, list(range(1, 20)), 8)
+    system.step()
+    system.step()
+    system.add_request(2, [5, 6, 7], 3)
+    assert not system.is_quiescent()
+    return Scene(roots=(system,), system=system, sched=system.decode)
+
+
 def empty_scene() -> Scene:
     """For constructors and module functions: nothing exists yet, so nothing may change."""
     return Scene(roots=())
@@ -256,5 +281,7 @@ SCENES: dict[str, Callable[[], Scene]] = {
     "mamba_cache": with_foreign(mamba_cache_scene),
     "sched": sched_scene,
     "sched_overlap": sched_overlap_scene,
+    "metadata": metadata_scene,
+    "pd": pd_scene,
     "empty": empty_scene,
 }

@@ -89,7 +89,7 @@ def _pool(pool: Any) -> dict[str, Any]:
         out["pending_n"] = ids.pending_count()
         out["hooks"] = (ids.on_alloc, ids.on_release)
         out["ledger"] = ledger_state(ids.ledger)
-    for attr in ("req_to_token", "_conv", "_temporal", "k_buffer", "v_buffer"):
+    for attr in ("req_to_token", "_conv", "_temporal", "k_buffer", "v_buffer", "bootstrap_room", "output_id"):
         tensor = getattr(pool, attr, None)
         if isinstance(tensor, torch.Tensor):
             out[attr] = _bits(tensor)
@@ -173,12 +173,34 @@ def _scheduler(sched: Any) -> dict[str, Any]:
         "counters": (sched.step_no, sched.new_token_ratio, sched._next_batch_id, sched.accounting.checks_run),
         "faults": (tuple(sorted(sched.faults.pending.items())), sched.faults.fired),
         "config": sched.config,
+        # a PD instance: its transfer queues and leases, by identity and order
+        "pd_queues": tuple(
+            (name, tuple(map(id, q))) for name, q in sorted(getattr(sched, "pd_queues", dict)().items())
+        ),
+    }
+
+
+def _channel(channel: Any) -> dict[str, Any]:
+    """A transfer channel: every room's fields (dataclass reprs), the event queue, faults and clocks."""
+    return {
+        "rooms": tuple(sorted((k, repr(v)) for k, v in channel.rooms.items())),
+        "events": repr(channel._events),
+        "clock": (channel.now, channel._seq, repr(channel.stats), repr(channel._injected)),
+    }
+
+
+def _system(system: Any) -> dict[str, Any]:
+    return {
+        "pairs": tuple(sorted((rid, id(p), id(d)) for rid, (p, d) in system.pairs.items())),
+        "drain": (tuple(sorted(system.undrained.items())), system.drained_aborts, system.longest_drain),
+        "step": (system.step_no, id(system.last_prefill_batch)),
     }
 
 
 def _children(obj: Any) -> Iterable[tuple[str, Any]]:
     """The objects ``obj`` holds that are snapshotted in their own right."""
-    for attr in ("kv_allocator", "req_to_token_pool", "mamba_pool", "tree", "token_to_kv_pool_allocator"):
+    attrs = ("kv_allocator", "req_to_token_pool", "mamba_pool", "tree", "token_to_kv_pool_allocator")
+    for attr in (*attrs, "metadata_pool", "prefill", "decode", "channel"):
         child = getattr(obj, attr, None)
         if child is not None:
             yield attr, child
@@ -198,7 +220,11 @@ def take(*roots: Any) -> Snapshot:
         if obj is None or id(obj) in seen:
             continue
         seen[id(obj)] = name
-        if hasattr(obj, "inflight") and hasattr(obj, "waiting"):
+        if hasattr(obj, "pairs") and hasattr(obj, "channel"):
+            parts = _system(obj)
+        elif hasattr(obj, "rooms") and hasattr(obj, "_events"):
+            parts = _channel(obj)
+        elif hasattr(obj, "inflight") and hasattr(obj, "waiting"):
             parts = _scheduler(obj)
         elif hasattr(obj, "root") and hasattr(obj, "_full_lru"):
             parts = _cache(obj)

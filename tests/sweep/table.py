@@ -109,6 +109,13 @@ NOT_SWEPT: dict[str, str] = {
     "TinyHybridWeights": "model weights (the model's own area)",
     "TreeKind": "a type alias",
     "ModelKind": "a type alias",
+    "EngineParts": "a result record of build_parts (swept through build_engine and build_pd)",
+    # PD: records, enums and counters
+    "PDReq": "a request record (swept through PDSystem.add_request/abort)",
+    "PDStats": "counters",
+    "Component": "an enum",
+    "Fault": "an enum",
+    "Poll": "an enum",
 }
 
 
@@ -147,13 +154,22 @@ def members_of(name: str, obj: Any) -> list[str]:
     if not inspect.isclass(obj):
         return [name]
     out = [f"{name}.__init__"]
+    swept = tuple(o for o in swept_objects().values() if inspect.isclass(o) and o is not obj)
     for attr in sorted(dir(obj)):
-        if attr.startswith("_"):
+        if attr.startswith("_") or _inherited_from(obj, attr, swept):
             continue
         static = inspect.getattr_static(obj, attr)
         if isinstance(static, (staticmethod, classmethod, property)) or inspect.isfunction(static):
             out.append(f"{name}.{attr}")
     return out
+
+
+def _inherited_from(cls: type, attr: str, swept: tuple[type, ...]) -> bool:
+    """Whether ``cls`` inherits ``attr`` unchanged from another swept class (whose rows cover it)."""
+    for klass in cls.__mro__:
+        if attr in vars(klass):
+            return klass is not cls and klass in swept
+    return False
 
 
 def public_members() -> list[str]:

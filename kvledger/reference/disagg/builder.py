@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from kvledger.contracts.errors import InvalidArgument
 from kvledger.contracts.sizing import decode_mamba_slots, decode_rows, default_pre_alloc_size
+from kvledger.reference.config_fields import check_fields
 from kvledger.reference.disagg.channel import ChannelConfig, InstanceData, TransferChannel
 from kvledger.reference.disagg.decode import DecodeScheduler
 from kvledger.reference.disagg.prefill import PrefillScheduler
@@ -36,6 +37,7 @@ class PDSpec:
     channel: ChannelConfig = field(default_factory=ChannelConfig)
 
     def __post_init__(self) -> None:
+        check_fields(self)  # engine specs, channel config, ints (not bools or floats) by their annotations
         for name in _SHARED:
             if getattr(self.prefill, name) != getattr(self.decode, name):
                 raise InvalidArgument(
@@ -53,6 +55,10 @@ class PDSpec:
 
 
 def build_pd(spec: PDSpec) -> PDSystem:
+    """Both instances, their metadata pools and the channel for ``spec`` (a :class:`PDSpec`, checked when it
+    was made)."""
+    if not isinstance(spec, PDSpec):
+        raise InvalidArgument(f"build_pd: expected a PDSpec, got {type(spec).__name__}")
     channel = TransferChannel(spec.channel)
     p = build_parts(replace(spec.prefill, name_prefix="prefill."))
     d_in = spec.decode

@@ -70,6 +70,8 @@ class TransferChannel:
     """One prefill-decode pair's transfer engine. ``advance(now)`` runs every event due at ``now``."""
 
     def __init__(self, config: ChannelConfig | None = None) -> None:
+        if config is not None and not isinstance(config, ChannelConfig):
+            raise InvalidArgument(f"TransferChannel: config must be a ChannelConfig, got {type(config).__name__}")
         self.config = config or ChannelConfig()
         self.now = 0
         self.rooms: dict[int, Room] = {}

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvledger.contracts.errors import InvalidArgument
+from kvledger.reference.config_fields import check_fields
 
 
 class Component(str, enum.Enum):
@@ -58,6 +59,7 @@ class ChannelConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        check_fields(self)  # ints are not bools or floats; the rate a finite number
         for name in ("latency", "bootstrap_timeout", "transfer_timeout", "message_timeout"):
             if getattr(self, name) < 1:
                 raise InvalidArgument(f"ChannelConfig.{name} must be >= 1, got {getattr(self, name)}")

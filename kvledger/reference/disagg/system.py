@@ -27,6 +27,7 @@ from kvledger.reference.disagg.channel import Component, Message, TransferChanne
 from kvledger.reference.disagg.decode import DecodeScheduler
 from kvledger.reference.disagg.prefill import PrefillScheduler
 from kvledger.reference.disagg.request import DECODE, PREFILL, PDReq
+from kvledger.reference.pools.validate import check_positive
 from kvledger.reference.scheduler.request import ReqState
 
 
@@ -48,6 +49,7 @@ class DrainRecord:
 
 class PDSystem:
     def __init__(self, prefill: PrefillScheduler, decode: DecodeScheduler, channel: TransferChannel) -> None:
+        check_wiring(prefill, decode, channel)
         self.prefill = prefill
         self.decode = decode
         self.channel = channel
@@ -84,7 +86,7 @@ class PDSystem:
 
     def abort(self, rid: int, side: str = DECODE) -> bool:
         """A client abort arriving at ``side``; False if that side's request had already ended."""
-        if side not in (PREFILL, DECODE):
+        if not isinstance(side, str) or side not in (PREFILL, DECODE):
             raise InvalidArgument(f"side must be 'prefill' or 'decode', got {side!r}")
         inst = self.prefill if side == PREFILL else self.decode
         with self._side(side):
@@ -114,6 +116,7 @@ class PDSystem:
         return self.prefill.is_quiescent() and self.decode.is_quiescent() and self.channel.is_idle()
 
     def run_until_idle(self, max_steps: int = 100_000) -> int:
+        check_positive(max_steps, "max_steps")
         taken = 0
         while self.has_work():
             if taken >= max_steps:
@@ -224,3 +227,17 @@ class PDSystem:
 def _locked_in_tree(owner: Owner | None) -> bool:
     """A prefill source page may also be a cache node's, as long as a lock protects it."""
     return owner is not None and owner.kind.startswith("node") and owner.account is CACHE_PROTECTED
+
+
+def check_wiring(prefill: Any, decode: Any, channel: Any) -> None:
+    """The system's collaborators: a prefill and a decode instance sharing ``channel`` (bad wiring is an
+    operating error, refused before the channel's landing hook is installed)."""
+    for what, value, cls in (
+        ("prefill", prefill, PrefillScheduler),
+        ("decode", decode, DecodeScheduler),
+        ("channel", channel, TransferChannel),
+    ):
+        if not isinstance(value, cls):
+            raise InvalidArgument(f"PDSystem: {what} must be a {cls.__name__}, got {type(value).__name__}")
+    if prefill.channel is not channel or decode.channel is not channel:
+        raise InvalidArgument("PDSystem: both instances must use the system's channel")

@@ -18,11 +18,20 @@ from typing import Any
 import torch
 
 from kvledger import kernels
-from kvledger.contracts.errors import InvalidArgument
+from kvledger.contracts.errors import InvalidArgument, SlotOutOfRange
 from kvledger.contracts.owners import FREE, Owner
 from kvledger.contracts.switch import ensure, invariant, snapshot
 from kvledger.reference.pools.id_free_list import HELD, IdFreeList
-from kvledger.reference.pools.validate import as_index_tensor, check_count, check_positive, resolve_device
+from kvledger.reference.pools.validate import (
+    as_index_tensor,
+    check_count,
+    check_in_range,
+    check_name,
+    check_owner,
+    check_positive,
+    check_unique,
+    resolve_device,
+)
 
 
 @invariant(
@@ -36,7 +45,7 @@ class MetadataBufferPool:
     def __init__(self, size: int, *, device: str | torch.device = "cpu", name: str = "metadata") -> None:
         check_positive(size, "size")
         self.size = size
-        self.name = name
+        self.name = check_name(name)
         self.device = resolve_device(device)
         # Layer-major [L=1, S, F=1] so the slot kernels apply (a store writes both buffers at once).
         self.bootstrap_room = torch.zeros((1, size, 1), dtype=torch.int64, device=self.device)
@@ -66,6 +75,7 @@ class MetadataBufferPool:
     )
     def alloc(self, owner: Owner) -> int | None:
         """One slot for ``owner``, or None when none is free (the caller waits: FIFO admission stops)."""
+        check_owner(owner)
         ids = self._slots.alloc(1, owner)
         return None if ids is None else int(ids[0])
 
@@ -73,6 +83,7 @@ class MetadataBufferPool:
     @ensure(lambda self, OLD: self.available_size() + self._slots.pending_count() == OLD.reclaimable + 1)
     def free(self, slot: int, owner: Owner) -> None:
         """Return ``owner``'s slot; DoubleFree / ForeignSlot / SlotOutOfRange on bad input, nothing changed."""
+        check_owner(owner)
         t = as_index_tensor(check_count(slot, "slot"), self.device, f"{self.name}.free")
         self._slots.validate_release(t, owner, "free", "slot")
         self._slots.release(t, owner, "free")
@@ -96,30 +107,62 @@ class MetadataBufferPool:
         if check_count(room, "room") < 1:
             raise InvalidArgument(f"[{self.name}] set_buf: room must be >= 1 (0 marks an empty slot)")
         check_count(output_id, "output_id")
-        self.store(idx, torch.tensor([[room]], dtype=torch.int64), torch.tensor([[output_id]], dtype=torch.int64))
+        self.store(
+            idx, torch.tensor([[room]], dtype=torch.int64), torch.tensor([[output_id]], dtype=torch.int64)
+        )
 
     def store(self, slots: torch.Tensor, rooms: torch.Tensor, output_ids: torch.Tensor) -> None:
-        """Raw store of ``[n, 1]`` rooms and output ids at ``slots`` (the transfer's landing path)."""
+        """Raw store of ``[n, 1]`` rooms and output ids at ``slots`` (the transfer's landing path): distinct
+        slots some request holds, int tensors of shape ``[n, 1]``; checked before anything is written."""
+        idx = self._check_slots(slots, "store", held=True)
+        n = idx.numel()
+        for what, values in (("rooms", rooms), ("output_ids", output_ids)):
+            if not isinstance(values, torch.Tensor) or values.dtype not in (torch.int32, torch.int64):
+                raise InvalidArgument(f"[{self.name}] store: {what} must be an int32/int64 tensor")
+            if tuple(values.shape) != (n, 1):
+                raise InvalidArgument(
+                    f"[{self.name}] store: {what} must have shape [{n}, 1], got {tuple(values.shape)}"
+                )
         kernels.store_kv(
             self.bootstrap_room,
             self.output_id,
             0,
-            slots,
+            idx,
             rooms.to(device=self.device, dtype=torch.int64),
             output_ids.to(device=self.device, dtype=torch.int64),
         )
 
     def gather(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The ``[n, 1]`` rooms and output ids stored at ``slots`` (copies)."""
-        return self.bootstrap_room[0, slots].clone(), self.output_id[0, slots].clone()
+        """The ``[n, 1]`` rooms and output ids stored at ``slots`` (copies; slots inside the pool)."""
+        idx = self._check_slots(slots, "gather", held=False)
+        return self.bootstrap_room[0, idx].clone(), self.output_id[0, idx].clone()
 
     def read(self, slot: int) -> tuple[int, int]:
-        """``(bootstrap_room, output_id)`` of one slot."""
+        """``(bootstrap_room, output_id)`` of one slot (inside the pool; a free slot reads its poison)."""
+        self._check_slot(slot, "read")
         return int(self.bootstrap_room[0, slot, 0]), int(self.output_id[0, slot, 0])
 
     def poisoned(self, slot: int) -> bool:
+        self._check_slot(slot, "poisoned")
         idx = torch.tensor([slot], dtype=torch.int64, device=self.device)
-        return bool(kernels.any_poisoned(self.bootstrap_room, idx)[0] | kernels.any_poisoned(self.output_id, idx)[0])
+        return bool(
+            kernels.any_poisoned(self.bootstrap_room, idx)[0] | kernels.any_poisoned(self.output_id, idx)[0]
+        )
+
+    def _check_slot(self, slot: Any, op: str) -> None:
+        """A slot number inside the pool: a negative one would wrap around."""
+        if check_count(slot, "slot") >= self.size:
+            raise SlotOutOfRange(f"[{self.name}] {op}: slot {slot} outside [0, {self.size})")
+
+    def _check_slots(self, slots: Any, op: str, *, held: bool) -> torch.Tensor:
+        idx = as_index_tensor(slots, self.device, f"{self.name}.{op}")
+        check_in_range(idx, 0, self.size - 1, self.name, "slot")
+        if held:
+            check_unique(idx, self.name, "slot")
+            state = self._slots.state
+            if not all(int(state[i]) == HELD for i in idx.tolist()):
+                raise InvalidArgument(f"[{self.name}] {op}: slot(s) {idx.tolist()[:8]} not all allocated")
+        return idx
 
     def _zero(self, slots: torch.Tensor) -> None:
         kernels.zero_slots(self.bootstrap_room, slots)
