@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def _child(bare: bool, show: int) -> dict[str, Any]:
     from kvledger.contracts import switch
-    from tests.sweep.cases import CASES, NO_BAD_CALL, QUERIES
+    from tests.sweep.cases import CASES, NO_BAD_CALL, NOT_ENTRY_POINTS, QUERIES
     from tests.sweep.table import public_members, run_case, run_query
 
     counts: collections.Counter[str] = collections.Counter()
@@ -65,6 +65,8 @@ def _child(bare: bool, show: int) -> dict[str, Any]:
         "bare": bare,
         "members": len(members),
         "members_covered": len([m for m in members if m in covered]),
+        "members_not_entry_points": len([m for m in members if m in NOT_ENTRY_POINTS]),
+        "members_uncovered": [m for m in members if m not in covered and m not in NOT_ENTRY_POINTS],
         "calls_tried": len(CASES),
         "needs_ledger_rows": sum(c.needs_ledger for c in CASES),
         "no_argument_members_checked": len(QUERIES),

@@ -18,5 +18,7 @@ echo "== crosshair (the registry's proof targets: every postcondition declared p
 "$PY" scripts/crosshair_gate.py
 echo "== kernels under the Triton interpreter (own process: TRITON_INTERPRET is read at import)"
 TRITON_INTERPRET=1 "$PY" -m pytest -q -m interp tests/kernels -p no:cacheprovider
+echo "== bad-input sweep with contracts off (own process: KVLEDGER_CONTRACTS is read at import)"
+KVLEDGER_CONTRACTS=0 "$PY" -m pytest -q tests/sweep -p no:cacheprovider
 echo "== test suite (contracts on, Hypothesis profile ${HYPOTHESIS_PROFILE:-ci})"
 HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}" "$PY" -m pytest -q -m "not interp and not gpu and not deep" "$@"
