@@ -80,9 +80,9 @@ class EngineSpec:
             raise InvalidArgument(
                 f"EngineSpec.eos_token_id {self.eos_token_id} outside [0, {self.vocab_size})"
             )
-        if self.tree == "mamba_radix" and self.page_size != 1:
+        if self.tree == "mamba_radix" and self.page_size != 1 and self.mamba_strategy != "extra_buffer":
             raise InvalidArgument(
-                "the Mamba radix cache caches states at token granularity: page_size must be 1"
+                "the Mamba radix cache in V1 (no_buffer) caches states at token granularity: page_size must be 1"
             )
         if self.tree == "mamba_radix" and not self.hybrid:
             raise InvalidArgument("the Mamba radix cache needs a Mamba pool (hybrid=True)")

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvledger.reference.pools import MambaPool, TokenToKVPoolAllocator
+from kvledger.reference.pools import MambaPool, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvledger.reference.radix import LockRef, MambaRadixCache, RadixCache
 from tests.sweep.scenes import Scene
 from tests.sweep.table import (
@@ -211,6 +211,18 @@ PAGED_INSERT: list[Row] = [
 ]
 
 MAMBA_INSERT: list[Row] = [
+    _row(
+        WRONG_TYPE,
+        "an unknown state_op (V2)",
+        "InvalidArgument",
+        lambda s: s.cache.insert(_key(s), _value(s), s.a, mamba_slot=s.a_slot, state_op="steal"),
+    ),
+    _row(
+        WRONG_TYPE,
+        "a None state_op (V2)",
+        "InvalidArgument",
+        lambda s: s.cache.insert(_key(s), _value(s), s.a, mamba_slot=s.a_slot, state_op=None),
+    ),
     _row(WRONG_STATE, "no state for a new leaf", "InvalidArgument", lambda s: _insert(s, slot=None)),
     _row(DOUBLE, "a free state slot", "InvalidArgument", lambda s: _insert(s, slot=s.free_slot)),
     _row(
@@ -358,6 +370,24 @@ CTOR_PLAIN: list[Row] = [
 ]
 
 CTOR_MAMBA: list[Row] = [
+    _row(
+        DEGENERATE,
+        "a V2 chunk size 0",
+        "InvalidArgument",
+        lambda s: Mamba(_small_alloc(), _small_pool(), mamba_cache_chunk_size=0),
+    ),
+    _row(
+        WRONG_TYPE,
+        "a float V2 chunk size",
+        "InvalidArgument",
+        lambda s: Mamba(_small_alloc(), _small_pool(), mamba_cache_chunk_size=8.0),
+    ),
+    _row(
+        DEGENERATE,
+        "a V2 chunk size that is not a page multiple",
+        "InvalidArgument",
+        lambda s: Mamba(PagedTokenToKVPoolAllocator(64, 4), _small_pool(), mamba_cache_chunk_size=6),
+    ),
     _row(WRONG_TYPE, "a None allocator", "InvalidArgument", lambda s: Mamba(None, _small_pool())),
     _row(WRONG_TYPE, "a None Mamba pool", "InvalidArgument", lambda s: Mamba(_small_alloc(), None)),
     _row(

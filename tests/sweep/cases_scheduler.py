@@ -311,6 +311,56 @@ CONFIG: list[Row] = [
     _row(DEGENERATE, "clip_max_new_tokens 0", "InvalidArgument", lambda s: Config(clip_max_new_tokens=0)),
 ]
 
+SPEC_V2: list[Row] = [
+    _row(WRONG_TYPE, "an unknown mamba_strategy", "InvalidArgument", lambda s: Spec(mamba_strategy="v3")),
+    _row(
+        WRONG_TYPE,
+        "a bool mamba_track_interval",
+        "InvalidArgument",
+        lambda s: Spec(mamba_track_interval=True),
+    ),
+    _row(WRONG_TYPE, "a float mamba_chunk_size", "InvalidArgument", lambda s: Spec(mamba_chunk_size=8.0)),
+    _row(
+        DEGENERATE,
+        "V1 Mamba radix cache with pages",
+        "InvalidArgument",
+        lambda s: Spec(page_size=4, kv_tokens=64, chunk=8),
+    ),
+]
+
+CONFIG_V2: list[Row] = [
+    _row(
+        WRONG_TYPE, "an unknown strategy", "InvalidArgument", lambda s: Config(mamba_scheduler_strategy="v3")
+    ),
+    _row(
+        DEGENERATE,
+        "track interval 0",
+        "InvalidArgument",
+        lambda s: Config(mamba_scheduler_strategy="extra_buffer", mamba_track_interval=0),
+    ),
+    _row(WRONG_TYPE, "a float track interval", "InvalidArgument", lambda s: Config(mamba_track_interval=2.5)),
+    _row(
+        DEGENERATE,
+        "a kernel chunk that does not divide the page",
+        "InvalidArgument",
+        lambda s: Config(
+            page_size=4, mamba_scheduler_strategy="extra_buffer", mamba_chunk_size=6, mamba_track_interval=4
+        ),
+    ),
+    _row(
+        WRONG_STATE,
+        "interval 1 with overlap",
+        "InvalidArgument",
+        lambda s: Config(overlap=True, mamba_scheduler_strategy="extra_buffer", mamba_track_interval=1),
+    ),
+    _row(
+        DEGENERATE,
+        "a chunked prefill below the capture grid",
+        "InvalidArgument",
+        lambda s: Config(mamba_scheduler_strategy="extra_buffer", chunked_prefill_size=32),
+    ),
+]
+
 SPEC: list[Row] = [
     _row(DEGENERATE, "page_size 0", "InvalidArgument", lambda s: Spec(page_size=0, tree="radix")),
     _row(WRONG_TYPE, "an unknown tree", "InvalidArgument", lambda s: Spec(tree="btree")),
@@ -369,7 +419,7 @@ def _cases(member: str, scene: str, rows: list[Row], suffix: str = "") -> list[C
     ]
 
 
-_BOTH = ("sched", "sched_overlap")
+_BOTH = ("sched", "sched_overlap", "sched_v2")
 
 
 def _both(method: str, rows: list[Row]) -> list[Case]:
@@ -393,6 +443,8 @@ CASES: list[Case] = [
     *_cases("FaultInjector.fail_next", "sched", FAULTS),
     *_cases("SchedulerConfig.__init__", "empty", CONFIG),
     *_cases("EngineSpec.__init__", "empty", SPEC),
+    *_cases("EngineSpec.__init__", "empty", SPEC_V2),
+    *_cases("SchedulerConfig.__init__", "empty", CONFIG_V2),
     *_cases("build_engine", "empty", BUILD),
     *_cases("model_weights", "empty", WEIGHTS),
 ]
@@ -402,6 +454,10 @@ QUERIES: list[Query] = [
         Query(f"Scheduler.{name}", scene, lambda s, n=name: getattr(s.sched, n)())
         for name in ("describe_queues", "ended_count", "has_work", "is_quiescent", "live_requests")
         for scene in ("sched_overlap",)
+    ),
+    *(
+        Query(f"SchedulerConfig.{name}", "sched_v2", lambda s, n=name: getattr(s.sched.config, n))
+        for name in ("extra_buffer", "mamba_cache_chunk_size", "mamba_ping_pong_size")
     ),
     Query(
         "FaultInjector.__init__", "sched", lambda s: FaultInjector(), "a fresh injector: nothing to misuse"

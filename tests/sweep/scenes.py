@@ -203,9 +203,15 @@ SCHED_SPEC = dict(
 )  # fmt: skip
 
 
-def _busy_scheduler(overlap: bool) -> tuple[Any, list[Any]]:
+# Mamba V2 (extra_buffer): tracking slots beside the working slot, captures every 4 tokens
+V2_SPEC = dict(
+    SCHED_SPEC, mamba_strategy="extra_buffer", mamba_chunk_size=8, mamba_track_interval=4, mamba_slots=16
+)
+
+
+def _busy_scheduler(overlap: bool, v2: bool = False) -> tuple[Any, list[Any]]:
     """Requests finished (0), running (1), chunked (2) and waiting (3); with overlap a batch in flight."""
-    sched = build_engine(EngineSpec(overlap=overlap, **SCHED_SPEC))  # type: ignore[arg-type]
+    sched = build_engine(EngineSpec(overlap=overlap, **(V2_SPEC if v2 else SCHED_SPEC)))  # type: ignore[arg-type]
     batches = []
     sched.add_request(0, [1, 2, 3, 4, 5], 2)
     while sched.requests[0].state is not ReqState.FINISHED:
@@ -221,9 +227,9 @@ def _busy_scheduler(overlap: bool) -> tuple[Any, list[Any]]:
     return sched, [b for b in batches if b is not None]
 
 
-def _sched_scene(overlap: bool) -> Scene:
-    sched, batches = _busy_scheduler(overlap)
-    other, other_batches = _busy_scheduler(overlap)
+def _sched_scene(overlap: bool, v2: bool = False) -> Scene:
+    sched, batches = _busy_scheduler(overlap, v2)
+    other, other_batches = _busy_scheduler(overlap, v2)
     inflight = list(sched.inflight)
     assert bool(inflight) == overlap
     processed = [b for b in batches if b not in inflight]
@@ -240,6 +246,11 @@ def sched_scene() -> Scene:
 
 def sched_overlap_scene() -> Scene:
     return _sched_scene(True)
+
+
+def sched_v2_scene() -> Scene:
+    """Mamba V2 with overlap: the requests also hold tracking slots, a batch is in flight."""
+    return _sched_scene(True, v2=True)
 
 
 # ---------------------------------------------------------------------- PD
@@ -281,6 +292,7 @@ SCENES: dict[str, Callable[[], Scene]] = {
     "mamba_cache": with_foreign(mamba_cache_scene),
     "sched": sched_scene,
     "sched_overlap": sched_overlap_scene,
+    "sched_v2": sched_v2_scene,
     "metadata": metadata_scene,
     "pd": pd_scene,
     "empty": empty_scene,

@@ -329,6 +329,8 @@ class MambaRadixCache(RadixTreeBase):
         a state would be a tombstone leaf, I-TOMBSTONE). ``state_op`` names the slot's ledger move
         (``donate``: a V2 request hands its tracking slot over).
         """
+        if not isinstance(state_op, str) or state_op not in ("insert", "donate"):
+            raise InvalidArgument(f"{self.name}.insert: state_op must be 'insert' or 'donate', got {state_op!r}")
         plan = self._plan_insert(key, value, owner, protected_len)
         slot = self._check_insert_slot(mamba_slot, owner, plan)
         if not plan.key:
