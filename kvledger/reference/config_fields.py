@@ -56,6 +56,11 @@ def check_fields(obj: Any) -> None:
         value = getattr(obj, field.name)
         hint = hints.get(field.name, Any)
         if not _matches(value, hint):
+            if typing.get_origin(hint) is typing.Literal:  # a name outside the allowed set
+                raise InvalidArgument(
+                    f"unknown {field.name} {value!r}: {type(obj).__name__}.{field.name} is one of"
+                    f" {', '.join(map(repr, typing.get_args(hint)))}"
+                )
             raise InvalidArgument(
                 f"{type(obj).__name__}.{field.name} must be {_describe(hint)}, got {type(value).__name__} {value!r}"
             )
