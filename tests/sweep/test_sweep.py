@@ -95,3 +95,25 @@ def _change(scene: Scene) -> None:
         scene.pool.free(scene.a_ids[0], scene.a)
     else:
         scene.pool.free(scene.a_ids[:1], scene.a)
+
+
+@pytest.mark.fires("I-CALL-STATE")
+def test_retracting_a_waiting_request_is_refused_and_changes_nothing() -> None:
+    from kvledger.contracts.errors import InvalidState
+
+    scene = build_scene("sched")
+    before = snapshot.take(*scene.roots)
+    with pytest.raises(InvalidState, match="I-CALL-STATE"):
+        scene.sched.retract(scene.waiting)
+    assert not snapshot.differences(before, snapshot.take(*scene.roots))
+
+
+@pytest.mark.fires("I-RESULTS-ONCE")
+def test_a_processed_batch_is_not_processed_again() -> None:
+    from kvledger.contracts.errors import BatchNotInFlight
+
+    scene = build_scene("sched_overlap")
+    before = snapshot.take(*scene.roots)
+    with pytest.raises(BatchNotInFlight, match="I-RESULTS-ONCE"):
+        scene.sched.process_batch_result(scene.processed[-1])
+    assert not snapshot.differences(before, snapshot.take(*scene.roots))

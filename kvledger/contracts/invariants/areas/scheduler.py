@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from kvledger.contracts.invariants.model import Area, Invariant, Origin, Severity, contract, oracle, recount
+from kvledger.contracts.invariants.model import (
+    Area,
+    Invariant,
+    Origin,
+    Severity,
+    contract,
+    input_check,
+    oracle,
+    recount,
+)
 
 SCHED = "kvledger/reference/scheduler/scheduler.py"
 MEMORY = "kvledger/reference/scheduler/memory.py"
@@ -238,6 +247,37 @@ AREA = Area(
                 ),
             ),
             exercised_by=(MACHINE, ORACLE_MACHINE),
+        ),
+        Invariant(
+            id="I-CALL-STATE",
+            title="a call the scheduler's state does not allow is refused",
+            statement=(
+                "A well-formed call that the scheduler's current state does not allow (retracting a request"
+                " that is not running, belongs to another scheduler or is referenced by a batch in flight;"
+                " building a batch outside `step`) raises `InvalidState` and changes nothing."
+            ),
+            severity=Severity.OPERATING_ERROR,
+            origin=Origin.KVLEDGER,
+            parts=ALL,
+            checks=(
+                input_check(f"{SCHED}:Scheduler.retract", "only a running request of this scheduler"),
+                input_check(f"{SCHED}:Scheduler.get_next_batch_to_run", "batches are built inside `step`"),
+            ),
+            exercised_by=(MACHINE, "tests/sweep/test_sweep.py:test_bad_call"),
+        ),
+        Invariant(
+            id="I-RESULTS-ONCE",
+            title="a batch's results are processed once, in launch order",
+            statement=(
+                "`process_batch_result` accepts only the oldest batch in flight; a batch already processed,"
+                " launched by another scheduler or not yet due raises `BatchNotInFlight` and changes"
+                " nothing (with overlap, an early processing is not repeated by the next `step`)."
+            ),
+            severity=Severity.OPERATING_ERROR,
+            origin=Origin.KVLEDGER,
+            parts=ALL,
+            checks=(input_check(f"{SCHED}:Scheduler.process_batch_result", "the oldest batch in flight"),),
+            exercised_by=(MACHINE, "tests/sweep/test_sweep.py:test_bad_call"),
         ),
     ),
 )
