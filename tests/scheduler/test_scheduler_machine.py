@@ -100,13 +100,15 @@ def setups(
 
 
 class SchedulerMachine(RuleBasedStateMachine):
+    # the last batches step() launched (re-processing a processed one is a bad call); a tuple, rebound
+    # by step(), so subclasses with their own initialize rule (the model oracle machines) inherit it
+    launched: tuple[Any, ...] = ()
+
     @initialize(setup=setups())
     def init(self, setup: Setup) -> None:
         self.setup = setup
         self.sched = build(setup)
         self.next_rid = 0
-        # the last batches step() launched (re-processing a processed one is a bad call)
-        self.launched: list[Any] = []
         event(
             f"tree={setup.tree} page={setup.page_size} overlap={setup.overlap}"
             + (" extra_buffer" if setup.mamba_strategy == "extra_buffer" else "")
@@ -128,7 +130,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         for _ in range(n):
             batch = self.sched.step()
             if batch is not None:
-                self.launched = [*self.launched[-7:], batch]
+                self.launched = (*self.launched[-7:], batch)
         if self.sched.stats.retractions:
             event("retraction happened")
 

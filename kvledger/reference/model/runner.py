@@ -66,6 +66,11 @@ class TinyHybridRunner:
         self.written = KVWriteShadow(kv_buffer.num_slots, kv_buffer.device)
         self.tokens_computed = 0
 
+    @property
+    def vocab_size(self) -> int:
+        """The model's vocabulary: the scheduler refuses a prompt token outside it (I-TYPED-INPUT)."""
+        return int(self.weights.config.vocab_size)
+
     def forward(
         self, reqs: Sequence[Req], extend_lens: Sequence[int], out_cache_loc: torch.Tensor, is_decode: bool
     ) -> list[int]:
