@@ -28,6 +28,7 @@ from typing import IO, Any
 import numpy as np
 
 from kvledger.audit import events as E
+from kvledger.contracts.errors import InvalidArgument
 from kvledger.contracts.ledger import Ledger
 from kvledger.contracts.owners import FREE_LIST, Account, Owner
 
@@ -39,6 +40,7 @@ class Recorder:
     """Writes the event log of ``scheduler`` (a :class:`kvledger.reference.scheduler.Scheduler`) to ``out``."""
 
     def __init__(self, scheduler: Any, out: IO[str], *, source: str = "kvledger") -> None:
+        _check_recordable(scheduler, out, source)  # all checks before the header or any observer
         self.s = scheduler
         self.out = out
         self.events = 0
@@ -276,3 +278,24 @@ class Recorder:
         self._emit(
             {"ev": "step", "step": scheduler.step_no, "terms": terms, "quiescent": scheduler.is_quiescent()}
         )
+
+
+def _check_recordable(scheduler: Any, out: Any, source: Any) -> None:
+    """A scheduler whose pools all have ledgers with no observer yet, a writable text stream, a str
+    source: anything else is InvalidArgument (a ValueError), and nothing is written or installed."""
+    if not callable(getattr(out, "write", None)):
+        raise InvalidArgument(f"Recorder: out must be a writable text stream, got {type(out).__name__}")
+    if not isinstance(source, str):
+        raise InvalidArgument(f"Recorder: source must be a str, got {type(source).__name__}")
+    if not all(hasattr(scheduler, a) for a in ("accounting", "on_step", "kv_allocator", "req_to_token_pool")):
+        raise InvalidArgument(f"Recorder: expected a kvledger Scheduler, got {type(scheduler).__name__}")
+    for name, attr in (("kv", "kv_allocator"), ("req", "req_to_token_pool"), ("mamba", "mamba_pool")):
+        pool = getattr(scheduler, attr, None)
+        if pool is None:
+            continue
+        if not getattr(pool.ledger, "enabled", False):
+            raise InvalidArgument(
+                "recording needs the pools' ledgers: build the engine under override_ledgers(True)"
+            )
+        if pool.ledger.observer is not None:
+            raise InvalidArgument(f"pool {name!r} already has a ledger observer")

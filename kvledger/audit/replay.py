@@ -137,9 +137,15 @@ class Auditor:
     # ------------------------------------------------------------------ driving
     def feed_line(self, line: str, where: int) -> None:
         """Parse and check one line (``where``: its 1-based number, the event's number)."""
+        if not isinstance(line, str):
+            raise EventLogError(f"event {where}: a line must be a str, got {type(line).__name__}")
         self.feed(E.parse(line, where), where, line)
 
     def feed(self, ev: dict[str, Any], where: int, line: str = "") -> None:
+        if isinstance(where, bool) or not isinstance(where, int) or where < 1:
+            raise EventLogError(f"an event's number must be an int >= 1, got {where!r}")
+        if not isinstance(ev, dict) or not isinstance(ev.get("ev"), str):
+            raise EventLogError(f"event {where}: an event is a JSON object with a str 'ev', got {ev!r}"[:200])
         self.event, self.line = where, line
         kind = ev["ev"]
         if not self._header:
@@ -655,12 +661,16 @@ class Auditor:
 def audit_lines(lines: Iterable[str], path: str = "<lines>") -> AuditReport:
     """Audit a log given as lines; stops at the first violation (in the report, not raised). A malformed
     log raises :class:`EventLogError`."""
+    if isinstance(lines, (str, bytes)) or not isinstance(lines, Iterable):
+        raise EventLogError(f"{path}: expected an iterable of lines, got {type(lines).__name__}")
     auditor = Auditor()
     report = AuditReport(path)
     cpu = time.process_time()
     where = 0
     try:
         for where, line in enumerate(lines, start=1):
+            if not isinstance(line, str):
+                raise EventLogError(f"event {where}: a line must be a str, got {type(line).__name__}")
             if not line.strip():
                 raise EventLogError(f"event {where}: an empty line")
             auditor.feed_line(line, where)
@@ -679,6 +689,8 @@ def audit_lines(lines: Iterable[str], path: str = "<lines>") -> AuditReport:
 
 def audit_file(path: str | Path) -> AuditReport:
     """Audit the log at ``path`` (JSON lines). Unreadable: :class:`EventLogError`."""
+    if not isinstance(path, (str, Path)):
+        raise EventLogError(f"a log path must be a str or a Path, got {type(path).__name__}")
     try:
         with open(path, encoding="utf-8") as f:
             return audit_lines(f, str(path))

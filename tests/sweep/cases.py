@@ -2,19 +2,30 @@
 
 from __future__ import annotations
 
-from tests.sweep import cases_caches, cases_pd, cases_pools, cases_scheduler
+from tests.sweep import cases_audit, cases_caches, cases_pd, cases_pools, cases_scheduler
 from tests.sweep.table import Case, Query
 
-CASES: list[Case] = [*cases_pools.CASES, *cases_caches.CASES, *cases_scheduler.CASES, *cases_pd.CASES]
+CASES: list[Case] = [
+    *cases_pools.CASES,
+    *cases_caches.CASES,
+    *cases_scheduler.CASES,
+    *cases_pd.CASES,
+    *cases_audit.CASES,
+]
 QUERIES: list[Query] = [
     *cases_pools.QUERIES,
     *cases_caches.QUERIES,
     *cases_scheduler.QUERIES,
     *cases_pd.QUERIES,
+    *cases_audit.QUERIES,
 ]
-NO_BAD_CALL: dict[str, str] = {**cases_scheduler.NO_BAD_CALL, **cases_pd.NO_BAD_CALL}
+NO_BAD_CALL: dict[str, str] = {
+    **cases_scheduler.NO_BAD_CALL,
+    **cases_pd.NO_BAD_CALL,
+    **cases_audit.NO_BAD_CALL,
+}
 """Members that take no argument and are allowed in every state, but change state (so they are not
 queries): there is no bad call to make. Each names why."""
 
-NOT_ENTRY_POINTS: dict[str, str] = {**cases_pd.NOT_ENTRY_POINTS}
+NOT_ENTRY_POINTS: dict[str, str] = {**cases_pd.NOT_ENTRY_POINTS, **cases_audit.NOT_ENTRY_POINTS}
 """Members the sweep does not call, each with why (hooks and step phases; PD rows still pending)."""

@@ -452,7 +452,14 @@ CASES: list[Case] = [
 QUERIES: list[Query] = [
     *(
         Query(f"Scheduler.{name}", scene, lambda s, n=name: getattr(s.sched, n)())
-        for name in ("describe_queues", "ended_count", "has_work", "is_quiescent", "live_requests")
+        for name in (
+            "describe_queues",
+            "ended_count",
+            "has_work",
+            "is_quiescent",
+            "live_requests",
+            "queued_requests",
+        )
         for scene in ("sched_overlap",)
     ),
     *(

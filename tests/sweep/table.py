@@ -85,6 +85,7 @@ PACKAGES = (
     "kvledger.reference.scheduler",
     "kvledger.reference.engine",
     "kvledger.reference.disagg",
+    "kvledger.audit",
 )
 
 NOT_SWEPT: dict[str, str] = {
@@ -116,6 +117,7 @@ NOT_SWEPT: dict[str, str] = {
     "Component": "an enum",
     "Fault": "an enum",
     "Poll": "an enum",
+    "AuditReport": "a result record of audit_lines/audit_file",
 }
 
 
