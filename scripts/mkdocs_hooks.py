@@ -113,9 +113,10 @@ def transitions_page(specs: dict[str, str]) -> str:
         "Accounts and owners: [the model](model.md); the diagrams: [lifecycles](../lifecycles.md).",
         "",
     ]
+    short = dict(SPEC_ORDER)
     for s in sections:
-        page_title = title_of(specs[s.source], s.source)
-        out += [f"## {page_title}: {s.heading}", "", f"*From [{s.source}]({s.source}).*", ""]
+        page_title = short.get(s.source) or title_of(specs[s.source], s.source)
+        out += [f"## {page_title}: {s.heading}", "", f"*From [spec/{s.source}]({s.source}), the text to edit.*", ""]
         # Demote the section's own subheadings below the new level-2 heading.
         out += [re.sub(r"^(#{3,5}) ", r"#\1 ", s.body, flags=re.MULTILINE), ""]
     return "\n".join(out)

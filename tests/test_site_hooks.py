@@ -41,7 +41,7 @@ def test_the_transitions_page_carries_every_transition_table_of_the_spec() -> No
         if line.startswith("| "):
             assert line in page  # the rows themselves, not a copy made by hand
     assert tables
-    sources = re.findall(r"^\*From \[([\w.-]+)\]", page, flags=re.MULTILINE)
+    sources = re.findall(r"^\*From \[spec/([\w.-]+)\]", page, flags=re.MULTILINE)
     assert "model.md" in sources
     for name in ("pd.md", "mamba-v2.md"):
         if name in specs:
