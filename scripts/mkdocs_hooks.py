@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from mkdocs.config.defaults import MkDocsConfig
+from mkdocs.exceptions import PluginError
 from mkdocs.structure.files import File, Files
 from mkdocs.structure.pages import Page
 
@@ -168,13 +169,20 @@ def _invariant_links(ids: tuple[str, ...] | list[str], depth: str) -> str:
     return ", ".join(f"[`{i}`]({depth}spec/invariants.md#{anchor(i)})" for i in ids) or "none"
 
 
+_THREAD = re.compile(r"\b([\w.-]+/[\w.-]+)#(\d+)\b")
+
+
+def linked_threads(text: str) -> str:
+    """``owner/repo#123`` as a link to that GitHub thread (GitHub redirects an issue number to its PR)."""
+    return _THREAD.sub(lambda m: f"[{m.group(0)}](https://github.com/{m.group(1)}/issues/{m.group(2)})", text)
+
+
 def exhibit_page(exhibit: Any) -> str:
     def field(name: str, default: Any = "") -> Any:
         return getattr(exhibit, name, default) or default
 
     rows = [
-        ("catalogue id", f"`{exhibit.id}`"),
-        ("upstream", field("upstream", "n/a")),
+        ("upstream", linked_threads(str(field("upstream", "n/a")))),
         ("breaks", _invariant_links(tuple(field("breaks", ())), "../")),
         ("scope", field("scope", "in scope")),
     ]
@@ -182,16 +190,17 @@ def exhibit_page(exhibit: Any) -> str:
         rows.append(("re-enacted by replacing", f"`{field('replaces')}`"))
     if field("machine") and getattr(exhibit, "huntable", True):
         rows.append(("found by", f"the generic `{field('machine')}` machine (`kvledger hunt --exhibit {exhibit.id}`)"))
-    out = [f"# {exhibit.id}: {field('title', exhibit.id)}", "", "| | |", "|---|---|"]
+    out = [f"# {exhibit.id}: {field('title', exhibit.id)}", "", f"| exhibit | `{exhibit.id}` |", "|---|---|"]
     out += [f"| {k} | {v} |" for k, v in rows]
     out += ["", "## Mechanism", "", field("mechanism", "(not described)"), ""]
     if field("why_out_of_scope"):
         out += ["## Why it is not re-enacted", "", field("why_out_of_scope"), ""]
-    out += [
-        "The re-enactment replaces one method from outside the reference code (a scoped patch installed by",
-        "the museum's registry, `kvledger/museum/`); the reference code has no fault branch for it.",
-        "",
-    ]
+    if field("replaces"):
+        out += [
+            "The re-enactment replaces that one method from outside the reference code (a scoped patch installed",
+            "by the museum's registry, `kvledger/museum/`); the reference code has no fault branch for it.",
+            "",
+        ]
     return "\n".join(out)
 
 
@@ -234,7 +243,10 @@ def cli_help(command: str) -> str:
     """``kvledger COMMAND --help`` as the CLI prints it (80 columns), in a text block."""
     env = dict(os.environ, COLUMNS="80")
     args = [sys.executable, "-m", "kvledger", *command.split(), "--help"]
-    text = subprocess.run(args, capture_output=True, text=True, check=True, env=env, cwd=ROOT).stdout
+    done = subprocess.run(args, capture_output=True, text=True, check=False, env=env, cwd=ROOT)
+    if done.returncode != 0:
+        raise PluginError(f"{DEBUG_PAGE}: `kvledger {command} --help` failed: {done.stderr.strip()[-500:]}")
+    text = done.stdout
     return "```text\n$ kvledger " + command + " --help\n" + text.rstrip() + "\n```"
 
 

@@ -88,6 +88,7 @@ def test_museum_pages_from_a_registry() -> None:
     assert "[`I-PARTITION`](../spec/invariants.md#i-partition)" in pages["b5.md"]
     assert "`Scheduler.abort`" in pages["b5.md"] and "kvledger hunt --exhibit B5" in pages["b5.md"]
     assert "no mechanism" in pages["b3.md"] and "kvledger hunt" not in pages["b3.md"]
+    assert "[sgl-project/sglang#1](https://github.com/sgl-project/sglang/issues/1)" in pages["b5.md"]
     assert hooks.museum_nav(exhibits)[1:] == [{"B5": "museum/b5.md"}, {"B3": "museum/b3.md"}]
 
 
