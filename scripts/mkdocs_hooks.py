@@ -5,7 +5,8 @@
 assembles one page, ``spec/transitions.md``: every section of the spec whose level-2 heading is about
 transitions (the single-instance table, PD's, Mamba V2's), each under a link to its source. The
 invariant table (``spec/invariants.md``, generated from the registry and kept in sync by the
-traceability check) gets an anchor per ID, so other pages can link to ``invariants.md#i-count``.
+traceability check) gets an anchor per ID, and every mention of a registered ID on the site's pages
+(the API reference aside) links to its row, where its checks and firing tests are listed.
 
 The museum (``kvledger.museum``, issue 9) gets one page per exhibit, generated from its registry
 ``EXHIBITS``, when the package exists; without it the site simply has no museum section.
@@ -24,6 +25,7 @@ import importlib
 import importlib.util
 import logging
 import os
+import posixpath
 import re
 import subprocess
 import sys
@@ -143,6 +145,41 @@ def spec_nav(pages: dict[str, str]) -> list[Any]:
         if name not in known:
             nav.append({title_of(text, name): f"{SITE_SPEC}/{name}"})
     return nav
+
+
+_CODE_SPAN = re.compile(r"(`+).+?\1")
+_ID_MENTION = re.compile(r"(?<![\w/#`*\[-])(I-[A-Z0-9]+(?:-[A-Z0-9]+)*)(?![\w-])")
+
+
+def registered_ids() -> set[str]:
+    from kvledger.contracts.invariants import all_invariants
+
+    return {inv.id for inv in all_invariants()}
+
+
+def with_invariant_links(markdown: str, page_uri: str, known: set[str]) -> str:
+    """Link each mention of a registered invariant ID in prose and tables to its row of the invariant
+    table. Code (spans, fenced and indented blocks), headings and existing links are left alone."""
+    target = posixpath.relpath(f"{SITE_SPEC}/invariants.md", posixpath.dirname(page_uri) or ".")
+
+    def link(m: re.Match[str]) -> str:
+        found = m.group(1)
+        return f"[{found}]({target}#{anchor(found)})" if found in known else found
+
+    def in_prose(text: str) -> str:
+        pieces, last = [], 0
+        for span in _CODE_SPAN.finditer(text):
+            pieces += [_ID_MENTION.sub(link, text[last : span.start()]), span.group(0)]
+            last = span.end()
+        return "".join([*pieces, _ID_MENTION.sub(link, text[last:])])
+
+    out, fenced = [], False
+    for line in markdown.split("\n"):
+        if line.lstrip().startswith(("```", "~~~")):
+            fenced = not fenced
+        skip = fenced or line.startswith(("    ", "\t", "#", "<!--"))
+        out.append(line if skip else in_prose(line))
+    return "\n".join(out)
 
 
 def with_invariant_anchors(markdown: str) -> str:
@@ -307,9 +344,12 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
 
 
 def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Files) -> str:
-    if page.file.src_uri == f"{SITE_SPEC}/invariants.md":
-        page.meta.setdefault("hide", ["toc"])  # the table needs the width; its areas are in the nav's search
-        return with_invariant_anchors(markdown)
-    if page.file.src_uri == DEBUG_PAGE:
-        return with_cli_help(markdown)
+    uri = page.file.src_uri
+    if uri == f"{SITE_SPEC}/invariants.md":
+        page.meta.setdefault("hide", ["toc"])  # the table needs the width
+        markdown = with_invariant_anchors(markdown)
+    if uri == DEBUG_PAGE:
+        markdown = with_cli_help(markdown)
+    if not uri.startswith("api/"):
+        markdown = with_invariant_links(markdown, uri, registered_ids())
     return markdown
