@@ -12,7 +12,7 @@ echo "== invariant traceability (registry, contracts, firing tests, IDs in use, 
 "$PY" -m kvledger.contracts.invariants check
 echo "== mypy (strict on kvledger/contracts and kvledger/audit, the project's config elsewhere; pyproject.toml)"
 "$PY" -m mypy kvledger tests/contracts/test_protocols.py
-echo "== docs (mkdocs build --strict: API reference pages from the docstrings)"
+echo "== docs (mkdocs build --strict: spec pages from spec/, the invariant table, diagrams, API reference; scripts/mkdocs_hooks.py)"
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet  # into site/ (ignored by git)
 echo "== crosshair (the registry's proof targets: every postcondition declared proved must be confirmed)"
 "$PY" scripts/crosshair_gate.py
