@@ -148,7 +148,7 @@ def spec_nav(pages: dict[str, str]) -> list[Any]:
 
 
 _CODE_SPAN = re.compile(r"(`+).+?\1")
-_ID_MENTION = re.compile(r"(?<![\w/#`*\[-])(I-[A-Z0-9]+(?:-[A-Z0-9]+)*)(?![\w-])")
+_ID_MENTION = re.compile(r"(?<![\w/#`*\[>-])(I-[A-Z0-9]+(?:-[A-Z0-9]+)*)(?![\w-])")
 
 
 def registered_ids() -> set[str]:
@@ -183,8 +183,15 @@ def with_invariant_links(markdown: str, page_uri: str, known: set[str]) -> str:
 
 
 def with_invariant_anchors(markdown: str) -> str:
-    """Give each row of the invariant table an anchor named after its ID."""
-    return _INVARIANT_ROW.sub(lambda m: f'| <span id="{anchor(m.group(1))}"></span>**{m.group(1)}** |', markdown)
+    """Give each row of the invariant table an anchor named after its ID. The ID may wrap at a hyphen,
+    but never right after its ``I-`` (the first segment stays whole)."""
+
+    def row(m: re.Match[str]) -> str:
+        head, sep, rest = m.group(1).partition("-")[2].partition("-")
+        first = f"I-{head}"
+        return f'| <span id="{anchor(m.group(1))}"></span>**<span class="kvl-id">{first}</span>{sep}{rest}** |'
+
+    return _INVARIANT_ROW.sub(row, markdown)
 
 
 # ------------------------------------------------------------------------------------------- museum
