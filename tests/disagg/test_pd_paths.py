@@ -15,7 +15,7 @@ from kvledger.contracts.sizing import decode_mamba_slots, decode_rows, default_p
 from kvledger.reference.disagg import DECODE, PREFILL, Component, Fault, PDSystem, Poll
 from kvledger.reference.pools import MetadataBufferPool
 from kvledger.reference.scheduler import ReqState
-from tests.disagg.harness import build, expected, pd_spec
+from tests.disagg.harness import build, expected, pd_spec, with_channel
 from tests.scheduler.harness import Setup
 from tests.scheduler.harness import build as build_plain
 
@@ -159,6 +159,34 @@ def test_abort_from_every_stage_drains_both_sides(side: str, stage: str, at: str
             assert pool.ledger.held_count(req.owner) == 0
     assert system.pairs[0][1].state is ReqState.FINISHED  # the other request is untouched
     assert system.longest_drain <= system.channel.config.drain_bound
+
+
+def test_a_sender_abort_that_arrives_after_the_commit_leaves_the_decode_serving_alone() -> None:
+    """I-DRAIN's scope (found by the deep PD fuzz): the last KV lands and the decode commits while the
+    prefill's abort is still on the way (latency 2). The decode stopped polling the room at the commit, so
+    its copy goes on, waits in the prebuilt queue longer than the drain bound (rid 0 holds the only
+    running slot) and finishes with its alone output; the prefill's copy drains within the bound."""
+    system = build(with_channel(pd_spec(decode_running=1, chunk=None, overlap=True), latency=2, delay_steps=0))
+    system.add_request(0, [1, 2, 3, 4], 40)
+    _step_until(system, lambda: bool(system.decode.running))
+    system.add_request(1, [*PREFIX, 1], 6)
+    p, d = system.pairs[1]
+
+    def last_messages_land_next_step() -> bool:
+        room = system.channel.rooms.get(2)
+        due = [m.resolve_step for m in room.unresolved.values()] if room is not None else []
+        return not room.pending and len(due) == 3 and set(due) == {system.step_no + 1} if room else False
+
+    _step_until(system, last_messages_land_next_step)
+    assert p.state is ReqState.INFLIGHT and d.state is ReqState.TRANSFER
+    assert system.abort(1, PREFILL)  # reaches the decode in 2 steps; the KV, state and metadata in 1
+    system.step()
+    assert d.state is ReqState.PREBUILT  # committed before the abort arrived
+    _drain(system)  # the over-strict I-DRAIN (both copies, whatever their stage) raised here
+    assert system.decode.serves_alone(d) and not system.prefill.serves_alone(p)
+    assert p.state is ReqState.ABORTED and d.state is ReqState.FINISHED
+    assert system.longest_drain <= system.channel.config.drain_bound
+    assert d.first_token_step is not None and system.step_no - d.first_token_step > system.channel.config.drain_bound
 
 
 # ------------------------------------------------------------------ leases

@@ -417,9 +417,10 @@ NOT_ENTRY_POINTS: dict[str, str] = {
             "new_request",
         )
     },
-    **{f"PDScheduler.{m}": _PENDING for m in ("__init__", "add_request", "where_is", "holdings")},
+    **{f"PDScheduler.{m}": _PENDING for m in ("__init__", "add_request", "where_is", "holdings", "serves_alone")},
     "PrefillScheduler.__init__": _PENDING,
     "DecodeScheduler.__init__": _PENDING,
+    "DecodeScheduler.serves_alone": _PENDING,
     **{
         f"TransferChannel.{m}": "the channel's per-room protocol, driven by the instances; " + _PENDING
         for m in (

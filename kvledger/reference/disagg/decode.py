@@ -42,6 +42,9 @@ from kvledger.reference.disagg.instance import PDScheduler
 from kvledger.reference.disagg.request import DECODE, HostCopy, PDReq
 from kvledger.reference.scheduler.request import Req, ReqState
 
+# The decode states after ``commit_transfer``: the request no longer depends on its room.
+_COMMITTED = frozenset({ReqState.PREBUILT, ReqState.RUNNING, ReqState.RETRACTED, ReqState.FINISHED})
+
 
 class DecodeScheduler(PDScheduler):
     side = DECODE
@@ -205,6 +208,11 @@ class DecodeScheduler(PDScheduler):
         self.pd_stats.transfers_succeeded += 1
         self._enter(req, ReqState.PREBUILT, PD_DECODE_WAITING, "transferred")
         self.prebuilt_queue.append(req)
+
+    def serves_alone(self, req: PDReq) -> bool:
+        """Committed: the decode stopped polling the room at ``commit_transfer`` (as SGLang's does), so a
+        sender abort arriving later does not reach this copy; only an abort on the decode ends it."""
+        return req.state in _COMMITTED
 
     def get_new_prebuilt_batch(self) -> None:
         """Prebuilt requests join the running batch without a forward (finished ones finish here)."""

@@ -221,6 +221,13 @@ class PDScheduler(Scheduler):
         pd = " ".join(f"{name}={[r.rid for r in q]}" for name, q in self.pd_queues().items())
         return f"[{self.side}] {super().describe_queues()} {pd}"
 
+    def serves_alone(self, req: PDReq) -> bool:
+        """Whether ``req`` is past its hand-off: the room no longer reaches it (I-DRAIN's scope).
+
+        A prefill copy listens to its room until it is released, so the prefill never serves alone.
+        """
+        return False
+
     def where_is(self, req: PDReq) -> str:
         """The queue holding ``req`` (I-DRAIN's report)."""
         for name, queue in self.pd_queues().items():

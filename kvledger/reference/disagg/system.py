@@ -7,8 +7,12 @@ releases (the scheduler's per-step checks with the PD terms). Then the system ch
 * I-WRITER-LEASE (and the reader lease): every id a message in flight may write on the decode side or
   read on the prefill side is still owned by that room's request (a live queue or a lease), or, for the
   prefill's cached pages, protected by a lock; also checked at the moment each message lands;
-* I-DRAIN: a request aborted on either side (or rejected at arrival) has left every queue of both
-  instances, released everything and closed its room within ``ChannelConfig.drain_bound`` steps.
+* I-DRAIN: a request aborted on either side (or rejected at arrival) has left every queue of that side,
+  released everything and closed its room within ``ChannelConfig.drain_bound`` steps; so has the other
+  side's copy, unless that copy passed its hand-off before the abort reached it (``serves_alone``: a
+  decode that committed the transfer stopped polling the room, as SGLang's does, and serves the request
+  on its own; the abort message, ``latency`` steps on the way, can arrive after the commit). Only an
+  abort of its own ends such a copy.
 
 Quiescence (I-QUIESCENT) needs both instances quiescent (leases included) and no room open.
 """
@@ -56,6 +60,7 @@ class PDSystem:
         self.step_no = 0
         self.pairs: dict[int, tuple[PDReq, PDReq]] = {}
         self.undrained: dict[int, int] = {}  # rid -> step of its first abort (I-DRAIN)
+        self.drain_sides: dict[int, tuple[str, ...]] = {}  # rid -> the sides that aborted it (I-DRAIN)
         self.drained_aborts = 0
         self.longest_drain = 0
         self.last_prefill_batch: Any = None
@@ -196,6 +201,8 @@ class PDSystem:
         for inst in self.instances():
             for rid, step in inst.abort_log:
                 self.undrained.setdefault(rid, step)
+                if inst.side not in self.drain_sides.get(rid, ()):
+                    self.drain_sides[rid] = (*self.drain_sides.get(rid, ()), inst.side)
             inst.abort_log.clear()
 
     def check_drain(self) -> None:
@@ -204,6 +211,7 @@ class PDSystem:
             left = self._still_held(rid)
             if not left:
                 del self.undrained[rid]
+                del self.drain_sides[rid]
                 self.drained_aborts += 1
                 self.longest_drain = max(self.longest_drain, self.step_no - since)
             elif self.step_no - since > bound:
@@ -215,7 +223,10 @@ class PDSystem:
     def _still_held(self, rid: int) -> list[str]:
         """Where an aborted request still is: a queue, a lease, held ids, an open room."""
         out = []
+        aborted_on = self.drain_sides.get(rid, ())
         for inst, req in zip(self.instances(), self.pairs[rid], strict=True):
+            if inst.side not in aborted_on and req.state is not ReqState.ABORTED and inst.serves_alone(req):
+                continue  # past its hand-off before the abort reached it: the request goes on there
             if not req.released and req.state is not ReqState.REJECTED:
                 out.append(f"{req.owner!r} in the {inst.where_is(req)} holding {inst.holdings(req)}")
         room = rid + 1
