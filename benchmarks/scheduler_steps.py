@@ -24,7 +24,7 @@ from _figures import figure, ratio
 WORKLOADS = {"default": 16, "10x": 160}  # prompts per group (8 groups)
 
 
-def _child(workload: str, quick: bool, overlap: bool) -> dict[str, object]:
+def _child(workload: str, quick: bool, overlap: bool, strategy: str) -> dict[str, object]:
     import time
 
     from kvledger.sim.simulate import SimOptions, run_simulation
@@ -35,7 +35,7 @@ def _child(workload: str, quick: bool, overlap: bool) -> dict[str, object]:
     else:
         wl = GSPWorkload(prompts_per_group=WORKLOADS[workload])
     cpu = time.process_time()
-    result = run_simulation(SimOptions(workload=wl, overlap=overlap))
+    result = run_simulation(SimOptions(workload=wl, overlap=overlap, mamba_strategy=strategy))  # type: ignore[arg-type]
     cpu = time.process_time() - cpu
     return {
         "requests": result.requests,
@@ -51,6 +51,7 @@ def _child(workload: str, quick: bool, overlap: bool) -> dict[str, object]:
 def _run(workload: str, flag: str, ns: argparse.Namespace) -> dict[str, Any]:
     args = [sys.executable, __file__, "--child", f"--workload={workload}"]
     args += (["--quick"] if ns.quick else []) + (["--overlap"] if ns.overlap else [])
+    args += [f"--mamba-strategy={ns.mamba_strategy}"]
     out = subprocess.run(
         args, env=dict(os.environ, KVLEDGER_CONTRACTS=flag), check=True, capture_output=True, text=True
     ).stdout
@@ -63,13 +64,24 @@ def main() -> None:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--overlap", action="store_true")
     p.add_argument("--workload", choices=[*WORKLOADS, "all"], default="all")
+    p.add_argument(
+        "--mamba-strategy",
+        choices=["no_buffer", "extra_buffer"],
+        default="extra_buffer",
+        help="the Mamba radix cache: V1 (no_buffer) or V2 (extra_buffer, simulate's default)",
+    )
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ns = p.parse_args()
     if ns.child:
-        print(json.dumps(_child(ns.workload, ns.quick, ns.overlap)))
+        print(json.dumps(_child(ns.workload, ns.quick, ns.overlap, ns.mamba_strategy)))
         return
     names = list(WORKLOADS) if ns.workload == "all" else [ns.workload]
-    out: dict[str, Any] = {"benchmark": "scheduler_steps", "quick": ns.quick, "overlap": ns.overlap}
+    out: dict[str, Any] = {
+        "benchmark": "scheduler_steps",
+        "quick": ns.quick,
+        "overlap": ns.overlap,
+        "mamba_strategy": ns.mamba_strategy,
+    }
     figures = []
     for name in names:
         off, on = _run(name, "0", ns), _run(name, "1", ns)
@@ -82,7 +94,8 @@ def main() -> None:
         figures.append(
             figure(
                 "scheduler_steps",
-                f"steps/s, {name} simulate workload ({off['requests']} requests, {off['steps']} steps)",
+                f"steps/s, {name} simulate workload, {ns.mamba_strategy}"
+                f" ({off['requests']} requests, {off['steps']} steps)",
                 "steps/s (CPU)",
                 release=off["steps"] / off["cpu_s"] if off["cpu_s"] > 0 else None,
                 contracts_on=on["steps"] / on["cpu_s"] if on["cpu_s"] > 0 else None,
