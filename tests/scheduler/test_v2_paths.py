@@ -372,3 +372,32 @@ def test_kv_left_above_the_cached_length_at_finish_is_caught(monkeypatch: pytest
     monkeypatch.setattr(ReqMemory, "_free_owned", v1_range)
     with pytest.raises(ContractViolation, match=r"I-V2-CACHE-LEN: req#0.* still holds"):
         sched.run_until_idle(20)
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_a_later_match_cannot_take_the_tracking_slot_promised_to_an_earlier_request(rows: int) -> None:
+    """I-LIVENESS / I-ATOMIC-ADMISSION under V2 with ``keep`` (issue 13, found by the V2 oracle machine).
+
+    Three Mamba slots: the tree caches one state, two are free. A matches it, copies it into one free
+    slot and is appended with its tracking slot promised (the last free one; the cached state is locked
+    by A). B matches the same state next: its copy-on-write would take that promised slot, B itself is
+    refused (no row or no Mamba slot left) and, with ``keep``, holds the copy; A's tracking allocation
+    then fails and A is rolled back holding its copy too. From then on A needs one slot while B's copy
+    and A's own locked source are all there is: nothing is evictable and the queue never drains. The
+    round must stop before matching a request it cannot admit.
+    """
+    sched = v2(rows=rows, mamba_slots=3, max_running=2, cow_release_policy="keep")
+    warm = list(range(1, 10))
+    sched.add_request(0, warm, 1)
+    sched.run_until_idle(50)
+    assert sched.mamba_pool.available_size() == 2 and sched.tree.mamba_evictable_size() == 1
+    a = sched.add_request(1, [*warm, 20], 3)
+    b = sched.add_request(2, [*warm, 30], 3)
+    sched.step()
+    assert a.state is ReqState.RUNNING and b.state is ReqState.WAITING
+    assert b.mamba_slots() == [], "B was matched (and copied a state) in a round that could not admit it"
+    sched.run_until_idle(100)
+    assert sched.stats.rollbacks == 0
+    assert a.output_ids == expected_output([*warm, 20], 3) and b.output_ids == expected_output([*warm, 30], 3)
+    assert sched.stats.cached_prompt_tokens == 16  # both hit the cached state at 8
+    sched.accounting.check_quiescent()

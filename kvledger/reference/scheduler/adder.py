@@ -135,6 +135,23 @@ class PrefillAdder:
             return True
         return self._mamba_headroom() >= self._mamba_demand(req)
 
+    def room_to_match(self, req: Req, *, cow: bool) -> bool:
+        """Checked before ``req`` is matched: does the round still have, unpromised, a row (unless it has
+        one) and, when the match may copy a state, the request's whole Mamba demand?
+
+        SGLang caps the requests a round may take by the free rows before any match
+        (``get_num_allocatable_reqs``). The Mamba side needs the same guard: a copy-on-write match takes
+        its slot off the free list outside this round's budget, so matching a request the round cannot
+        admit anyway would take a slot already promised to one appended before it; that admission then
+        fails in ``prepare_extend`` and, with ``keep``, both requests wait holding copies no eviction can
+        reach (the V2 livelock of issue 13). A request that still holds its copy takes nothing new.
+        """
+        if req.req_pool_idx is None and self.counters.rows_available() - self.rows_reserved < 1:
+            return False
+        if not cow or self.mamba_pool is None or req.mamba_pool_idx is not None:
+            return True
+        return self._mamba_headroom() >= mamba_slot_demand(True, True, self.ping_pong)
+
     def _mamba_demand(self, req: Req) -> int:
         return mamba_slot_demand(
             req.mamba_pool_idx is None, req.mamba_ping_pong_track_buffer is None, self.ping_pong

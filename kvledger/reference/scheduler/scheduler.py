@@ -447,9 +447,10 @@ class Scheduler:
         for req in list(self.waiting):
             if running_bs + len(adder.can_run_list) >= self.config.max_running_requests:
                 break
-            self.memory.init_next_round_input(
-                req, cow=self.mamba_pool is not None and self.memory.is_mamba_tree
-            )
+            cow = self.mamba_pool is not None and self.memory.is_mamba_tree
+            if not adder.room_to_match(req, cow=cow):
+                break  # before the match: its copy-on-write slot would eat into what is promised
+            self.memory.init_next_round_input(req, cow=cow)
             result = adder.add_one_req(req)
             if result is not AddReqResult.CONTINUE:
                 stopper, stop_result = req, result
