@@ -225,6 +225,11 @@ AREA = Area(
             parts=("scheduler",),
             checks=(
                 contract(f"{SCHED}:Scheduler._never_fits", "rejection at arrival"),
+                contract(
+                    "kvledger/reference/scheduler/adder.py:PrefillAdder.room_to_match",
+                    "a round stops before matching a request it cannot admit (its copy-on-write slot would"
+                    " take one promised to an earlier request)",
+                ),
                 contract(f"{SCHED}:Scheduler.run_until_idle", "raises when not drained within `max_steps`"),
             ),
             exercised_by=(MACHINE,),
