@@ -15,6 +15,7 @@ import torch
 from kvledger.contracts import tree_checks
 from kvledger.contracts.errors import ContractViolation
 from kvledger.contracts.switch import override_ledgers
+from kvledger.museum import exhibit
 from kvledger.reference.radix import MambaRadixCache, RadixCache
 
 from ._helpers import insert_fresh, make_mamba, make_plain, needs_contracts, new_owner, nodes_of
@@ -214,8 +215,8 @@ def test_mamba_lock_fires_for_a_locked_tombstone() -> None:
 
 # ---------------------------------------------------------------------- I-LOCK-SYMMETRY
 @pytest.mark.fires("I-LOCK-SYMMETRY")
-def test_lock_symmetry_fires_for_the_b14_rederivation(monkeypatch: pytest.MonkeyPatch) -> None:
-    """B14: dec re-reads mamba_value instead of the record, after a revival in between."""
+def test_lock_symmetry_fires_for_the_b14_rederivation() -> None:
+    """B14 (museum exhibit): dec re-reads mamba_value instead of the record, after a revival in between."""
     cache = make_mamba()
     insert_fresh(cache, [1, 2, 3, 4], tag=1)
     cache.match_prefix([1, 2, 9])
@@ -223,8 +224,7 @@ def test_lock_symmetry_fires_for_the_b14_rederivation(monkeypatch: pytest.Monkey
     early = cache.inc_lock_ref(tomb)
     insert_fresh(cache, [1, 2], tag=2)
     cache.inc_lock_ref(tomb)  # a later holder takes the state lock
-    monkeypatch.setattr(cache, "_mamba_component_to_release", lambda lock: lock.node.mamba_value is not None)
-    with pytest.raises(ContractViolation, match="I-LOCK-SYMMETRY"):
+    with exhibit("B14").installed(), pytest.raises(ContractViolation, match="I-LOCK-SYMMETRY"):
         cache.dec_lock_ref(early)
 
 

@@ -29,10 +29,10 @@ from typing import Any
 from kvledger.contracts import tree_checks
 from kvledger.contracts.errors import ContractViolation
 from kvledger.contracts.identity import LegacyCounters, LegacyLeakDetected, legacy_check_memory
+from kvledger.museum.pd_bugs import b4_chunk_frees_mamba_slot, sglang_2025_mamba_pool
 from kvledger.reference.disagg import PDSystem
 from kvledger.reference.disagg.prefill import PrefillScheduler
 from tests.disagg.harness import build, expected, pd_spec
-from tests.disagg.historical_bugs import b4_chunk_frees_mamba_slot, sglang_2025_mamba_pool
 
 LOG_MAMBA_SIZE = 476
 LOG_MAMBA_AVAILABLE = 473

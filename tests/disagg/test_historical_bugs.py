@@ -1,6 +1,6 @@
-"""Every re-enacted PD bug of ``historical_bugs.BUGS``: caught by its check when put back, fine without.
+"""Every PD exhibit of the museum (``kvledger.museum``): caught by its check when put back, fine without.
 
-Each test runs one scenario twice: inside the bug's ``reenact()`` block the named invariant fires at the
+Each test runs one scenario twice: inside the exhibit's ``installed()`` block the named invariant fires at the
 first bad step with a message naming the ids and holders; outside it the same scenario runs to
 quiescence with the identities, the leases and the oracle holding. (Taking a fix out of the reference by
 hand makes the "fixed" half fail the same way: the re-enactment is exactly that fix reverted.)
@@ -20,18 +20,18 @@ import pytest
 
 from kvledger.contracts import switch
 from kvledger.contracts.errors import ContractViolation
+from kvledger.museum import EXHIBITS, exhibit
 from kvledger.reference.disagg import DECODE, PREFILL, Component, Fault, PDSystem
 from kvledger.reference.scheduler import ReqState
 from tests.disagg import seed_12432
 from tests.disagg.harness import build, expected, pd_spec
-from tests.disagg.historical_bugs import BUGS
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_contracts = pytest.mark.skipif(not switch.ENABLED, reason="contracts are off (KVLEDGER_CONTRACTS=0)")
 
 
 def _reenacted(bug_id: str, on: bool) -> contextlib.AbstractContextManager[None]:
-    return BUGS[bug_id].reenact() if on else contextlib.nullcontext()
+    return exhibit(bug_id).installed() if on else contextlib.nullcontext()
 
 
 def _finish_and_check(system: PDSystem, max_steps: int = 500) -> None:
@@ -52,10 +52,11 @@ def _step_until(system: PDSystem, cond: Callable[[], bool], limit: int = 100) ->
 
 
 def test_the_museum_entries_are_self_describing() -> None:
-    assert set(BUGS) >= {"B4", "B10", "N4", "N6a", "N9", "N5"}
-    for bug_id, bug in BUGS.items():
-        assert bug.id == bug_id and bug.upstream and bug.title and bug.caught_by.startswith("I-")
-        doc = bug.reenact.__doc__ or ""
+    pd = {e.id: e for e in EXHIBITS if e.machine == "pd"}
+    assert set(pd) >= {"B4", "B10", "B11", "N4", "N4-reader", "N6a", "N9", "N5"}
+    for bug_id, bug in pd.items():
+        assert bug.upstream and bug.title and bug.mechanism and bug.replaces and bug.breaks[0].startswith("I-")
+        doc = (bug.reenact.__doc__ if bug.reenact is not None else "") or ""
         assert bug_id.split("-")[0] in doc and "#" in doc, f"{bug_id}: docstring must name the id and thread"
 
 

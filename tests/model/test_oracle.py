@@ -24,11 +24,11 @@ from hypothesis.stateful import initialize, run_state_machine_as_test
 
 from kvledger.contracts import switch
 from kvledger.contracts.errors import ContractViolation
+from kvledger.museum.machines.scheduler import SchedulerMachine
 from kvledger.reference.engine import TreeKind, model_weights
 from kvledger.reference.model import generate_alone
 from tests.model.faults import run_fault
 from tests.scheduler.harness import Setup, build, long_fuzz_settings, model_expected_output
-from tests.scheduler.test_scheduler_machine import SchedulerMachine
 
 ROOT = Path(__file__).resolve().parents[2]
 TEST_VOCAB = 128  # the machine's prompts use ids < 100; a small vocabulary keeps the model cheap

@@ -23,13 +23,13 @@ from hypothesis.stateful import initialize, run_state_machine_as_test
 
 from kvledger.contracts.errors import ContractViolation
 from kvledger.contracts.oracle import check_output_oracle
+from kvledger.museum.machines.scheduler import SchedulerMachine, chunk_sizes, v2_options
 from kvledger.reference.engine import model_weights
 from kvledger.reference.model.runner import TinyHybridRunner
 from kvledger.reference.model.state_oracle import cached_state_mismatches
 from kvledger.reference.scheduler import Scheduler
 from kvledger.reference.scheduler import config as scheduler_config
 from tests.scheduler.harness import Setup, build, long_fuzz_settings, model_expected_output
-from tests.scheduler.test_scheduler_machine import SchedulerMachine, chunk_sizes, v2_options
 
 VOCAB = 128
 PREFIX = list(range(10, 50))

@@ -7,8 +7,8 @@ and retried) request came back with tracking slots it no longer owned, now free 
 identity stays balanced at the moment of the release (the slots are counted once, as free); it is the
 handle that lies.
 
-The bug is re-enacted here, outside the reference code, by :class:`StaleHandleTracking` (a
-``MambaTracking`` whose release frees the slots and keeps the handle), and is caught at the first bad
+The bug is re-enacted outside the reference code by the museum's exhibit ``N1`` (``MambaTracking.release``
+replaced by one that frees the slots and keeps the handle), and is caught at the first bad
 step, the retraction, naming the slots and the stale handle. The regression test runs the same schedule
 against the reference code: it fails if the fix (``MambaTracking.release`` clearing the handle) is
 taken out.
@@ -20,25 +20,15 @@ import pytest
 
 from kvledger.contracts import switch
 from kvledger.contracts.errors import ContractViolation
+from kvledger.museum import exhibit
 from kvledger.reference.scheduler import ReqState, Scheduler
 from kvledger.reference.scheduler.request import Req
-from kvledger.reference.scheduler.tracking import MambaTracking
 from tests.scheduler.harness import Setup, build, expected_output
 
 pytestmark = pytest.mark.skipif(not switch.ENABLED, reason="contracts are off (KVLEDGER_CONTRACTS=0)")
 
 PROMPT = list(range(10, 30))
 OTHER = [90, 91, 92, 93, 94, 95, 96, 97, 98]
-
-
-class StaleHandleTracking(MambaTracking):
-    """SGLang before #26941: the tracking slots go back to the pool, the handle keeps naming them."""
-
-    def release(self, req: Req) -> None:
-        pp = req.mamba_ping_pong_track_buffer
-        if pp is not None and pp.numel():
-            self.mamba_pool.free(pp, req.owner)
-        req.mamba_track = None  # the rest of the handle is left as it was
 
 
 def engine() -> Scheduler:
@@ -86,16 +76,11 @@ def test_a_retracted_request_comes_back_with_fresh_tracking_slots() -> None:
 @pytest.mark.fires("I-HANDLE-OWNED")
 def test_26941_is_caught_at_the_retraction_naming_the_slots_and_the_stale_handle() -> None:
     sched = engine()
-    real = sched.memory.tracking
-    assert real is not None
-    sched.memory.tracking = StaleHandleTracking(
-        mamba_pool=real.mamba_pool, tree=real.tree, k=real.k, chunk=real.chunk, interval=real.interval
-    )
     a = sched.add_request(0, PROMPT, 8)
     while a not in sched.running:
         sched.step()
     stale = a.mamba_ping_pong_track_buffer.tolist()  # type: ignore[union-attr]
-    with pytest.raises(ContractViolation) as caught:
+    with exhibit("N1").installed(), pytest.raises(ContractViolation) as caught:
         sched.force_retract(1)
     message = str(caught.value)
     assert "I-HANDLE-OWNED" in message and "mamba_ping_pong_track_buffer" in message, message

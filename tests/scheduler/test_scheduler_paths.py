@@ -7,8 +7,8 @@ import pytest
 from kvledger.contracts import switch
 from kvledger.contracts.errors import ContractViolation, InvalidArgument
 from kvledger.contracts.owners import BATCH_INFLIGHT, REQ_CHUNKED, REQ_WAITING, Owner
+from kvledger.museum import exhibit
 from kvledger.reference.scheduler import ReqState, UnknownRequest
-from kvledger.reference.scheduler.memory import ReqMemory
 from tests.scheduler.harness import Setup, build, expected_output
 
 needs_contracts = pytest.mark.skipif(not switch.ENABLED, reason="contracts are off (KVLEDGER_CONTRACTS=0)")
@@ -221,14 +221,12 @@ def test_atomic_admission_rolls_back_on_an_injected_failure() -> None:
 
 @needs_contracts
 @pytest.mark.fires("I-ATOMIC-ADMISSION")
-def test_a_rollback_that_forgets_an_allocation_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    """I-ATOMIC-ADMISSION put back wrong: the row and Mamba slot taken before the KV failure are not undone."""
+def test_a_rollback_that_forgets_an_allocation_is_caught() -> None:
+    """B17 (museum exhibit): the row and Mamba slot taken before the KV failure are not undone."""
     sched = build(Setup(tree="mamba_radix", kv_tokens=128, rows=3, mamba_slots=4, chunk=None))
     sched.add_request(0, [1, 2, 3, 4], 3)
-    real = ReqMemory._extend_one
-    monkeypatch.setattr(ReqMemory, "_extend_one", lambda self, req, undo: real(self, req, []))
     sched.faults.fail_next("kv")
-    with pytest.raises(ContractViolation, match="I-ATOMIC-ADMISSION"):
+    with exhibit("B17").installed(), pytest.raises(ContractViolation, match="I-ATOMIC-ADMISSION"):
         sched.step()
 
 
@@ -248,13 +246,12 @@ def test_a_lock_left_at_quiescence_is_caught() -> None:
 
 
 @pytest.mark.fires("I-LIVENESS")
-def test_a_request_that_can_never_fit_blocks_the_queue_without_the_arrival_check(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """I-LIVENESS put back wrong: without the rejection at arrival the big request waits forever."""
+def test_a_request_that_can_never_fit_blocks_the_queue_without_the_arrival_check() -> None:
+    """vLLM #39734 (museum exhibit ``vLLM-oversize``): without the rejection at arrival the big request
+    waits forever."""
     sched = build(Setup(kv_tokens=64, max_context_len=256))
-    monkeypatch.setattr(sched, "_never_fits", lambda req: None)
-    sched.add_request(0, list(range(70)), 4)  # 74 tokens can never fit in 64 slots
+    with exhibit("vLLM-oversize").installed():
+        sched.add_request(0, list(range(70)), 4)  # 74 tokens can never fit in 64 slots
     with pytest.raises(ContractViolation, match="I-LIVENESS: not drained after 30 steps"):
         sched.run_until_idle(30)
 
@@ -317,14 +314,14 @@ def test_ledger_cross_check_names_request_and_slot() -> None:
 @needs_contracts
 @pytest.mark.fires("I-ROW-EXCLUSIVE-WHILE-IN-FLIGHT")
 def test_row_reassigned_while_in_flight_is_caught() -> None:
-    """I-ROW-EXCLUSIVE-WHILE-IN-FLIGHT (B8): releasing a finished request at once instead of deferring it."""
+    """I-ROW-EXCLUSIVE-WHILE-IN-FLIGHT (B8, museum exhibit): releasing a finished request at once instead of
+    deferring it."""
     sched = build(
         Setup(tree="none", hybrid=False, kv_tokens=128, rows=1, chunk=None, overlap=True, max_running=2)
     )
-    sched._release_or_defer = sched._release_finished_or_aborted  # the bug: no deferral
     sched.add_request(0, [1, 2, 3], 1)
     sched.add_request(1, [4, 5, 6], 1)
-    with pytest.raises(ContractViolation, match="in-flight"):
+    with exhibit("B8").installed(), pytest.raises(ContractViolation, match="in-flight"):
         sched.run_until_idle(50)
 
 

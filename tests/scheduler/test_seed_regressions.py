@@ -5,8 +5,9 @@
     server. Here the same state at the log's sizes: the legacy checker raises, the ledger's identity
     holds and names the holder, and aborting the request frees the slot. Fails if the waiting-holder
     term is dropped from the identity or if abort forgets the COW slot (B5, PR #12693).
-(b) #16067's reverted fix: free the COW slot whenever ``add_one_req`` did not return CONTINUE, even when
-    the request was appended. Caught as a slot freed while an admitted request owns it. Fails if the
+(b) #16067's reverted fix (the museum's exhibit ``#16067``, which replaces ``Scheduler._cleanup_stopper``):
+    free the COW slot whenever ``add_one_req`` did not return CONTINUE, even when the request was
+    appended. Caught as a slot freed while an admitted request owns it. Fails if the
     scheduler's cleanup stops asking "was it appended?" (PR #21404).
 """
 
@@ -22,6 +23,7 @@ from kvledger.contracts.identity import (
     legacy_check_memory,
 )
 from kvledger.contracts.owners import REQ_WAITING, Owner
+from kvledger.museum import exhibit
 from kvledger.reference.pools import MambaPool, ReqToTokenPool, TokenToKVPoolAllocator
 from kvledger.reference.radix import MambaRadixCache
 from kvledger.reference.scheduler import Req, ReqState, Scheduler, SchedulerConfig
@@ -139,9 +141,10 @@ def _appended_then_other_setup(policy: str) -> tuple[Scheduler, list[int]]:
 
 @pytest.mark.fires("I-COW-STOPPER")
 def test_seed_16067_reverted_variant_is_caught() -> None:
-    sched, prompt = _appended_then_other_setup("on_failure")
+    sched, prompt = _appended_then_other_setup("if_not_appended")
     req = sched.add_request(1, prompt, 3)
-    with pytest.raises(ContractViolation, match=r"COW slot \d+ released while req#1\[req.running\]"):
+    caught = pytest.raises(ContractViolation, match=r"COW slot \d+ released while req#1\[req.running\]")
+    with exhibit("#16067").installed(), caught:
         sched.step()
     assert req.lock is not None  # it had been admitted (appended, locked) when its slot was freed
 

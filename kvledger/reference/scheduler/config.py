@@ -9,15 +9,19 @@ from kvledger.contracts.errors import InvalidArgument
 from kvledger.contracts.mamba_track import FLA_CHUNK_SIZE, mamba_cache_chunk_size, ping_pong_size
 from kvledger.reference.config_fields import check_fields
 
-CowReleasePolicy = Literal["if_not_appended", "keep", "on_failure"]
+CowReleasePolicy = Literal["if_not_appended", "keep"]
 """What happens to the copy-on-write Mamba slot of the request that stopped an admission round.
 
 * ``if_not_appended`` (SGLang PR #21404, the default): free it only if the request was not appended to
   the batch; an appended request keeps it as its working slot.
 * ``keep`` (late 2025): the waiting request keeps it into the next round (a legitimate holder that
-  SGLang's idle check did not count: the seed false positive).
-* ``on_failure`` (PR #16067, reverted by #18910): free it whenever ``add_one_req`` did not return
-  CONTINUE, even when the request was appended. A bug, kept so a test can show the ledger catching it.
+  SGLang's idle check did not count: the seed false positive). Under Mamba V2 on a tiny pool it can
+  deadlock: the waiting requests' slots starve the tracking slots every admission needs (found by the
+  museum's scheduler machine, which runs V2 under ``if_not_appended`` only).
+
+PR #16067's policy (free it whenever ``add_one_req`` did not return CONTINUE, even when the request was
+appended; reverted by #18910) is a bug: it is not a policy here but the museum's exhibit ``#16067``
+(``kvledger.museum``), which replaces ``Scheduler._cleanup_stopper`` from outside.
 """
 
 MambaSchedulerStrategy = Literal["no_buffer", "extra_buffer"]
@@ -82,7 +86,7 @@ class SchedulerConfig:
             )
         if self.finished_window < 0:
             raise InvalidArgument(f"finished_window must be >= 0, got {self.finished_window}")
-        if self.cow_release_policy not in ("if_not_appended", "keep", "on_failure"):
+        if self.cow_release_policy not in ("if_not_appended", "keep"):
             raise InvalidArgument(f"unknown cow_release_policy {self.cow_release_policy!r}")
         if not 0.0 <= self.min_new_token_ratio <= self.init_new_token_ratio <= 1.0:
             raise InvalidArgument("need 0 <= min_new_token_ratio <= init_new_token_ratio <= 1")

@@ -487,7 +487,7 @@ class Scheduler:
             return
         if policy == "if_not_appended" and appended:
             return
-        # "if_not_appended" and not appended, or the reverted "on_failure" (appended or not).
+        # "if_not_appended" and the request was not appended (PR #21404).
         self.memory.release_cow_slot(req)
 
     def _rollback_admission(self, reqs: list[Req]) -> None:

@@ -1,24 +1,17 @@
-"""Historical PD memory bugs, re-enacted outside the reference code, one scoped patch each.
+"""PD memory bugs (B4, B10, B11, N4, N5, N6a, N9), re-enacted outside the reference code: each context
+manager replaces exactly one method (or builder function) for the duration of a ``with`` block.
 
-Every entry of :data:`BUGS` is a :class:`HistoricalBug`: its catalogue id (``sglang-memory-model.md``
-B1-B22, ``pd-disaggregation-and-2026-bugs.md`` N1-N18), the upstream thread, what went wrong, the
-kvledger check that catches it, and ``reenact``: a context manager that puts the bug back into the
-reference implementation for the duration of a ``with`` block by replacing exactly one clearly factored
-method (or builder function) and restoring it afterwards. The reference code itself has no fault
-branches (house rule). The tests in ``test_historical_bugs.py`` run a scenario with and without each
-re-enactment: with it, the named check fires at the first bad step; without it, the scenario passes.
-
-A later "museum" of historical bugs (issue 9) can iterate :data:`BUGS`: ids, threads and the checks
-that catch them are data here, not prose.
+The registry entries (ids, threads, mechanism, invariants) are in :mod:`kvledger.museum.catalogue`;
+``sglang_2025_mamba_pool`` is not a bug of its own but the pool semantics the B4 seed ran on.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
+from kvledger.museum.exhibit import patched
 from kvledger.reference.disagg import builder as pd_builder
 from kvledger.reference.disagg.channel import Room, TransferChannel
 from kvledger.reference.disagg.decode import DecodeScheduler
@@ -29,31 +22,6 @@ from kvledger.reference.pools import MambaPool
 from kvledger.reference.pools.validate import as_index_tensor
 from kvledger.reference.scheduler import Scheduler
 from kvledger.reference.scheduler.request import Req, ReqState
-
-
-@dataclass(frozen=True)
-class HistoricalBug:
-    id: str  # catalogue id
-    upstream: str  # the thread(s), fix included
-    title: str
-    caught_by: str  # the kvledger invariant whose check fires first
-    reenact: Callable[[], contextlib.AbstractContextManager[None]]
-
-
-@contextlib.contextmanager
-def patched(owner: Any, name: str, wrap: Callable[[Any], Any]) -> Iterator[None]:
-    """Replace ``owner.name`` by ``wrap(original)`` for the duration of the block (a method of the class
-    ``owner``, possibly inherited, or a module function); the original is restored afterwards."""
-    own = name in vars(owner)
-    original = vars(owner)[name] if own else getattr(owner, name)
-    setattr(owner, name, wrap(original))
-    try:
-        yield
-    finally:
-        if own:
-            setattr(owner, name, original)
-        else:
-            delattr(owner, name)  # it was inherited: remove the override
 
 
 # ---------------------------------------------------------------------------------------------- B4
@@ -189,68 +157,3 @@ def n9_success_from_metadata_alone() -> Iterator[None]:
     state. The receiver's "done" is reduced to "the metadata landed"."""
     with patched(TransferChannel, "_receiver_done", _done_when_metadata_landed):
         yield
-
-
-BUGS: dict[str, HistoricalBug] = {
-    bug.id: bug
-    for bug in (
-        HistoricalBug(
-            "B4",
-            "sgl-project/sglang#12432 (fix #12994)",
-            "PD prefill chunk boundary frees the working Mamba slot, the handle stays set",
-            "I-HANDLE-OWNED",
-            b4_chunk_frees_mamba_slot,
-        ),
-        HistoricalBug(
-            "B10",
-            "sgl-project/sglang#9817",
-            "decode abort of a prebuilt request leaks its pre-allocation",
-            "I-OWNER-RELEASE",
-            b10_decode_abort_leaks_prebuilt,
-        ),
-        HistoricalBug(
-            "B11",
-            "sgl-project/sglang#19002 (#22462, #23267)",
-            "decode Mamba pool smaller than rows x slots per request",
-            "I-SIZING",
-            b11_decode_mamba_pool_ignores_rows,
-        ),
-        HistoricalBug(
-            "N4",
-            "sgl-project/sglang#24527 (fixes #27372, #35049, #38961)",
-            "decode releases pages mid-transfer; the late write lands in another request",
-            "I-WRITER-LEASE",
-            n4_decode_releases_mid_transfer,
-        ),
-        HistoricalBug(
-            "N4-reader",
-            "sgl-project/sglang#38961",
-            "prefill releases source pages while a send still reads them",
-            "I-WRITER-LEASE",
-            n4_prefill_releases_while_sending,
-        ),
-        HistoricalBug(
-            "N5",
-            "sgl-project/sglang-omni#2080",
-            "idle predicate blind to PD leases: idle-only work runs over live state",
-            "I-QUIESCENT",
-            n5_idle_predicate_ignores_leases,
-        ),
-        HistoricalBug(
-            "N6a",
-            "sgl-project/sglang#28236",
-            "decode-side abort leaves the prefill waiting entry holding its metadata slot",
-            "I-DRAIN",
-            n6a_waiting_queue_not_polled,
-        ),
-        HistoricalBug(
-            "N9",
-            "sgl-project/sglang#30890",
-            "transfer reported successful from the metadata alone",
-            "I-TRANSFER-ATOMIC",
-            n9_success_from_metadata_alone,
-        ),
-    )
-}
-
-__all__ = ["BUGS", "HistoricalBug", "patched", "sglang_2025_mamba_pool"]

@@ -1,0 +1,184 @@
+"""A Hypothesis state machine over both PD instances and the channel, every fault and abort enabled.
+
+Rules: arrivals from shared-prefix families, system steps, client aborts at either side in any state,
+a fault (drop, delay, fail, timeout) on the next message of any component (bootstrap, KV, Mamba state,
+metadata), injected allocation failures on either instance, forced retraction on the decode side; tiny
+pools on both sides, overlap on either. After every rule: each instance's busy identity per pool
+(metadata included) with every PD holder term, the ledger cross-check, I-HANDLE-OWNED, I-OWNER-RELEASE,
+the audits of every pool and the prefill tree, the leases of every message in flight (I-WRITER-LEASE)
+and I-DRAIN. At drain (faults cleared): liveness (every request ended on both sides, with a reason),
+the strong idle identities (I-QUIESCENT, leases included), no room open, and every request that
+finished on the decode side produced what it produces run alone (I-OUTPUT-ORACLE; with the tiny hybrid
+model in ``PDModelMachine``). ``hypothesis.target`` steers toward messages in flight and leases.
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from kvledger.contracts.errors import ContractViolation
+from kvledger.contracts.identity import check_busy_identity
+from kvledger.museum.machines.pd_setup import build, expected, pd_spec
+from kvledger.museum.machines.scheduler import FAMILIES, event, target
+from kvledger.reference.disagg import DECODE, PREFILL, ChannelConfig, Component, Fault, PDSpec
+from kvledger.reference.disagg.instance import check_queues
+from kvledger.reference.scheduler import ReqState
+
+
+@st.composite
+def pd_setups(draw: st.DrawFn, model: str = "hash") -> PDSpec:
+    page_size = draw(st.sampled_from([1, 1, 4])) if model == "hash" else 1
+    trees = ["mamba_radix", "radix", "none"] if page_size == 1 else ["radix", "none"]
+    tree = draw(st.sampled_from(trees))
+    hybrid = tree == "mamba_radix" or model != "hash" or draw(st.booleans())
+    if tree == "radix" and hybrid:
+        tree = "none"  # the plain radix cache caches no Mamba state: a hybrid model uses the Mamba cache
+    channel = ChannelConfig(
+        latency=draw(st.integers(1, 2)),
+        delay_steps=draw(st.integers(0, 3)),
+        bootstrap_timeout=draw(st.integers(6, 12)),
+        transfer_timeout=draw(st.integers(10, 24)),
+        message_timeout=draw(st.integers(3, 6)),
+    )
+    overlap = draw(st.booleans())
+    return pd_spec(
+        tree=tree,
+        model=model,
+        page_size=page_size,
+        hybrid=hybrid,
+        prefill_kv=draw(st.integers(32, 160)) // page_size * page_size,
+        prefill_rows=draw(st.integers(1, 4)),
+        prefill_mamba=draw(st.integers(3, 8)),
+        chunk=draw(st.sampled_from([None, 8, 16])),
+        decode_kv=draw(st.integers(32, 160)) // page_size * page_size,
+        decode_running=draw(st.integers(1, 4)),
+        decode_mamba=draw(st.integers(1, 6)),
+        overlap=overlap,
+        decode_overlap=draw(st.booleans()),
+        eos=draw(st.sampled_from([None, 7])),
+        channel=channel,
+        pre_alloc_size=draw(st.sampled_from([None, 0, 1])),
+        prefill_metadata_slots=draw(st.sampled_from([None, 1, 2])),
+        decode_metadata_slots=draw(st.sampled_from([None, 1, 3])),
+    )
+
+
+class PDMachine(RuleBasedStateMachine):
+    model = "hash"
+    steps_run = 0  # system steps across all runs (the steps/s report of the deep profile)
+
+    @initialize(spec=pd_setups())
+    def init(self, spec: PDSpec) -> None:
+        self.spec = spec
+        self.system = build(spec)
+        self.next_rid = 0
+        event(f"tree={spec.prefill.tree} page={spec.prefill.page_size} overlap={spec.prefill.overlap}")
+
+    @rule(
+        family=st.sampled_from(range(len(FAMILIES))),
+        suffix=st.lists(st.integers(0, 99), min_size=1, max_size=20),
+        max_new=st.integers(1, 10),
+    )
+    def arrive(self, family: int, suffix: list[int], max_new: int) -> None:
+        p, d = self.system.add_request(self.next_rid, FAMILIES[family] + suffix, max_new)
+        self.next_rid += 1
+        if ReqState.REJECTED in (p.state, d.state):
+            event("rejected at arrival")
+
+    @rule(n=st.integers(1, 6))
+    def step(self, n: int) -> None:
+        for _ in range(n):
+            self.system.step()
+        type(self).steps_run += n
+
+    @precondition(lambda self: any(not (p.state.is_done and d.state.is_done) for p, d in self.system.pairs.values()))
+    @rule(pick=st.integers(0, 63), side=st.sampled_from([PREFILL, DECODE]))
+    def abort(self, pick: int, side: str) -> None:
+        live = sorted(rid for rid, (p, d) in self.system.pairs.items() if not (p.state.is_done and d.state.is_done))
+        rid = live[pick % len(live)]
+        req = self.system.pairs[rid][0 if side == PREFILL else 1]
+        event(f"abort at {side} from {req.state.value}")
+        self.system.abort(rid, side)
+
+    @rule(component=st.sampled_from(list(Component)), fault=st.sampled_from(list(Fault)))
+    def inject_fault(self, component: Component, fault: Fault) -> None:
+        self.system.channel.inject(component, fault)
+
+    @rule(side=st.sampled_from([PREFILL, DECODE]), kind=st.sampled_from(["row", "mamba", "kv"]))
+    def inject_allocation_failure(self, side: str, kind: str) -> None:
+        inst = self.system.prefill if side == PREFILL else self.system.decode
+        inst.faults.fail_next(kind)
+
+    @precondition(lambda self: bool(self.system.decode.running))
+    @rule()
+    def retract_on_decode(self) -> None:
+        event("decode retraction")
+        self.system.decode.force_retract(1)
+
+    @invariant()
+    def identities_hold(self) -> None:
+        for inst in self.system.instances():
+            terms = inst.accounting.pool_terms()
+            for t in terms:
+                check_busy_identity(t)
+            inst.accounting._cross_check_ledgers(terms)
+            inst.check_handles_owned()
+            inst.check_ended_requests_released()
+            check_queues(inst)
+            for pool in inst.accounting.pools_by_name().values():
+                pool.audit()
+            if inst.tree is not None:
+                inst.tree.audit()
+        self.system.channel.audit()
+        self.system.check_leases()
+        self.system.check_drain()
+        leased = sum(inst.pd_stats.leases for inst in self.system.instances())
+        self.max_leases = max(getattr(self, "max_leases", 0), leased)
+
+    def teardown(self) -> None:
+        system = getattr(self, "system", None)
+        if system is None:
+            return
+        target(float(getattr(self, "max_leases", 0)), label="leases taken")
+        target(float(len(system.pairs)), label="requests")
+        system.channel.clear_faults()
+        for inst in system.instances():
+            inst.faults.pending.clear()
+        system.run_until_idle(max_steps=3000)
+        system.check_quiescent()
+        finished = 0
+        for rid, (p, d) in system.pairs.items():
+            for req in (p, d):
+                if not (req.state.is_done and req.finish_reason):
+                    raise ContractViolation(f"I-LIVENESS: {req!r} never ended, or ended without a reason")
+            if d.state is ReqState.FINISHED:
+                finished += 1
+                want = expected(system, d.origin_input_ids, d.max_new_tokens)
+                if d.output_ids != want:
+                    raise ContractViolation(
+                        f"I-OUTPUT-ORACLE: request {rid}: decode output {d.output_ids} differs from the request"
+                        f" run alone {want}"
+                    )
+        if finished:
+            event("some requests finished")
+        for inst in system.instances():
+            st_ = inst.pd_stats
+            if st_.leases:
+                event(f"{inst.side} lease taken")
+            if st_.resumes:
+                event("decode resumed a retracted request")
+            for reason in st_.failures:
+                event(f"{inst.side} room failure: {reason}")
+
+
+
+
+class PDModelMachine(PDMachine):
+    """The same machine with the tiny hybrid model on both sides (fewer runs: the model costs more)."""
+
+    @initialize(spec=pd_setups(model="tiny-hybrid"))
+    def init(self, spec: PDSpec) -> None:
+        self.spec = spec
+        self.system = build(spec)
+        self.next_rid = 0

@@ -1,0 +1,232 @@
+"""A Hypothesis state machine over the whole scheduler.
+
+Arrivals from shared-prefix families, steps, aborts of any request (waiting with or without a
+copy-on-write slot, chunked, running, in flight, and ended ones: an abort of an ended request must be a
+no-op), injected allocation failures of the kinds this example enabled (a swarm of fault kinds per
+example; Hypothesis already draws a swarm of rules), forced retractions; overlap on and off, page 1 and
+> 1, with the Mamba radix cache (V1 or V2), the plain radix cache or none; tiny pools (down to 16 KV
+tokens, few Mamba slots, few rows). After every rule: I-HANDLE-OWNED, I-OWNER-RELEASE at the step
+boundary, the busy identity per pool (the scheduler checks it itself; the machine calls it again so a
+disabled switch cannot hide it), the ledger cross-check, every pool's and the tree's audit, and
+prediction == commitment (an admission rolls back only for an injected fault). At drain: every request
+finished, aborted or rejected with a reason (I-LIVENESS), the strong idle identity, and every finished
+request's output equals the same request run alone with no cache (I-OUTPUT-ORACLE).
+
+``hypothesis.target`` steers toward pool pressure, requests in flight and retractions.
+"""
+
+from __future__ import annotations
+
+from hypothesis import event as _event
+from hypothesis import strategies as st
+from hypothesis import target as _target
+from hypothesis.control import currently_in_test_context
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from kvledger.contracts.errors import ContractViolation
+from kvledger.contracts.identity import check_busy_identity
+from kvledger.contracts.oracle import check_output_oracle
+from kvledger.museum.machines.oracles import expected_output
+from kvledger.reference.engine import EngineSpec, build_engine
+from kvledger.reference.scheduler import ReqState
+
+FAMILIES = [
+    [],
+    [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22],
+    [31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50],
+    [11, 12, 13, 14, 15, 16, 70, 71, 72, 73],
+]
+FAULT_KINDS = ("row", "mamba", "kv")
+
+
+def v2_options(draw: st.DrawFn, page_size: int, overlap: bool) -> dict[str, object]:
+    """Mamba V2 (``extra_buffer``) knobs small enough for short prompts: a kernel chunk of 2 to 8 tokens
+    (the capture grid is the larger of it and the page) and a decode interval of a few pages (>= 2 with
+    overlap, the configuration check)."""
+    interval = page_size * draw(st.sampled_from([1, 2, 3, 4, 8]))
+    return {
+        "mamba_strategy": "extra_buffer",
+        "mamba_chunk_size": draw(st.sampled_from([2, 4, 8])),
+        "mamba_track_interval": max(interval, 2) if overlap else interval,
+    }
+
+
+def chunk_sizes(page_size: int, grid: int) -> list[int | None]:
+    """Chunked-prefill sizes the configuration accepts (>= the page and, under V2, >= the capture grid)."""
+    return [None, *(c for c in (8, 16, 32) if c >= max(page_size, grid) and c % page_size == 0)]
+
+
+@st.composite
+def setups(
+    draw: st.DrawFn, page_sizes: tuple[int, ...] = (1, 1, 4, 16), v2_only: bool = False
+) -> EngineSpec:
+    """Any tree at any page size; the Mamba radix cache as V1 (page 1 only) or V2 (any page); pools from
+    tiny (a prompt may not fit at all: rejected at arrival) to roomy."""
+    page_size = draw(st.sampled_from(page_sizes))
+    trees = ["mamba_radix"] if v2_only else ["mamba_radix", "radix", "none"]
+    tree = draw(st.sampled_from(trees))
+    hybrid = tree == "mamba_radix" or (tree == "none" and draw(st.booleans()))
+    overlap = draw(st.booleans())
+    v2: dict[str, object] = {}
+    if tree == "mamba_radix" and (v2_only or page_size > 1 or draw(st.booleans())):
+        v2 = v2_options(draw, page_size, overlap)
+    grid = max(page_size, int(v2.get("mamba_chunk_size", 1)))  # type: ignore[call-overload]
+    k = (2 if overlap else 1) if v2 else 0
+    # The late-2025 "keep" policy (a waiting request keeps its copy-on-write slot) deadlocks Mamba V2 on
+    # tiny pools: the waiting requests' slots starve the tracking slots every admission needs, and a later
+    # request's match-time copy takes a slot the round promised to an appended one (found by this machine;
+    # SGLang replaced the policy with #21404's). V2 runs under #21404's policy only.
+    policies = ["if_not_appended"] if v2 else ["if_not_appended", "keep"]
+    tiny, roomy, top = (64, 96, 256) if page_size == 16 else (16, 48, 160)
+    kv = draw(st.one_of(st.integers(tiny, roomy), st.integers(roomy, top)))
+    return EngineSpec(
+        page_size=page_size,
+        tree=tree,
+        hybrid=hybrid,
+        kv_tokens=max(kv // page_size, 2) * page_size,
+        rows=draw(st.integers(1, 5)),
+        mamba_slots=draw(st.integers(2 + k, 6 + k)),
+        max_running=draw(st.integers(1, 5)),
+        chunk=draw(st.sampled_from(chunk_sizes(page_size, grid))),
+        max_prefill=draw(st.sampled_from([16, 32, 64])),
+        overlap=overlap,
+        cow_release_policy=draw(st.sampled_from(policies)),
+        max_context_len=96,
+        eos_token_id=draw(st.sampled_from([None, 7])),
+        **v2,  # type: ignore[arg-type]
+    )
+
+
+def event(text: str) -> None:
+    """``hypothesis.event`` inside a test; nothing in a replayed repro script (plain Python)."""
+    if currently_in_test_context():
+        _event(text)
+
+
+def target(value: float, label: str) -> None:
+    if currently_in_test_context():
+        _target(value, label=label)
+
+
+fault_swarms = st.lists(st.sampled_from(FAULT_KINDS), unique=True).map(sorted)
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    faults: frozenset[str] = frozenset(FAULT_KINDS)  # a subclass whose init draws no swarm injects every kind
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.max_in_flight = 0
+        self.max_pressure = 0.0
+
+    @initialize(setup=setups(), faults=fault_swarms)
+    def init(self, setup: EngineSpec, faults: list[str]) -> None:
+        self.setup = setup
+        self.faults = frozenset(faults)
+        self.sched = build_engine(setup)
+        self.next_rid = 0
+        event(
+            f"tree={setup.tree} page={setup.page_size} overlap={setup.overlap}"
+            + (" extra_buffer" if setup.mamba_strategy == "extra_buffer" else "")
+        )
+
+    @rule(
+        family=st.sampled_from(range(len(FAMILIES))),
+        suffix=st.lists(st.integers(0, 99), min_size=1, max_size=20),
+        max_new=st.integers(1, 12),
+    )
+    def arrive(self, family: int, suffix: list[int], max_new: int) -> None:
+        req = self.sched.add_request(self.next_rid, FAMILIES[family] + suffix, max_new)
+        self.next_rid += 1
+        if req.state is ReqState.REJECTED:
+            event("rejected at arrival")
+
+    @rule(n=st.integers(1, 4))
+    def step(self, n: int) -> None:
+        for _ in range(n):
+            self.sched.step()
+        if self.sched.stats.retractions:
+            event("retraction happened")
+
+    @precondition(lambda self: bool(self.sched.requests))
+    @rule(pick=st.integers(0, 63))
+    def abort(self, pick: int) -> None:
+        """Abort any request, ended ones included (then it must be a no-op)."""
+        rids = sorted(self.sched.requests)
+        req = self.sched.requests[rids[pick % len(rids)]]
+        was_done = req.state.is_done
+        event(f"abort from {req.state.value}")
+        assert self.sched.abort(req.rid) is (not was_done), f"abort of {req!r}"
+
+    @rule(kind=st.sampled_from(FAULT_KINDS))
+    def inject_allocation_failure(self, kind: str) -> None:
+        if kind in self.faults:
+            self.sched.faults.fail_next(kind)
+
+    @precondition(lambda self: bool(self.sched.running))
+    @rule()
+    def force_retract(self) -> None:
+        self.sched.force_retract(1)
+
+    @invariant()
+    def identities_hold(self) -> None:
+        sched = self.sched
+        sched.check_handles_owned()
+        sched.check_ended_requests_released()
+        accounting = sched.accounting
+        recount = accounting.pool_terms()
+        for terms in recount:
+            check_busy_identity(terms)
+        accounting._cross_check_ledgers(recount)
+        # The after-step identity is incremental: its sums must equal the full recount after every rule.
+        accounting._check_incremental(accounting.terms(), recount)
+        for pool in accounting._pools():
+            pool.audit()
+        if sched.tree is not None:
+            sched.tree.audit()
+        if sched.stats.rollbacks > sched.faults.fired:
+            raise ContractViolation(
+                f"I-ATOMIC-ADMISSION: prediction != commitment: {sched.stats.rollbacks} admission(s) rolled"
+                f" back with {sched.faults.fired} injected fault(s); {sched.describe_queues()}"
+            )
+        in_flight = sum(len(b.reqs) for b in sched.inflight)
+        self.max_in_flight = max(self.max_in_flight, in_flight)
+        kv = sched.kv_allocator
+        self.max_pressure = max(self.max_pressure, 1.0 - kv.available_size() / kv.size)
+
+    def teardown(self) -> None:
+        sched = getattr(self, "sched", None)
+        if sched is None:
+            return
+        target(float(self.max_in_flight), label="requests in flight")
+        target(float(sched.stats.retractions), label="retractions")
+        target(self.max_pressure, label="KV pool pressure")
+        sched.faults.pending.clear()
+        sched.run_until_idle(max_steps=2000)
+        sched.accounting.check_quiescent()
+        tracking = sched.memory.tracking
+        if tracking is not None:  # Mamba V2: show which tracking paths the example took
+            for what, n in tracking.stats.items():
+                if n:
+                    event(f"V2 {what}")
+        for req in sched.requests.values():
+            if not (req.state.is_done and req.finish_reason):
+                raise ContractViolation(f"I-LIVENESS: {req!r} never ended, or ended without a reason")
+            if req.state is ReqState.FINISHED:
+                check_output_oracle(req, req.output_ids, self.expected(req.origin_input_ids, req.max_new_tokens))
+
+    def expected(self, prompt: list[int], max_new_tokens: int) -> list[int]:
+        """The oracle: what the request generates when run alone with no cache."""
+        return expected_output(prompt, max_new_tokens, self.setup.eos_token_id)
+
+
+def v2_machine(page_size: int) -> type[SchedulerMachine]:
+    """The machine with the Mamba radix cache in V2 (extra_buffer) only, at one page size."""
+
+    class V2Machine(SchedulerMachine):
+        @initialize(setup=setups(page_sizes=(page_size,), v2_only=True), faults=fault_swarms)
+        def init(self, setup: EngineSpec, faults: list[str]) -> None:
+            SchedulerMachine.init(self, setup, faults)
+
+    V2Machine.__name__ = V2Machine.__qualname__ = f"SchedulerMachineV2Page{page_size}"
+    return V2Machine
