@@ -1,4 +1,4 @@
-"""The ``kvledger`` command: ``kvledger --version``, ``kvledger simulate`` and ``kvledger audit``.
+"""The ``kvledger`` command: ``kvledger --version``, ``simulate``, ``audit``, ``hunt``, ``museum``, ``explore``.
 
 Every option is checked before anything runs: a bad value, a combination the engine cannot run, a
 workload that could only be rejected, or a plot or record path that cannot be written ends in one line
@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 
 from kvledger import __version__
 from kvledger.contracts import switch
+from kvledger.museum import cli as museum_cli
 
 USAGE_ERROR = 2
 
@@ -285,6 +286,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     a.add_argument("log", metavar="FILE", type=Path, help="the event log")
     a.add_argument("--json", action="store_true", help="print the report as one JSON object on stdout")
+    museum_cli.add_commands(sub)
     return p
 
 
@@ -592,6 +594,8 @@ def main(argv: list[str] | None = None) -> int:
         return _simulate(ns)
     if ns.command == "audit":
         return _audit(ns)
+    if ns.command in museum_cli.COMMANDS:
+        return museum_cli.run(ns)
     parser.print_help()
     return 0
 

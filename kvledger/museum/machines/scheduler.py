@@ -37,6 +37,7 @@ FAMILIES = [
     [11, 12, 13, 14, 15, 16, 70, 71, 72, 73],
 ]
 FAULT_KINDS = ("row", "mamba", "kv")
+CHECKED_DRAIN_STEPS = 200
 
 
 def v2_options(draw: st.DrawFn, page_size: int, overlap: bool) -> dict[str, object]:
@@ -189,6 +190,13 @@ class SchedulerMachine(RuleBasedStateMachine):
                 f"I-ATOMIC-ADMISSION: prediction != commitment: {sched.stats.rollbacks} admission(s) rolled"
                 f" back with {sched.faults.fired} injected fault(s); {sched.describe_queues()}"
             )
+        for batch in sched.inflight:  # a launched batch's requests keep their rows until its results
+            for req in batch.reqs:
+                if req.released:
+                    raise ContractViolation(
+                        f"I-ROW-EXCLUSIVE-WHILE-IN-FLIGHT: {req.owner!r} was released while launched"
+                        f" batch#{batch.batch_id} still references it: {req!r}"
+                    )
         in_flight = sum(len(b.reqs) for b in sched.inflight)
         self.max_in_flight = max(self.max_in_flight, in_flight)
         kv = sched.kv_allocator
@@ -202,6 +210,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         target(float(sched.stats.retractions), label="retractions")
         target(self.max_pressure, label="KV pool pressure")
         sched.faults.pending.clear()
+        for _ in range(CHECKED_DRAIN_STEPS):  # drain with the checks after every step, then plainly
+            if not sched.has_work():
+                break
+            sched.step()
+            self.identities_hold()
         sched.run_until_idle(max_steps=2000)
         sched.accounting.check_quiescent()
         tracking = sched.memory.tracking

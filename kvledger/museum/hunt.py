@@ -1,0 +1,298 @@
+"""``kvledger hunt``: run the generic machines against one exhibit at a time, under a wall-clock budget.
+
+For each exhibit: install its re-enactment, run its machine (the scheduler or the PD machine) with
+Hypothesis in batches of a few examples (each batch its own seed, derived from ``--seed``) until a
+check fires or the budget is spent; then let Hypothesis shrink the failure for a bounded time and
+replay it. What comes back: found or not, seconds to the first failure, examples tried, the invariant ID
+in the violation, and the shrunk rule calls, written as a plain Python script that builds the machine,
+calls the rules (and the invariant check after each, as Hypothesis did) with the exhibit installed. The
+script is run once in a fresh process to confirm it fails with the same invariant.
+
+With no exhibit the same run is a clean run: any failure is a bug of the reference (or a machine's).
+The machines know no exhibit; nothing here tells them which one is installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, Phase, reject, settings
+from hypothesis.errors import Unsatisfiable
+from hypothesis.internal.conjecture import engine as _conjecture_engine
+from hypothesis.reporting import with_reporter
+from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
+
+from kvledger.museum.exhibit import Exhibit
+
+INVARIANT_ID = re.compile(r"\bI-[A-Z0-9]+(?:-[A-Z0-9]+)*\b")
+BATCH_EXAMPLES = 8
+STEPS_PER_EXAMPLE = 40
+SHRINK_SECONDS = 20.0
+
+
+def machine_class(name: str) -> type[RuleBasedStateMachine]:
+    if name == "scheduler":
+        from kvledger.museum.machines.scheduler import SchedulerMachine
+
+        return SchedulerMachine
+    if name == "pd":
+        from kvledger.museum.machines.pd import PDMachine
+
+        return PDMachine
+    raise ValueError(f"unknown machine {name!r}")
+
+
+@dataclass
+class HuntResult:
+    exhibit: str  # "(clean)" for a run with no exhibit
+    machine: str
+    found: bool
+    seconds: float  # to the first failing example (the whole budget when not found)
+    shrink_seconds: float
+    examples: int  # examples started, shrinking excluded
+    invariant: str | None
+    expected: bool | None  # the invariant is one the exhibit lists as broken
+    repro_steps: int | None  # rule calls in the shrunk example, init included
+    repro: str | None  # path of the repro script
+    repro_verified: bool | None  # ``python repro.py`` failed naming the same invariant
+    message: str = ""
+    steps: list[str] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.pop("steps")
+        return out
+
+
+class _Clock:
+    """Shared between the hunt and the machine subclass it runs: deadlines and counts."""
+
+    def __init__(self, budget: float, shrink: float, on_example: Callable[[int], None]) -> None:
+        self.start = time.monotonic()
+        self.deadline = self.start + budget
+        self.shrink = shrink
+        self.examples = 0
+        self.first_failure: float | None = None
+        self.on_example = on_example
+
+    def out_of_time(self) -> bool:
+        """The generation budget is spent (shrinking is bounded by Hypothesis's own deadline, set below)."""
+        return self.first_failure is None and time.monotonic() > self.deadline
+
+
+def _hunting(base: type[RuleBasedStateMachine], clock: _Clock, seed: int) -> type[RuleBasedStateMachine]:
+    """``base`` with a clock: an example started after the deadline (and before any failure) is rejected,
+    so Hypothesis winds the batch down quickly."""
+
+    def __init__(self: Any) -> None:
+        if clock.out_of_time():
+            reject()
+        if clock.first_failure is None:
+            clock.examples += 1
+            clock.on_example(clock.examples)
+        base.__init__(self)
+
+    def teardown(self: Any) -> None:
+        failing = sys.exc_info()[1] is not None
+        try:
+            base.teardown(self)
+        except BaseException:
+            failing = True
+            raise
+        finally:
+            if failing and clock.first_failure is None:
+                clock.first_failure = time.monotonic()
+
+    cls = type(base.__name__, (base,), {"__init__": __init__, "teardown": teardown})
+    cls._hypothesis_internal_use_seed = seed  # type: ignore[attr-defined]
+    return cls
+
+
+def _settings() -> settings:
+    return settings(
+        max_examples=BATCH_EXAMPLES,
+        stateful_step_count=STEPS_PER_EXAMPLE,
+        deadline=None,
+        database=None,
+        derandomize=False,
+        report_multiple_bugs=False,
+        phases=(Phase.generate, Phase.target, Phase.shrink),
+        suppress_health_check=list(HealthCheck),
+        print_blob=False,
+    )
+
+
+def invariant_of(exc: BaseException) -> str:
+    """The invariant ID a violation names (its first ID), else the exception's type."""
+    found = INVARIANT_ID.search(str(exc))
+    if found:
+        return found.group(0)
+    own = getattr(exc, "invariant", None)
+    return own if isinstance(own, str) else type(exc).__name__
+
+
+def _steps(report: list[str], failure: BaseException, machine: str) -> list[str]:
+    """The shrunk example's statements (``state = X()``, rule calls, invariant checks), as Hypothesis printed
+    them (to the reporter, or in the failure's notes); a statement may span lines (a long repr)."""
+    text = "\n".join([*report, *getattr(failure, "__notes__", [])])
+    statements: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("state"):
+            statements.append(line)
+        elif (statements and line.startswith(" ") and not statements[-1].endswith(")")) or (statements and line.startswith(" ")):
+            statements[-1] += "\n" + line
+        elif statements:
+            break  # the block of statements ended
+    if "state.teardown()" in statements:
+        statements = statements[: statements.index("state.teardown()") + 1]
+    return [f"state = {machine}()" if s.startswith("state = ") else s for s in statements]
+
+
+def _rule_calls(steps: list[str]) -> int:
+    skip = ("state = ", "state.teardown(", "state.identities_hold(")
+    return sum(1 for s in steps if not s.startswith(skip))
+
+
+REPRO_TEMPLATE = '''"""Repro written by ``kvledger hunt``: {title}.
+
+Machine {machine_name}; the shrunk example's rule calls, each followed by the machine's invariant check
+(as Hypothesis ran them). Expected: {expected}.
+Run: python {filename}
+"""
+
+import contextlib
+
+from kvledger.museum import exhibit
+from {module} import {machine_name}
+from kvledger.reference.disagg import ChannelConfig, Component, Fault, PDSpec  # noqa: F401
+from kvledger.reference.engine import EngineSpec  # noqa: F401
+
+EXHIBIT = {exhibit_id!r}
+
+
+def run() -> None:
+{body}
+
+
+if __name__ == "__main__":
+    with exhibit(EXHIBIT).installed() if EXHIBIT else contextlib.nullcontext():
+        run()
+'''
+
+
+def write_repro(path: Path, result: HuntResult, exhibit: Exhibit | None) -> None:
+    base = machine_class(result.machine)
+    body = "\n".join("    " + line.replace("\n", "\n    ") for line in result.steps)
+    path.write_text(
+        REPRO_TEMPLATE.format(
+            title=(f"exhibit {exhibit.id} ({exhibit.title})" if exhibit else "a clean run's failure"),
+            machine_name=base.__name__,
+            module=base.__module__,
+            expected=f"a violation naming {result.invariant}",
+            filename=path.name,
+            exhibit_id=exhibit.id if exhibit else None,
+            body=body or "    pass",
+        )
+    )
+
+
+def verify_repro(path: Path, invariant: str, timeout: float = 120.0) -> bool:
+    """Run the script in a fresh process: it must fail, naming ``invariant``."""
+    try:
+        proc = subprocess.run(
+            [sys.executable, str(path)], capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return False
+    return proc.returncode != 0 and invariant in (proc.stderr + proc.stdout)
+
+
+@contextlib.contextmanager
+def _shrinking_for(seconds: float) -> Iterator[None]:
+    """Hypothesis shrinks for up to 5 minutes; a hunt gives it ``seconds``."""
+    saved = _conjecture_engine.MAX_SHRINKING_SECONDS
+    _conjecture_engine.MAX_SHRINKING_SECONDS = max(1, int(seconds))
+    try:
+        yield
+    finally:
+        _conjecture_engine.MAX_SHRINKING_SECONDS = saved
+
+
+@contextlib.contextmanager
+def _installed(exhibit: Exhibit | None) -> Iterator[None]:
+    if exhibit is None:
+        yield
+        return
+    with exhibit.installed():
+        yield
+
+
+def hunt(
+    exhibit: Exhibit | None,
+    *,
+    machine: str | None = None,
+    budget: float = 60.0,
+    seed: int = 0,
+    shrink_seconds: float = SHRINK_SECONDS,
+    out_dir: Path | None = None,
+    verify: bool = True,
+    on_example: Callable[[int], None] = lambda n: None,
+) -> HuntResult:
+    """Hunt one exhibit (or, with ``exhibit=None``, run clean) with its machine for ``budget`` seconds."""
+    name = machine or (exhibit.machine if exhibit else "scheduler")
+    base = machine_class(name)
+    clock = _Clock(budget, shrink_seconds, on_example)
+    report: list[str] = []
+    failure: BaseException | None = None
+    batch = 0
+    with _installed(exhibit), _shrinking_for(shrink_seconds):
+        while failure is None and not clock.out_of_time():
+            cls = _hunting(base, clock, seed * 1_000_003 + batch)
+            batch += 1
+            report.clear()
+            try:
+                with with_reporter(report.append):
+                    run_state_machine_as_test(cls, settings=_settings())
+            except Unsatisfiable:
+                break  # the whole batch started after the deadline
+            except Exception as exc:
+                failure = exc
+    end = time.monotonic()
+    label = exhibit.id if exhibit else "(clean)"
+    if failure is None:
+        return HuntResult(label, name, False, end - clock.start, 0.0, clock.examples, None, None, None, None, None)
+    first = clock.first_failure or end
+    inv = invariant_of(failure)
+    steps = _steps(report, failure, base.__name__)
+    result = HuntResult(
+        exhibit=label,
+        machine=name,
+        found=True,
+        seconds=first - clock.start,
+        shrink_seconds=end - first,
+        examples=clock.examples,
+        invariant=inv,
+        expected=(inv in exhibit.breaks) if exhibit else None,
+        repro_steps=_rule_calls(steps),
+        repro=None,
+        repro_verified=None,
+        message=str(failure).split("\n")[0][:300],
+        steps=steps,
+    )
+    if out_dir is not None and steps:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        slug = re.sub(r"[^A-Za-z0-9]+", "_", label).strip("_") or "clean"
+        path = out_dir / f"repro_{slug}.py"
+        write_repro(path, result, exhibit)
+        result.repro = str(path)
+        if verify:
+            result.repro_verified = verify_repro(path, inv)
+    return result
