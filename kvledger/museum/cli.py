@@ -49,7 +49,9 @@ def add_commands(sub: Any) -> None:
         ),
     )
     which = h.add_mutually_exclusive_group()
-    which.add_argument("--exhibit", metavar="NAME", action="append", help="an exhibit id (B5, #16067, N4, ...); repeatable")
+    which.add_argument(
+        "--exhibit", metavar="NAME", action="append", help="an exhibit id (B5, #16067, N4, ...); repeatable"
+    )
     which.add_argument("--all", action="store_true", help="every in-scope exhibit")
     h.add_argument("--budget", metavar="SECONDS", type=_positive, default=60.0, help="per exhibit (default: 60)")
     h.add_argument("--shrink", metavar="SECONDS", type=_positive, default=20.0, help="shrinking limit (default: 20)")
@@ -103,7 +105,8 @@ def _hunt(ns: argparse.Namespace) -> int:
                 print(f"kvledger hunt: error: {exc.args[0]}", file=sys.stderr)
                 return 2
             if not e.huntable:
-                print(f"kvledger hunt: error: {e.id} is out of the model's scope: {e.why_out_of_scope}", file=sys.stderr)
+                why = e.why_out_of_scope
+                print(f"kvledger hunt: error: {e.id} is out of the model's scope: {why}", file=sys.stderr)
                 return 2
             targets.append((e, None))
     else:

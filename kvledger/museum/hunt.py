@@ -147,7 +147,7 @@ def _steps(report: list[str], failure: BaseException, machine: str) -> list[str]
     for line in text.splitlines():
         if line.startswith("state"):
             statements.append(line)
-        elif (statements and line.startswith(" ") and not statements[-1].endswith(")")) or (statements and line.startswith(" ")):
+        elif statements and line.startswith(" "):
             statements[-1] += "\n" + line
         elif statements:
             break  # the block of statements ended
