@@ -244,9 +244,12 @@ def hunt(
     shrink_seconds: float = SHRINK_SECONDS,
     out_dir: Path | None = None,
     verify: bool = True,
+    max_batches: int | None = None,
     on_example: Callable[[int], None] = lambda n: None,
 ) -> HuntResult:
-    """Hunt one exhibit (or, with ``exhibit=None``, run clean) with its machine for ``budget`` seconds."""
+    """Hunt one exhibit (or, with ``exhibit=None``, run clean) with its machine for ``budget`` seconds, or
+    for ``max_batches`` batches of ``BATCH_EXAMPLES`` examples (a bound that does not depend on the
+    clock: with a fixed seed the hunt is then deterministic, which is what a test may assert)."""
     name = machine or (exhibit.machine if exhibit else "scheduler")
     base = machine_class(name)
     clock = _Clock(budget, shrink_seconds, on_example)
@@ -254,7 +257,7 @@ def hunt(
     failure: BaseException | None = None
     batch = 0
     with _installed(exhibit), _shrinking_for(shrink_seconds):
-        while failure is None and not clock.out_of_time():
+        while failure is None and not clock.out_of_time() and (max_batches is None or batch < max_batches):
             cls = _hunting(base, clock, seed * 1_000_003 + batch)
             batch += 1
             report.clear()

@@ -11,8 +11,8 @@ CHANNEL = f"{DISAGG}/channel.py"
 DECODE = f"{DISAGG}/decode.py"
 PREFILL = f"{DISAGG}/prefill.py"
 SIZING = "kvledger/contracts/sizing.py"
-MACHINE = "tests/disagg/test_pd_machine.py:PDMachine"
-MODEL_MACHINE = "tests/disagg/test_pd_machine.py:PDModelMachine"
+MACHINE = "kvledger/museum/machines/pd.py:PDMachine"
+MODEL_MACHINE = "kvledger/museum/machines/pd.py:PDModelMachine"
 
 PD = ("pd-prefill", "pd-decode", "pd-channel")
 

@@ -17,7 +17,7 @@ SCHED = "kvledger/reference/scheduler/scheduler.py"
 MEMORY = "kvledger/reference/scheduler/memory.py"
 ACCOUNTING = "kvledger/reference/scheduler/accounting.py"
 IDENTITY = "kvledger/contracts/identity.py"
-MACHINE = "tests/scheduler/test_scheduler_machine.py:SchedulerMachine"
+MACHINE = "kvledger/museum/machines/scheduler.py:SchedulerMachine"
 ORACLE_MACHINE = "tests/model/test_oracle.py:ModelOracleMachine"
 
 ALL = ("scheduler", "kv-token-pool", "kv-page-pool", "req-rows", "mamba-pool")
@@ -175,7 +175,7 @@ AREA = Area(
                 contract(f"{SCHED}:Scheduler.check_handles_owned", "claims from `Req.handles()`"),
                 contract(f"{SCHED}:Scheduler._new_batch", "a forward never runs on an id its request does not own"),
             ),
-            exercised_by=(MACHINE, "tests/disagg/test_pd_machine.py:PDMachine"),
+            exercised_by=(MACHINE, "kvledger/museum/machines/pd.py:PDMachine"),
         ),
         Invariant(
             id="I-COW-STOPPER",

@@ -22,7 +22,7 @@ MAMBA_TREE = "kvledger/reference/radix/mamba_radix_cache.py"
 TRACK = "kvledger/contracts/mamba_track.py"
 STATE_ORACLE = "kvledger/reference/model/state_oracle.py"
 
-SCHED_MACHINES = ("tests/scheduler/test_scheduler_machine.py:v2_machine",)
+SCHED_MACHINES = ("kvledger/museum/machines/scheduler.py:v2_machine",)
 ORACLE_MACHINES = ("tests/model/test_oracle_v2.py:v2_oracle_machine",)
 CACHE_MACHINES = ("tests/caches/test_stateful.py:MambaV2Machine",)
 V2 = ("mamba-v2", "scheduler", "mamba-pool")
