@@ -39,7 +39,7 @@ EXHIBITS: tuple[Exhibit, ...] = (
             "frees everything it allocated, that token included; the result path of N+1 then freed the "
             "discarded token's KV a second time (available_size > max_total_num_tokens)."
         ),
-        breaks=("I-NODUP-FREE", "I-CAP"),
+        breaks=("I-NODUP-FREE", "I-EXCLUSIVE", "I-CAP"),
     ),
     _exhibit(
         ReqMemory,
@@ -60,7 +60,11 @@ EXHIBITS: tuple[Exhibit, ...] = (
         id="B3",
         upstream="sgl-project/sglang#12007 (#38482, #36696)",
         title="Mamba LRU list out of order",
-        mechanism="The LRU order drifted from last_access_time (a split moved the suffix to MRU).",
+        mechanism=(
+            "Intermittent: the Mamba LRU list's order disagreed with last_access_time at the idle sanity check. "
+            "Later fixes point at splits that moved the unmatched suffix to MRU (#38482) and a split child "
+            "registered under a stale key (#36696)."
+        ),
         breaks=("I-LRU-ORDER",),
         reenact=None,
         scope="out of scope",
@@ -224,7 +228,7 @@ EXHIBITS: tuple[Exhibit, ...] = (
             "allocation (ping-pong slots, or KV) and asserted; the partial allocation stayed and the "
             "scheduler died. Atomic admission takes all or nothing."
         ),
-        breaks=("I-ATOMIC-ADMISSION",),
+        breaks=("I-ATOMIC-ADMISSION", "I-COUNT"),
     ),
     Exhibit(
         id="B18",
@@ -317,7 +321,7 @@ EXHIBITS: tuple[Exhibit, ...] = (
             "allocation when it is set: a retracted (or aborted and retried) request came back with slots "
             "it no longer owned, free or someone else's, while the counting identity stayed balanced."
         ),
-        breaks=("I-HANDLE-OWNED", "I-REQ-MAMBA"),
+        breaks=("I-HANDLE-OWNED", "I-REQ-MAMBA", "I-COUNT"),
     ),
     Exhibit(
         id="N4",
@@ -354,7 +358,7 @@ EXHIBITS: tuple[Exhibit, ...] = (
             "is_fully_idle() did not see the PD holders (an ended request whose KV lease waits for the other "
             "side), so idle-only work (flush_cache, the idle leak check) ran over live state."
         ),
-        breaks=("I-QUIESCENT",),
+        breaks=("I-QUIESCENT", "I-IDLE-IDENTITY"),
         reenact=pd_bugs.n5_idle_predicate_ignores_leases,
         replaces=replaced_name(PDScheduler, "is_quiescent"),
         machine="pd",

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, reject, settings
-from hypothesis.errors import Unsatisfiable
+from hypothesis.errors import Unsatisfiable, UnsatisfiedAssumption
 from hypothesis.internal.conjecture import engine as _conjecture_engine
 from hypothesis.reporting import with_reporter
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
@@ -88,6 +88,11 @@ class _Clock:
         return self.first_failure is None and time.monotonic() > self.deadline
 
 
+def _is_failure(exc: BaseException | None) -> bool:
+    """A check that fired, not Hypothesis's own control flow (a rejected or overrun example)."""
+    return isinstance(exc, Exception) and not isinstance(exc, UnsatisfiedAssumption)
+
+
 def _hunting(base: type[RuleBasedStateMachine], clock: _Clock, seed: int) -> type[RuleBasedStateMachine]:
     """``base`` with a clock: an example started after the deadline (and before any failure) is rejected,
     so Hypothesis winds the batch down quickly."""
@@ -101,11 +106,11 @@ def _hunting(base: type[RuleBasedStateMachine], clock: _Clock, seed: int) -> typ
         base.__init__(self)
 
     def teardown(self: Any) -> None:
-        failing = sys.exc_info()[1] is not None
+        failing = _is_failure(sys.exc_info()[1])
         try:
             base.teardown(self)
-        except BaseException:
-            failing = True
+        except Exception as exc:
+            failing = _is_failure(exc)
             raise
         finally:
             if failing and clock.first_failure is None:

@@ -157,7 +157,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         req = self.sched.requests[rids[pick % len(rids)]]
         was_done = req.state.is_done
         event(f"abort from {req.state.value}")
-        assert self.sched.abort(req.rid) is (not was_done), f"abort of {req!r}"
+        if self.sched.abort(req.rid) is not (not was_done):
+            raise ContractViolation(
+                f"I-OWNER-RELEASE: abort of {'an ended' if was_done else 'a live'} request answered"
+                f" {'True' if was_done else 'False'} (an abort of an ended request is a no-op): {req!r}"
+            )
 
     @rule(kind=st.sampled_from(FAULT_KINDS))
     def inject_allocation_failure(self, kind: str) -> None:

@@ -351,7 +351,7 @@ class Accounting:
         for inc, full in zip(incremental, recount, strict=True):
             if inc != full:
                 raise ContractViolation(
-                    f"[{inc.pool}] the incremental identity drifted from the recount (a write that"
+                    f"[{inc.pool}] I-COUNT: the incremental identity drifted from the recount (a write that"
                     f" bypassed tracking?):\n  incremental {inc.table()}\n  recount     {full.table()}"
                 )
 

@@ -1,0 +1,113 @@
+"""The museum's registry, its scoped patches, and a bounded CI hunt.
+
+The CI hunt bounds each exhibit by a number of example batches at a fixed seed (never by the clock), so
+what it asserts (found, and naming an invariant the exhibit lists) is deterministic; ``-m deep`` hunts
+every in-scope exhibit. ``kvledger hunt --all --budget 60`` is the measured, wall-clock version.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvledger.contracts import switch
+from kvledger.contracts.invariants import by_id
+from kvledger.museum import EXHIBITS, exhibit, huntable
+from kvledger.museum.hunt import hunt
+
+needs_contracts = pytest.mark.skipif(not switch.ENABLED, reason="contracts are off (KVLEDGER_CONTRACTS=0)")
+
+REQUIRED = {
+    "B1", "B2", "B4", "B5", "#16067", "B7", "B8", "B9", "B10", "B11", "B14", "B16", "B17", "B18", "B20",
+    "B21", "vLLM-prediction", "vLLM-oversize", "N1", "N4", "N5", "N6a", "N9",
+}  # fmt: skip
+
+# Exhibits the generic machines find within CI_BATCHES batches at seed 0 (measured: see spec/museum.md).
+CI_BATCHES = 3
+CI_HUNT = ["B1", "#16067", "B8", "B9", "B17", "N1", "B11", "N5"]
+
+
+def test_the_catalogue_is_complete_and_every_invariant_is_registered() -> None:
+    ids = [e.id for e in EXHIBITS]
+    assert len(ids) == len(set(ids))
+    assert set(ids) >= REQUIRED
+    registry = by_id()
+    for e in EXHIBITS:
+        assert e.upstream and e.title and len(e.mechanism) > 80, e.id
+        assert e.breaks and all(i in registry for i in e.breaks), (e.id, e.breaks)
+        if e.scope == "out of scope":
+            assert e.reenact is None and len(e.why_out_of_scope) > 40, e.id
+            with pytest.raises(LookupError, match="out of the model's scope"):
+                e.installed()
+        else:
+            assert e.reenact is not None and e.replaces and not e.why_out_of_scope, e.id
+
+
+def _resolve(dotted: str) -> object:
+    """``Class.method`` among the reference's modules, or ``module.function``."""
+    import importlib
+
+    import kvledger.reference.disagg.channel as channel
+    import kvledger.reference.disagg.decode as decode
+    import kvledger.reference.disagg.instance as instance
+    import kvledger.reference.disagg.prefill as prefill
+    import kvledger.reference.radix as radix
+    import kvledger.reference.scheduler.memory as memory
+    import kvledger.reference.scheduler.scheduler as scheduler
+    import kvledger.reference.scheduler.tracking as tracking
+
+    owner_name, attr = dotted.rsplit(".", 1)
+    for module in (scheduler, memory, tracking, radix, channel, decode, instance, prefill):
+        if hasattr(module, owner_name):
+            return vars(getattr(module, owner_name)).get(attr)
+    return getattr(importlib.import_module(owner_name), attr)
+
+
+@pytest.mark.parametrize("exhibit_id", [e.id for e in huntable()])
+def test_an_exhibit_replaces_exactly_what_it_names_and_restores_it(exhibit_id: str) -> None:
+    e = exhibit(exhibit_id)
+    before = _resolve(e.replaces)
+    with e.installed():
+        assert _resolve(e.replaces) is not before, f"{e.id} did not replace {e.replaces}"
+    assert _resolve(e.replaces) is before, f"{e.id} left {e.replaces} replaced"
+
+
+@needs_contracts
+@pytest.mark.parametrize("exhibit_id", CI_HUNT)
+def test_the_generic_machines_find_the_exhibit(exhibit_id: str, tmp_path: Path) -> None:
+    e = exhibit(exhibit_id)
+    result = hunt(e, budget=3600, seed=0, max_batches=CI_BATCHES, shrink_seconds=5, out_dir=tmp_path, verify=False)
+    assert result.found, f"{e.id}: not found in {CI_BATCHES} batches"
+    assert result.invariant in e.breaks, (e.id, result.invariant, result.message)
+    assert result.repro is not None and result.repro_steps
+
+
+@needs_contracts
+def test_a_repro_script_fails_with_the_same_violation_and_passes_without_the_exhibit(tmp_path: Path) -> None:
+    e = exhibit("#16067")
+    result = hunt(e, budget=3600, seed=0, max_batches=CI_BATCHES, shrink_seconds=5, out_dir=tmp_path, verify=True)
+    assert result.found and result.repro_verified, result
+    script = Path(result.repro or "")
+    clean = script.with_name("repro_without_exhibit.py")
+    clean.write_text(script.read_text().replace("EXHIBIT = '#16067'", "EXHIBIT = None"))
+    proc = subprocess.run([sys.executable, str(clean)], capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@needs_contracts
+def test_a_clean_hunt_finds_nothing() -> None:
+    result = hunt(None, machine="scheduler", budget=3600, seed=1, max_batches=2, verify=False)
+    assert not result.found, result.message
+
+
+@pytest.mark.deep
+@needs_contracts
+@pytest.mark.parametrize("exhibit_id", [e.id for e in huntable()])
+def test_deep_hunt_finds_every_exhibit(exhibit_id: str, tmp_path: Path) -> None:
+    """``pytest -m deep``: every in-scope exhibit, up to 60 batches (480 examples) at seed 0."""
+    e = exhibit(exhibit_id)
+    result = hunt(e, budget=3600, seed=0, max_batches=60, shrink_seconds=20, out_dir=tmp_path, verify=True)
+    assert result.found and result.repro_verified, (e.id, result.message)
