@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-COMMANDS = ("hunt", "museum")
+COMMANDS = ("hunt", "museum", "explore")
 
 
 def _positive(text: str) -> float:
@@ -60,12 +60,94 @@ def add_commands(sub: Any) -> None:
     h.add_argument("--no-verify", action="store_true", help="do not run each repro script to confirm it")
     h.add_argument("--json", action="store_true", help="print one JSON document on stdout (progress on stderr)")
     sub.add_parser("museum", help="list the museum's exhibits", description="List the museum's exhibits.")
+    x = sub.add_parser(
+        "explore",
+        help="every schedule up to a depth on tiny scopes (bounded-exhaustive), clean and per exhibit",
+        description=(
+            "Breadth-first over every schedule of at most DEPTH actions on each tiny scope (8 KV tokens,"
+            " 2 Mamba slots, 3 requests, page 1 and 2), with state hashing; the scheduler machine's checks"
+            " after every action and a checked drain at every new state. Clean, or with exhibits installed."
+        ),
+    )
+    xw = x.add_mutually_exclusive_group()
+    xw.add_argument("--exhibit", metavar="NAME", action="append", help="an exhibit id; repeatable")
+    xw.add_argument("--all", action="store_true", help="every in-scope scheduler exhibit")
+    x.add_argument("--depth", metavar="K", type=int, default=6, help="schedule length bound (default: 6)")
+    x.add_argument("--max-states", metavar="N", type=int, default=20_000, help="per scope (default: 20000)")
+    x.add_argument("--json", action="store_true", help="print one JSON document on stdout")
 
 
 def run(ns: argparse.Namespace) -> int:
     if ns.command == "museum":
         return _list()
+    if ns.command == "explore":
+        return _explore(ns)
     return _hunt(ns)
+
+
+def _explore(ns: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from kvledger.museum import catalogue
+    from kvledger.museum.explore import SCOPES, explore
+
+    console = Console(stderr=ns.json)
+    if ns.depth < 1 or ns.max_states < 1:
+        print("kvledger explore: error: --depth and --max-states must be >= 1", file=sys.stderr)
+        return 2
+    if ns.all:
+        exhibits: list[Any] = [e for e in catalogue.huntable() if e.machine == "scheduler"]
+    elif ns.exhibit:
+        try:
+            exhibits = [catalogue.exhibit(n) for n in ns.exhibit]
+        except KeyError as exc:
+            print(f"kvledger explore: error: {exc.args[0]}", file=sys.stderr)
+            return 2
+        bad = [e.id for e in exhibits if not e.huntable or e.machine != "scheduler"]
+        if bad:
+            print(f"kvledger explore: error: {', '.join(bad)}: not scheduler exhibits", file=sys.stderr)
+            return 2
+    else:
+        exhibits = [None]
+    rows: list[dict[str, Any]] = []
+    for e in exhibits:
+        for scope in SCOPES:
+            label = e.id if e else "(clean)"
+            status = console.status(f"explore {label} on {scope.name} to depth {ns.depth}")
+            with status, e.installed() if e else _nothing():
+                r = explore(scope, ns.depth, max_states=ns.max_states)
+            row = {"exhibit": label, **asdict(r)}
+            rows.append(row)
+            if r.violation and e is not None:
+                break  # found on this scope: the other scopes are not needed for the verdict
+    if ns.json:
+        print(json.dumps({"depth": ns.depth, "scopes": [s.describe() for s in SCOPES], "runs": rows}, indent=1))
+    else:
+        table = Table(title=f"kvledger explore (depth {ns.depth})")
+        for col in ("exhibit", "scope", "states", "schedules", "depth", "seconds", "found", "invariant", "path"):
+            table.add_column(col)
+        for row in rows:
+            table.add_row(
+                row["exhibit"], row["scope"], str(row["states"]), str(row["schedules"]),
+                f"{row['depth_reached']}/{row['depth']}" + ("" if row["complete"] else " (cut)"),
+                f"{row['seconds']:.1f}", "yes" if row["violation"] else "no", row["invariant"] or "-",
+                " ".join(f"{a}({v})" for a, v in row["path"]) or "-",
+            )
+        console.print(table)
+    clean = exhibits == [None]
+    found = [r for r in rows if r["violation"]]
+    return (1 if found else 0) if clean else 0
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
 
 
 def _list() -> int:
