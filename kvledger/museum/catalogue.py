@@ -101,7 +101,7 @@ EXHIBITS: tuple[Exhibit, ...] = (
             "path released only requests holding a row, so a request cancelled while waiting kept the slot "
             "for good: a true leak, one slot per cancelled request."
         ),
-        breaks=("I-OWNER-RELEASE", "I-PARTITION"),
+        breaks=("I-OWNER-RELEASE", "I-COUNT", "I-PARTITION"),
     ),
     _exhibit(
         Scheduler,
@@ -132,7 +132,7 @@ EXHIBITS: tuple[Exhibit, ...] = (
             "leaked (Qwen3.5-27B at 20 concurrent). kvledger has one abort path; the exhibit makes it bypass "
             "the release for a waiting request, as those paths did."
         ),
-        breaks=("I-OWNER-RELEASE", "I-LEDGER-AGREES"),
+        breaks=("I-OWNER-RELEASE", "I-COUNT", "I-LEDGER-AGREES"),
     ),
     _exhibit(
         Scheduler,
@@ -170,7 +170,7 @@ EXHIBITS: tuple[Exhibit, ...] = (
             "A PD decode request pre-allocated and transferred waits in the prebuilt queue; the abort handler "
             "did not call release_kv_cache for it, so its row, KV and Mamba slot leaked."
         ),
-        breaks=("I-OWNER-RELEASE",),
+        breaks=("I-OWNER-RELEASE", "I-COUNT"),
         reenact=pd_bugs.b10_decode_abort_leaks_prebuilt,
         replaces=replaced_name(DecodeScheduler, "_release_finished_or_aborted"),
         machine="pd",

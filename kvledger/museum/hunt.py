@@ -25,13 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, reject, settings
-from hypothesis.errors import Unsatisfiable, UnsatisfiedAssumption
+from hypothesis.errors import HypothesisException, Unsatisfiable, UnsatisfiedAssumption
 from hypothesis.internal.conjecture import engine as _conjecture_engine
 from hypothesis.reporting import with_reporter
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 from kvledger.museum.exhibit import Exhibit
 
+ENUM_REPR = re.compile(r"<([A-Za-z_]\w*)\.([A-Za-z_]\w*): [^>]*>")
 INVARIANT_ID = re.compile(r"\bI-[A-Z0-9]+(?:-[A-Z0-9]+)*\b")
 BATCH_EXAMPLES = 8
 STEPS_PER_EXAMPLE = 40
@@ -107,6 +108,10 @@ def _hunting(base: type[RuleBasedStateMachine], clock: _Clock, seed: int) -> typ
 
     def teardown(self: Any) -> None:
         failing = _is_failure(sys.exc_info()[1])
+        if failing:  # a check already fired: the drain would only add a later, secondary violation
+            if clock.first_failure is None:
+                clock.first_failure = time.monotonic()
+            return
         try:
             base.teardown(self)
         except Exception as exc:
@@ -144,6 +149,12 @@ def invariant_of(exc: BaseException) -> str:
     return own if isinstance(own, str) else type(exc).__name__
 
 
+def _headline(exc: BaseException) -> str:
+    """The line of the violation that names its invariant (icontract starts with the file and line)."""
+    lines = str(exc).splitlines() or [type(exc).__name__]
+    return next((line for line in lines if INVARIANT_ID.search(line)), lines[0])[:300]
+
+
 def _steps(report: list[str], failure: BaseException, machine: str) -> list[str]:
     """The shrunk example's statements (``state = X()``, rule calls, invariant checks), as Hypothesis printed
     them (to the reporter, or in the failure's notes); a statement may span lines (a long repr)."""
@@ -158,6 +169,7 @@ def _steps(report: list[str], failure: BaseException, machine: str) -> list[str]
             break  # the block of statements ended
     if "state.teardown()" in statements:
         statements = statements[: statements.index("state.teardown()") + 1]
+    statements = [ENUM_REPR.sub(r"\1.\2", s) for s in statements]  # <Fault.DROP: 'drop'> -> Fault.DROP
     return [f"state = {machine}()" if s.startswith("state = ") else s for s in statements]
 
 
@@ -275,6 +287,8 @@ def hunt(
                 failure = exc
     end = time.monotonic()
     label = exhibit.id if exhibit else "(clean)"
+    if failure is not None and clock.first_failure is None and isinstance(failure, HypothesisException):
+        failure = None  # Hypothesis's own complaint (the deadline's rejections mid-batch), not a finding
     if failure is None:
         return HuntResult(label, name, False, end - clock.start, 0.0, clock.examples, None, None, None, None, None)
     first = clock.first_failure or end
@@ -292,7 +306,7 @@ def hunt(
         repro_steps=_rule_calls(steps),
         repro=None,
         repro_verified=None,
-        message=str(failure).split("\n")[0][:300],
+        message=_headline(failure),
         steps=steps,
     )
     if out_dir is not None and steps:

@@ -25,9 +25,16 @@ REQUIRED = {
     "B21", "vLLM-prediction", "vLLM-oversize", "N1", "N4", "N5", "N6a", "N9",
 }  # fmt: skip
 
-# Exhibits the generic machines find within CI_BATCHES batches at seed 0 (measured: see spec/museum.md).
-CI_BATCHES = 3
-CI_HUNT = ["B1", "#16067", "B8", "B9", "B17", "N1", "B11", "N5"]
+# Exhibits the generic machines find within CI_BATCHES batches (of 8 examples) at seed 0, measured with
+# ``kvledger hunt --all --seed 0`` (spec/museum.md); the others are hunted by ``-m deep``.
+CI_BATCHES = 5
+CI_HUNT = [
+    "B1", "B4", "#16067", "B8", "B9", "B11", "B16", "B17", "B21", "vLLM-prediction", "vLLM-oversize", "N1",
+    "N4", "N4-reader", "N5", "N9",
+]  # fmt: skip
+DEEP_BATCHES = 250  # 2000 examples
+NOT_FOUND = {"B2": "kvledger drains the in-flight batches before any retraction: the inferred length equals "
+             "the allocated one at every retraction the machines can reach (spec/museum.md)"}  # fmt: skip
 
 
 def test_the_catalogue_is_complete_and_every_invariant_is_registered() -> None:
@@ -79,7 +86,7 @@ def test_an_exhibit_replaces_exactly_what_it_names_and_restores_it(exhibit_id: s
 @pytest.mark.parametrize("exhibit_id", CI_HUNT)
 def test_the_generic_machines_find_the_exhibit(exhibit_id: str, tmp_path: Path) -> None:
     e = exhibit(exhibit_id)
-    result = hunt(e, budget=3600, seed=0, max_batches=CI_BATCHES, shrink_seconds=5, out_dir=tmp_path, verify=False)
+    result = hunt(e, budget=3600, seed=0, max_batches=CI_BATCHES, shrink_seconds=2, out_dir=tmp_path, verify=False)
     assert result.found, f"{e.id}: not found in {CI_BATCHES} batches"
     assert result.invariant in e.breaks, (e.id, result.invariant, result.message)
     assert result.repro is not None and result.repro_steps
@@ -87,12 +94,12 @@ def test_the_generic_machines_find_the_exhibit(exhibit_id: str, tmp_path: Path) 
 
 @needs_contracts
 def test_a_repro_script_fails_with_the_same_violation_and_passes_without_the_exhibit(tmp_path: Path) -> None:
-    e = exhibit("#16067")
+    e = exhibit("B8")
     result = hunt(e, budget=3600, seed=0, max_batches=CI_BATCHES, shrink_seconds=5, out_dir=tmp_path, verify=True)
     assert result.found and result.repro_verified, result
     script = Path(result.repro or "")
     clean = script.with_name("repro_without_exhibit.py")
-    clean.write_text(script.read_text().replace("EXHIBIT = '#16067'", "EXHIBIT = None"))
+    clean.write_text(script.read_text().replace("EXHIBIT = 'B8'", "EXHIBIT = None"))
     proc = subprocess.run([sys.executable, str(clean)], capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
@@ -105,9 +112,34 @@ def test_a_clean_hunt_finds_nothing() -> None:
 
 @pytest.mark.deep
 @needs_contracts
-@pytest.mark.parametrize("exhibit_id", [e.id for e in huntable()])
+@pytest.mark.parametrize(
+    "exhibit_id",
+    [
+        pytest.param(e.id, marks=pytest.mark.xfail(reason=NOT_FOUND[e.id], strict=True)) if e.id in NOT_FOUND else e.id
+        for e in huntable()
+    ],
+)
 def test_deep_hunt_finds_every_exhibit(exhibit_id: str, tmp_path: Path) -> None:
-    """``pytest -m deep``: every in-scope exhibit, up to 60 batches (480 examples) at seed 0."""
+    """``pytest -m deep``: every in-scope exhibit, up to DEEP_BATCHES batches at seed 0, repro verified."""
     e = exhibit(exhibit_id)
-    result = hunt(e, budget=3600, seed=0, max_batches=60, shrink_seconds=20, out_dir=tmp_path, verify=True)
+    result = hunt(e, budget=3600, seed=0, max_batches=DEEP_BATCHES, shrink_seconds=20, out_dir=tmp_path, verify=True)
     assert result.found and result.repro_verified, (e.id, result.message)
+    assert result.invariant in e.breaks, (e.id, result.invariant, result.message)
+
+
+def test_explore_clean_scopes_to_depth_3() -> None:
+    from kvledger.museum.explore import SCOPES, explore
+
+    for scope in SCOPES:
+        result = explore(scope, 3)
+        assert result.violation is None, (scope.name, result.violation, result.path)
+        assert result.complete and result.depth_reached == 3 and result.states > 10
+
+
+@needs_contracts
+def test_explore_finds_the_16067_exhibit_in_a_short_schedule() -> None:
+    from kvledger.museum.explore import SCOPES, explore
+
+    with exhibit("#16067").installed():
+        result = explore(SCOPES[0], 3)
+    assert result.invariant == "I-COW-STOPPER" and len(result.path) <= 3, result
