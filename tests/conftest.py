@@ -6,6 +6,9 @@ Profiles (select with ``--hypothesis-profile=NAME`` or ``HYPOTHESIS_PROFILE=NAME
   15 minutes on 2 cores. Hypothesis auto-loads a built-in profile named ``ci`` when ``CI`` is set;
   registering ours under the same name replaces it, so CI gets these budgets.
 * ``dev`` (default locally): fewer examples, the local database on so a failure replays at once.
+* ``fuzz``: campaigns longer than CI (HypoFuzz's ``hypothesis fuzz``), every worker sharing the example
+  database directory ``$KVLEDGER_FUZZ_DB`` (default ``.hypothesis/fuzz-db``), so a failure one finds
+  replays for all.
 * ``deep``: long fuzzing (nightly), randomised; use with ``-m deep`` tests too. Under it every
   scheduler also recounts its identity in full after every step and compares it with the
   incremental one (``Accounting.recount_every_step``).
@@ -16,6 +19,7 @@ from __future__ import annotations
 import os
 
 from hypothesis import HealthCheck, settings
+from hypothesis.database import DirectoryBasedExampleDatabase
 
 settings.register_profile(
     "ci",
@@ -41,6 +45,14 @@ settings.register_profile(
     deadline=None,
     database=None,
     print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile(
+    "fuzz",  # HypoFuzz / long campaigns: a shared example database directory (README, spec/museum.md)
+    max_examples=10_000,
+    stateful_step_count=60,
+    deadline=None,
+    database=DirectoryBasedExampleDatabase(os.environ.get("KVLEDGER_FUZZ_DB", ".hypothesis/fuzz-db")),
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
