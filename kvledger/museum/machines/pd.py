@@ -22,7 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from kvledger.contracts.errors import ContractViolation
 from kvledger.contracts.identity import check_busy_identity
 from kvledger.museum.machines.pd_setup import build, expected, pd_spec
-from kvledger.museum.machines.scheduler import FAMILIES, event, target
+from kvledger.museum.machines.scheduler import FAMILIES, drain_bound, event, target
 from kvledger.reference.disagg import DECODE, PREFILL, ChannelConfig, Component, Fault, PDSpec
 from kvledger.reference.disagg.instance import check_queues
 from kvledger.reference.scheduler import ReqState
@@ -147,7 +147,7 @@ class PDMachine(RuleBasedStateMachine):
         system.channel.clear_faults()
         for inst in system.instances():
             inst.faults.pending.clear()
-        system.run_until_idle(max_steps=3000)
+        system.run_until_idle(max_steps=drain_bound([r for pair in system.pairs.values() for r in pair]))
         system.check_quiescent()
         finished = 0
         for rid, (p, d) in system.pairs.items():
