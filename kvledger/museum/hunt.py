@@ -178,6 +178,63 @@ def _rule_calls(steps: list[str]) -> int:
     return sum(1 for s in steps if not s.startswith(skip))
 
 
+def _units(steps: list[str]) -> list[list[str]]:
+    """Statements grouped: a rule call (or ``state = ...`` / ``init``) with the invariant checks after it."""
+    units: list[list[str]] = []
+    for statement in steps:
+        if statement.startswith("state.identities_hold(") and units:
+            units[-1].append(statement)
+        else:
+            units.append([statement])
+    return units
+
+
+def _replay_namespace(machine: str) -> dict[str, Any]:
+    from kvledger.reference.disagg import ChannelConfig, Component, Fault, PDSpec
+    from kvledger.reference.engine import EngineSpec
+
+    base = machine_class(machine)
+    return {
+        base.__name__: base, "EngineSpec": EngineSpec, "PDSpec": PDSpec, "ChannelConfig": ChannelConfig,
+        "Component": Component, "Fault": Fault,
+    }  # fmt: skip
+
+
+def _fails_with(steps: list[str], invariant: str, machine: str) -> bool:
+    namespace = _replay_namespace(machine)
+    try:
+        for statement in steps:
+            exec(statement, namespace)
+    except Exception as exc:
+        return invariant_of(exc) == invariant
+    return False
+
+
+def minimize_steps(steps: list[str], invariant: str, machine: str, seconds: float) -> list[str]:
+    """Delete rule calls one at a time (last first) while the replay still fails naming ``invariant``.
+
+    Hypothesis's stateful shrinker leaves redundant calls when its time runs out (every attempt replays
+    the machine and its checks); this pass replays the printed statements directly, to a fixed point or
+    the deadline. The first two units (``state = ...``, ``init``) and the teardown stay."""
+    deadline = time.monotonic() + seconds
+    units = _units(steps)
+    if not _fails_with(steps, invariant, machine):
+        return steps  # the replay does not reproduce: leave Hypothesis's example as it is
+    changed = True
+    while changed and time.monotonic() < deadline:
+        changed = False
+        for i in range(len(units) - 1, 1, -1):
+            if time.monotonic() > deadline:
+                break
+            if i >= len(units) or units[i][0].startswith("state.teardown("):
+                continue
+            candidate = units[:i] + units[i + 1 :]
+            if _fails_with([s for u in candidate for s in u], invariant, machine):
+                units = candidate
+                changed = True
+    return [s for u in units for s in u]
+
+
 REPRO_TEMPLATE = '''"""Repro written by ``kvledger hunt``: {title}.
 
 Machine {machine_name}; the shrunk example's rule calls, each followed by the machine's invariant check
@@ -262,6 +319,7 @@ def hunt(
     out_dir: Path | None = None,
     verify: bool = True,
     max_batches: int | None = None,
+    minimize_seconds: float = 20.0,
     on_example: Callable[[int], None] = lambda n: None,
 ) -> HuntResult:
     """Hunt one exhibit (or, with ``exhibit=None``, run clean) with its machine for ``budget`` seconds, or
@@ -294,6 +352,10 @@ def hunt(
     first = clock.first_failure or end
     inv = invariant_of(failure)
     steps = _steps(report, failure, base.__name__)
+    if steps and minimize_seconds > 0:
+        with _installed(exhibit):
+            steps = minimize_steps(steps, inv, name, minimize_seconds)
+    end = time.monotonic()
     result = HuntResult(
         exhibit=label,
         machine=name,
