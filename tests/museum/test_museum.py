@@ -86,7 +86,8 @@ def test_an_exhibit_replaces_exactly_what_it_names_and_restores_it(exhibit_id: s
 @pytest.mark.parametrize("exhibit_id", CI_HUNT)
 def test_the_generic_machines_find_the_exhibit(exhibit_id: str, tmp_path: Path) -> None:
     e = exhibit(exhibit_id)
-    result = hunt(e, budget=3600, seed=0, max_batches=CI_BATCHES, shrink_seconds=2, out_dir=tmp_path, verify=False)
+    bounds = {"budget": 3600, "seed": 0, "max_batches": CI_BATCHES, "shrink_seconds": 2, "minimize_seconds": 2}
+    result = hunt(e, out_dir=tmp_path, verify=False, **bounds)  # type: ignore[arg-type]
     assert result.found, f"{e.id}: not found in {CI_BATCHES} batches"
     assert result.invariant in e.breaks, (e.id, result.invariant, result.message)
     assert result.repro is not None and result.repro_steps
