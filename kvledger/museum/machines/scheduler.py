@@ -125,6 +125,9 @@ fault_swarms = st.lists(st.sampled_from(FAULT_KINDS), unique=True).map(sorted)
 
 class SchedulerMachine(RuleBasedStateMachine):
     faults: frozenset[str] = frozenset(FAULT_KINDS)  # a subclass whose init draws no swarm injects every kind
+    # the last batches step() launched (re-processing a processed one is a bad call, tests/scheduler); a
+    # tuple, rebound by step(), so subclasses with their own initialize rule inherit it
+    launched: tuple[Any, ...] = ()
 
     def __init__(self) -> None:
         super().__init__()
@@ -156,7 +159,9 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule(n=st.integers(1, 4))
     def step(self, n: int) -> None:
         for _ in range(n):
-            self.sched.step()
+            batch = self.sched.step()
+            if batch is not None:
+                self.launched = (*self.launched[-7:], batch)
         if self.sched.stats.retractions:
             event("retraction happened")
 
@@ -183,6 +188,13 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule()
     def force_retract(self) -> None:
         self.sched.force_retract(1)
+
+    @precondition(lambda self: bool(self.sched.inflight))
+    @rule()
+    def process_in_flight_early(self) -> None:
+        """Overlap: the caller processes the batch in flight itself; the next step must not process it again."""
+        self.sched.process_batch_result(self.sched.inflight[0])
+        event("batch processed early")
 
     @invariant()
     def identities_hold(self) -> None:
