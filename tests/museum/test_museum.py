@@ -29,8 +29,7 @@ REQUIRED = {
 # ``kvledger hunt --all --seed 0`` (spec/museum.md); the others are hunted by ``-m deep``.
 CI_BATCHES = 5
 CI_HUNT = [
-    "B1", "B4", "#16067", "B8", "B9", "B11", "B16", "B17", "B21", "vLLM-prediction", "vLLM-oversize", "N1",
-    "N4", "N4-reader", "N5", "N9",
+    "B1", "B4", "B8", "B9", "B11", "B16", "B17", "B21", "vLLM-oversize", "N1", "N4", "N4-reader", "N5", "N9",
 ]  # fmt: skip
 DEEP_BATCHES = 250  # 2000 examples
 NOT_FOUND = {"B2": "kvledger drains the in-flight batches before any retraction: the inferred length equals "
