@@ -337,7 +337,7 @@ def hunt(
             batch += 1
             report.clear()
             try:
-                with with_reporter(report.append):
+                with with_reporter(lambda value: report.append(str(value))):
                     run_state_machine_as_test(cls, settings=_settings())
             except Unsatisfiable:
                 break  # the whole batch started after the deadline

@@ -25,13 +25,14 @@ from kvledger.museum.machines.pd_setup import build, expected, pd_spec
 from kvledger.museum.machines.scheduler import FAMILIES, drain_bound, event, target
 from kvledger.reference.disagg import DECODE, PREFILL, ChannelConfig, Component, Fault, PDSpec
 from kvledger.reference.disagg.instance import check_queues
+from kvledger.reference.engine import ModelKind, TreeKind
 from kvledger.reference.scheduler import ReqState
 
 
 @st.composite
-def pd_setups(draw: st.DrawFn, model: str = "hash") -> PDSpec:
+def pd_setups(draw: st.DrawFn, model: ModelKind = "hash") -> PDSpec:
     page_size = draw(st.sampled_from([1, 1, 4])) if model == "hash" else 1
-    trees = ["mamba_radix", "radix", "none"] if page_size == 1 else ["radix", "none"]
+    trees: list[TreeKind] = ["mamba_radix", "radix", "none"] if page_size == 1 else ["radix", "none"]
     tree = draw(st.sampled_from(trees))
     hybrid = tree == "mamba_radix" or model != "hash" or draw(st.booleans())
     if tree == "radix" and hybrid:

@@ -76,7 +76,8 @@ def expected(system: PDSystem, prompt: list[int], max_new_tokens: int) -> list[i
     vocab = system.decode.runner.weights.config.vocab_size if hasattr(system.decode.runner, "weights") else None
     if vocab is not None:
         return model_expected_output(prompt, max_new_tokens, d.eos_token_id, vocab_size=vocab)
-    return expected_output(prompt, max_new_tokens, d.eos_token_id, vocab_size=system.decode.runner.vocab_size)
+    runner: Any = system.decode.runner  # the hash runner (the tiny model's case is above)
+    return expected_output(prompt, max_new_tokens, d.eos_token_id, vocab_size=runner.vocab_size)
 
 
 def with_channel(spec: PDSpec, **changes: Any) -> PDSpec:

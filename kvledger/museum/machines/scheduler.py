@@ -30,8 +30,9 @@ from kvledger.contracts.errors import ContractViolation
 from kvledger.contracts.identity import check_busy_identity
 from kvledger.contracts.oracle import check_output_oracle
 from kvledger.museum.machines.oracles import expected_output
-from kvledger.reference.engine import EngineSpec, build_engine
+from kvledger.reference.engine import EngineSpec, TreeKind, build_engine
 from kvledger.reference.scheduler import ReqState
+from kvledger.reference.scheduler.config import CowReleasePolicy
 
 FAMILIES = [
     [],
@@ -67,7 +68,7 @@ def setups(
     """Any tree at any page size; the Mamba radix cache as V1 (page 1 only) or V2 (any page); pools from
     tiny (a prompt may not fit at all: rejected at arrival) to roomy."""
     page_size = draw(st.sampled_from(page_sizes))
-    trees = ["mamba_radix"] if v2_only else ["mamba_radix", "radix", "none"]
+    trees: list[TreeKind] = ["mamba_radix"] if v2_only else ["mamba_radix", "radix", "none"]
     tree = draw(st.sampled_from(trees))
     hybrid = tree == "mamba_radix" or (tree == "none" and draw(st.booleans()))
     overlap = draw(st.booleans())
@@ -80,7 +81,7 @@ def setups(
     # tiny pools: the waiting requests' slots starve the tracking slots every admission needs, and a later
     # request's match-time copy takes a slot the round promised to an appended one (found by this machine;
     # SGLang replaced the policy with #21404's). V2 runs under #21404's policy only.
-    policies = ["if_not_appended"] if v2 else ["if_not_appended", "keep"]
+    policies: list[CowReleasePolicy] = ["if_not_appended"] if v2 else ["if_not_appended", "keep"]
     tiny, roomy, top = (64, 96, 256) if page_size == 16 else (16, 48, 160)
     kv = draw(st.one_of(st.integers(tiny, roomy), st.integers(roomy, top)))
     return EngineSpec(
