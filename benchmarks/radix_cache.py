@@ -67,6 +67,18 @@ def _lock_and_alloc(cache: Any, alloc: Any, m: Any, tokens: list[int], owner: An
     return lock, cached, kv
 
 
+def _rates(requests: list[list[int]], start: float, cpu_start: float, hit: int, *audited: Any) -> dict[str, Any]:
+    """Stop the clocks, then audit what the loop used (outside the timed part) and give the rates."""
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    for part in audited:
+        part.audit()
+    return {
+        "req_s": per_second(len(requests), elapsed),
+        "req_s_cpu": per_second(len(requests), cpu),
+        "hit_rate": hit / sum(map(len, requests)),
+    }
+
+
 def make_requests(n: int, seed: int = 0) -> list[list[int]]:
     rng = random.Random(seed)
     prefixes = [[rng.randrange(1, 50_000) for _ in range(PREFIX_LEN)] for _ in range(PREFIXES)]
@@ -100,14 +112,7 @@ def run_plain(page_size: int, requests: list[list[int]]) -> dict[str, Any]:
         hit += cached
         cache.insert(tokens, torch.cat((m.device_indices, kv)), owner, protected_len=cached)
         cache.dec_lock_ref(lock)
-    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
-    cache.audit()
-    alloc.audit()
-    return {
-        "req_s": per_second(len(requests), elapsed),
-        "req_s_cpu": per_second(len(requests), cpu),
-        "hit_rate": hit / sum(map(len, requests)),
-    }
+    return _rates(requests, start, cpu_start, hit, cache, alloc)
 
 
 def run_mamba(requests: list[list[int]]) -> dict[str, Any]:
@@ -164,16 +169,7 @@ def run_mamba(requests: list[list[int]]) -> dict[str, Any]:
         if not res.mamba_adopted:
             pool.free(working, owner)
         cache.dec_lock_ref(lock)
-    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
-    cache.audit()
-    alloc.audit()
-    pool.audit()
-    return {
-        "req_s": per_second(len(requests), elapsed),
-        "req_s_cpu": per_second(len(requests), cpu),
-        "hit_rate": hit / sum(map(len, requests)),
-        "cow_rate": cow / len(requests),
-    }
+    return {**_rates(requests, start, cpu_start, hit, cache, alloc, pool), "cow_rate": cow / len(requests)}
 
 
 def run_mamba_v2(page_size: int, requests: list[list[int]]) -> dict[str, Any]:
@@ -247,14 +243,8 @@ def run_mamba_v2(page_size: int, requests: list[list[int]]) -> dict[str, Any]:
         pool.free(working, owner)
         pool.free(tracking, owner)
         cache.dec_lock_ref(lock)
-    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
-    cache.audit()
-    alloc.audit()
-    pool.audit()
     return {
-        "req_s": per_second(len(requests), elapsed),
-        "req_s_cpu": per_second(len(requests), cpu),
-        "hit_rate": hit / sum(map(len, requests)),
+        **_rates(requests, start, cpu_start, hit, cache, alloc, pool),
         "cow_rate": cow / len(requests),
         "donations_per_request": donated / len(requests),
     }
