@@ -15,9 +15,12 @@ CowReleasePolicy = Literal["if_not_appended", "keep"]
 * ``if_not_appended`` (SGLang PR #21404, the default): free it only if the request was not appended to
   the batch; an appended request keeps it as its working slot.
 * ``keep`` (late 2025): the waiting request keeps it into the next round (a legitimate holder that
-  SGLang's idle check did not count: the seed false positive). Under Mamba V2 on a tiny pool it can
-  deadlock: the waiting requests' slots starve the tracking slots every admission needs (found by the
-  museum's scheduler machine, which runs V2 under ``if_not_appended`` only).
+  SGLang's idle check did not count: the seed false positive). Under Mamba V2 on a tiny pool the copies
+  that waiting requests keep compete with the tracking slots every admission needs; a later match taking
+  a slot promised to an earlier request deadlocked the scheduler (found by the V2 oracle and the museum's
+  scheduler machine). A round now stops before matching a request whose whole Mamba demand is no longer
+  unpromised (``PrefillAdder.room_to_match``). The museum's machine still draws V2 with
+  ``if_not_appended`` only.
 
 PR #16067's policy (free it whenever ``add_one_req`` did not return CONTINUE, even when the request was
 appended; reverted by #18910) is a bug: it is not a policy here but the museum's exhibit ``#16067``
