@@ -202,6 +202,7 @@ EXHIBITS: tuple[Exhibit, ...] = (
             "never took (negative counters, 'full_lock_ref mismatch'). The fix records what inc skipped."
         ),
         breaks=("I-LOCK-SYMMETRY", "I-MAMBA-LOCK"),
+        machine="cache",
     ),
     _exhibit(
         ReqMemory,

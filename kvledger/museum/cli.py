@@ -2,9 +2,9 @@
 
 ``kvledger museum`` lists the exhibits (id, scope, what each replaces, the invariants it breaks).
 ``kvledger hunt [--exhibit NAME | --all] [--budget SECONDS] [--seed N] [--json]`` installs each exhibit in
-turn and runs the generic machine for it; with neither option it is a clean run of both machines (any
-failure is a bug). Exit status: 0 when every exhibit hunted was found (a clean run: nothing found),
-1 otherwise, 2 for a usage error.
+turn and runs the generic machine for it; with neither option it is a clean run of every machine
+(scheduler, PD, cache; ``--machine NAME`` for one): any failure is a bug. Exit status: 0 when every
+exhibit hunted was found (a clean run: nothing found), 1 otherwise, 2 for a usage error.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
+
+from kvledger.museum.machines import MACHINES
 
 COMMANDS = ("hunt", "museum", "explore")
 
@@ -53,6 +55,9 @@ def add_commands(sub: Any) -> None:
         "--exhibit", metavar="NAME", action="append", help="an exhibit id (B5, #16067, N4, ...); repeatable"
     )
     which.add_argument("--all", action="store_true", help="every in-scope exhibit")
+    which.add_argument(
+        "--machine", metavar="NAME", action="append", choices=MACHINES, help=f"a clean run of one machine {MACHINES}"
+    )
     h.add_argument("--budget", metavar="SECONDS", type=_positive, default=60.0, help="per exhibit (default: 60)")
     h.add_argument("--shrink", metavar="SECONDS", type=_positive, default=20.0, help="shrinking limit (default: 20)")
     h.add_argument("--seed", metavar="N", type=_seed, default=0, help="base seed of the batches (default: 0)")
@@ -192,7 +197,7 @@ def _hunt(ns: argparse.Namespace) -> int:
                 return 2
             targets.append((e, None))
     else:
-        targets = [(None, "scheduler"), (None, "pd")]
+        targets = [(None, name) for name in ns.machine or MACHINES]
     results: list[HuntResult] = []
     with Progress(
         SpinnerColumn(),

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 Scope = Literal["in scope", "out of scope"]
-MachineName = Literal["scheduler", "pd"]
+MachineName = Literal["scheduler", "pd", "cache"]
 
 
 @dataclass(frozen=True)

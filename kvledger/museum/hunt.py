@@ -1,6 +1,6 @@
 """``kvledger hunt``: run the generic machines against one exhibit at a time, under a wall-clock budget.
 
-For each exhibit: install its re-enactment, run its machine (the scheduler or the PD machine) with
+For each exhibit: install its re-enactment, run its machine (the scheduler, the PD or the cache machine) with
 Hypothesis in batches of a few examples (each batch its own seed, derived from ``--seed``) until a
 check fires or the budget is spent; then let Hypothesis shrink the failure for a bounded time and
 replay it. What comes back: found or not, seconds to the first failure, examples tried, the invariant ID
@@ -15,6 +15,7 @@ The machines know no exhibit; nothing here tells them which one is installed.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import re
 import subprocess
 import sys
@@ -28,7 +29,7 @@ from hypothesis import HealthCheck, Phase, reject, settings
 from hypothesis.errors import HypothesisException, Unsatisfiable, UnsatisfiedAssumption
 from hypothesis.internal.conjecture import engine as _conjecture_engine
 from hypothesis.reporting import with_reporter
-from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
+from hypothesis.stateful import INVARIANT_MARKER, RuleBasedStateMachine, run_state_machine_as_test
 
 from kvledger.museum.exhibit import Exhibit
 
@@ -48,6 +49,10 @@ def machine_class(name: str) -> type[RuleBasedStateMachine]:
         from kvledger.museum.machines.pd import PDMachine
 
         return PDMachine
+    if name == "cache":
+        from kvledger.museum.machines.cache import CacheMachine
+
+        return CacheMachine
     raise ValueError(f"unknown machine {name!r}")
 
 
@@ -173,16 +178,23 @@ def _steps(report: list[str], failure: BaseException, machine: str) -> list[str]
     return [f"state = {machine}()" if s.startswith("state = ") else s for s in statements]
 
 
-def _rule_calls(steps: list[str]) -> int:
-    skip = ("state = ", "state.teardown(", "state.identities_hold(")
+def _checks(machine: str) -> tuple[str, ...]:
+    """How the machine's invariant checks start in the printed statements (``state.identities_hold(``)."""
+    members = inspect.getmembers(machine_class(machine))
+    return tuple(f"state.{name}(" for name, f in members if getattr(f, INVARIANT_MARKER, None) is not None)
+
+
+def _rule_calls(steps: list[str], machine: str) -> int:
+    skip = ("state = ", "state.teardown(", *_checks(machine))
     return sum(1 for s in steps if not s.startswith(skip))
 
 
-def _units(steps: list[str]) -> list[list[str]]:
+def _units(steps: list[str], machine: str) -> list[list[str]]:
     """Statements grouped: a rule call (or ``state = ...`` / ``init``) with the invariant checks after it."""
+    checks = _checks(machine)
     units: list[list[str]] = []
     for statement in steps:
-        if statement.startswith("state.identities_hold(") and units:
+        if statement.startswith(checks) and units:
             units[-1].append(statement)
         else:
             units.append([statement])
@@ -217,7 +229,7 @@ def minimize_steps(steps: list[str], invariant: str, machine: str, seconds: floa
     the machine and its checks); this pass replays the printed statements directly, to a fixed point or
     the deadline. The first two units (``state = ...``, ``init``) and the teardown stay."""
     deadline = time.monotonic() + seconds
-    units = _units(steps)
+    units = _units(steps, machine)
     if not _fails_with(steps, invariant, machine):
         return steps  # the replay does not reproduce: leave Hypothesis's example as it is
     changed = True
@@ -365,7 +377,7 @@ def hunt(
         examples=clock.examples,
         invariant=inv,
         expected=(inv in exhibit.breaks) if exhibit else None,
-        repro_steps=_rule_calls(steps),
+        repro_steps=_rule_calls(steps, name),
         repro=None,
         repro_verified=None,
         message=_headline(failure),

@@ -2,9 +2,9 @@
 
 A radix tree is one representation of a prefix-closed set of page-aligned prefixes (each with the KV
 ids of its last page) plus, for the Mamba tree, a set of prefixes with a state (each with the tag the
-test wrote into the state when it was inserted). Matching, inserting and what eviction may do are
-stated here over sets, without nodes, splits or lists; the state machines check the real caches
-against it after every step.
+machine wrote into the state when it was inserted). Matching, inserting and what eviction may do are
+stated here over sets, without nodes, splits or lists; the cache machine (:mod:`.cache`) checks the real
+caches against it after every step.
 """
 
 from __future__ import annotations

@@ -1,0 +1,444 @@
+"""The cache machine's base: the rules every radix cache has, the invariants, and the key draws.
+
+A Hypothesis state machine over the radix caches (the full machine, with the Mamba tree's rules, is
+:class:`.cache.CacheMachine`). Its initialize rule draws the cache kind (``KINDS``) and the page size
+(``PAGE_SIZES``); a subclass narrows them (``tests/caches/test_stateful.py`` runs one subclass per cache
+and page range). Rules play the scheduler's request life cycle (match -> lock -> evict the shortfall ->
+alloc -> insert -> unlock), aborts, extra locks, explicit evictions and bad input (which must be rejected
+without a trace). Pools are tiny (4 to 10 pages, 2 to 5 state slots), so eviction runs all the time.
+After every step: ``audit()`` of the cache and the pools, the tree equals the abstract model
+(:mod:`.cache_model`), and the pools' ids and slots add up; at teardown every lock is released and the
+tree evicts to empty. ``hypothesis.target`` steers toward locks held, tombstones and pool pressure.
+
+Every rule draws plain arguments (ints, lists of ints, booleans): a key is a ``KeyDraw`` tuple (fresh page
+codes, which earlier key to extend, how many of its pages to keep) and a pick among requests, locks or
+nodes is an index taken modulo the list, so ``kvledger hunt`` can write the rule calls Hypothesis printed
+as a plain script that replays them. The machine knows no exhibit.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from kvledger.contracts.owners import FREE_LIST
+from kvledger.museum.machines.cache_bad_input import BAD_INPUT_CASES, reject_bad_input
+from kvledger.museum.machines.cache_model import CacheModel, Prefix
+from kvledger.museum.machines.cache_support import (
+    audit_all,
+    extract,
+    make_allocator,
+    make_mamba_pool,
+    new_owner,
+    nodes_of,
+    path_tokens,
+    read_tag,
+    write_tag,
+)
+from kvledger.museum.machines.notes import event, target
+from kvledger.reference.radix import LockRef, MambaRadixCache, RadixCache
+
+CacheKind = str  # "mamba" (V1), "mamba_v2" (extra_buffer), "plain"
+KINDS: tuple[CacheKind, ...] = ("mamba", "mamba_v2", "plain")
+MAX_KEY_PAGES = 5
+V2_CHUNK_PAGES = 2  # Mamba V2: the capture grid in pages
+
+# (fresh page codes, which earlier key to extend or None, how many of its pages to keep): both picks are
+# taken modulo what exists when the rule runs
+KeyDraw = tuple[list[int], int | None, int]
+key_draws = st.tuples(
+    st.lists(st.integers(0, 8), max_size=3), st.none() | st.integers(0, 63), st.integers(0, MAX_KEY_PAGES)
+)
+picks = st.integers(0, 63)
+
+_tags = itertools.count(1)
+
+
+def next_tag() -> int:
+    """A fresh tag to write into a state slot (the model tells states apart by their tags)."""
+    return next(_tags)
+
+
+def page_of(code: int, page_size: int) -> list[int]:
+    """The tokens of a page from its code 0..8: tokens alternate ``code % 3`` and ``code // 3 % 3``, so pages
+    may share their first token and still differ (a paged tree keys its children by the whole page)."""
+    return [(code, code // 3)[i % 2] % 3 for i in range(page_size)]
+
+
+@dataclass
+class Req:
+    """An admitted request: key, locked matched prefix, own KV and (Mamba) working slot."""
+
+    owner: Any
+    key: Prefix
+    lock: LockRef
+    lock_path: Prefix
+    prefix_ids: torch.Tensor
+    own: torch.Tensor
+    protected: int
+    working: torch.Tensor | None = None
+    branching: int | None = None  # Mamba V2: the branching point its match reported
+    tracking: list[torch.Tensor] = field(default_factory=list)  # Mamba V2: its replacement slots
+
+
+class RadixCacheMachine(RuleBasedStateMachine):
+    """The rules every cache kind has (the plain radix tree's); :mod:`.cache` adds the Mamba ones.
+    ``KINDS`` and ``PAGE_SIZES`` are what the initialize rule draws from."""
+
+    KINDS: tuple[CacheKind, ...] = ("plain",)
+    PAGE_SIZES: tuple[int, ...] = (1, 2, 4)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cache: Any = None
+        self.mamba = False
+        self.chunk: int | None = None  # Mamba V2: the capture grid in tokens
+        self.max_locks = 0
+        self.max_tombstones = 0
+        self.max_pressure = 0.0
+
+    @initialize(
+        kind=st.integers(0, len(KINDS) - 1),
+        page=st.integers(0, 3),
+        pool_pages=st.integers(4, 10),
+        mamba_slots=st.integers(2, 5),
+    )
+    def setup(self, kind: int, page: int, pool_pages: int, mamba_slots: int) -> None:
+        self.kind = self.KINDS[kind % len(self.KINDS)]
+        self.ps = self.PAGE_SIZES[page % len(self.PAGE_SIZES)]
+        alloc = make_allocator(self.ps, pool_pages)
+        self.mamba = self.kind != "plain"
+        if self.mamba:
+            self.pool = make_mamba_pool(mamba_slots)
+            self.chunk = V2_CHUNK_PAGES * self.ps if self.kind == "mamba_v2" else None
+            self.cache = MambaRadixCache(alloc, self.pool, mamba_cache_chunk_size=self.chunk)
+        else:
+            self.cache = RadixCache(alloc)
+        self.alloc = alloc
+        self.model = CacheModel(self.ps)
+        self.reqs: list[Req] = []
+        self.extra: list[tuple[LockRef, Prefix]] = []
+        self.released: list[LockRef] = []
+        self.seen: list[Prefix] = []
+        self.dead_nodes: list[Any] = []
+        event(f"cache={self.kind} page={self.ps}")
+
+    # ------------------------------------------------------------------ helpers
+    def key(self, draw: KeyDraw, *, min_pages: int = 0, tail: int = 0) -> Prefix:
+        """The key a ``KeyDraw`` names now: a page-aligned cut of an earlier key (if any), fresh pages after
+        it, at most ``MAX_KEY_PAGES`` pages, padded to ``min_pages``; ``tail`` unaligned tokens after it."""
+        ps = self.ps
+        codes, base_pick, cut_pick = draw
+        key: list[int] = [t for code in codes for t in page_of(code, ps)]
+        if self.seen and base_pick is not None:
+            base = self.seen[base_pick % len(self.seen)]
+            cut = cut_pick % (len(base) // ps + 1) * ps
+            key = list(base[:cut]) + key
+        key = key[: MAX_KEY_PAGES * ps]
+        while len(key) < min_pages * ps:
+            key += page_of(0, ps)
+        return (*key, *[0] * (tail % ps))
+
+    def locked(self) -> list[tuple[Prefix, bool]]:
+        return [(r.lock_path, r.lock.took_mamba) for r in self.reqs] + [
+            (path, lock.took_mamba) for lock, path in self.extra
+        ]
+
+    def extract(self) -> tuple[dict, dict]:
+        return extract(self.cache, self.pool if self.mamba else None)
+
+    def sync_shrink(self) -> tuple[int, int]:
+        """After something that may only remove: check it against the model, adopt the new state."""
+        pages, states = self.extract()
+        self.model.check_shrink(pages, states, self.locked())
+        lost = (len(self.model.pages) - len(pages), len(self.model.states) - len(states))
+        self.model.pages, self.model.states = pages, states
+        return lost
+
+    def evict_full(self, n: int) -> int:
+        evictable = self.cache.evictable_size()
+        freed = self.cache.evict(n)
+        lost_pages, _ = self.sync_shrink()
+        assert freed == lost_pages * self.ps, "evict reports what left the tree"
+        assert freed >= min(n, evictable), "evict frees what was asked whenever enough is unlocked"
+        if freed:
+            event("evicted KV")
+        return freed
+
+    def evict_states(self, n: int) -> int:
+        evictable = self.cache.mamba_evictable_size()
+        freed = self.cache.evict_mamba(n)
+        _, lost_states = self.sync_shrink()
+        assert freed == lost_states and freed >= min(n, evictable)
+        return freed
+
+    def alloc_kv(self, need: int, owner: Any) -> torch.Tensor | None:
+        short = need - self.alloc.available_size()
+        if short > 0:
+            self.evict_full(short)
+        return self.alloc.alloc(need, owner)
+
+    def alloc_slot(self, owner: Any) -> torch.Tensor | None:
+        slot = self.pool.alloc(1, owner)
+        if slot is None:
+            self.evict_states(1)
+            slot = self.pool.alloc(1, owner)
+        return slot
+
+    def check_match(self, key: Prefix, m: Any) -> int:
+        expect = self.model.longest_state(key) if self.mamba else self.model.longest(key)
+        assert m.device_indices.numel() == expect, (
+            f"match of {key} returned {m.device_indices.numel()}, not {expect}"
+        )
+        assert m.device_indices.tolist() == self.model.ids(key, expect)
+        assert tuple(path_tokens(m.last_node)) == key[:expect]
+        if self.mamba:
+            want = None if self.chunk is None else self.model.branching(key, self.chunk)
+            assert m.mamba_branching_seqlen == want, f"branching point {m.mamba_branching_seqlen} != {want}"
+            if want is not None:
+                event("branching point")
+        return expect
+
+    def release(self, lock: LockRef) -> None:
+        self.cache.dec_lock_ref(lock)
+        self.released.append(lock)
+        self.sync_shrink()  # a released tombstone leaf is pruned (Mamba)
+
+    def insert(self, req_owner: Any, key: Prefix, value: torch.Tensor, protected: int, slot: Any) -> Any:
+        expect_prefix = self.model.longest(key)
+        if expect_prefix > protected:
+            event("duplicates freed")
+        if self.mamba:
+            expect_adopt = bool(key) and key not in self.model.states
+            res = self.cache.insert(key, value, req_owner, mamba_slot=slot, protected_len=protected)
+            assert (res.prefix_len, res.mamba_adopted) == (expect_prefix, expect_adopt)
+            self.model.insert(key, value.tolist(), res.prefix_len)
+            if res.mamba_adopted:
+                self.model.states[key] = read_tag(self.pool, slot)
+                event("state adopted")
+            else:
+                self.pool.free(slot, req_owner)
+            return res
+        prefix = self.cache.insert(key, value, req_owner, protected_len=protected)
+        assert prefix == expect_prefix
+        self.model.insert(key, value.tolist(), prefix)
+        return prefix
+
+    def tombstones(self) -> list[Any]:
+        return [n for n in nodes_of(self.cache) if n.mamba_value is None]
+
+    # ------------------------------------------------------------------ request life cycle
+    @rule(key=key_draws, cow=st.booleans())
+    def admit(self, key: KeyDraw, cow: bool) -> None:
+        req = self.admit_one(key, cow)
+        if req is not None:
+            self.reqs.append(req)
+
+    @rule(key=key_draws, cow=st.booleans())
+    def serve(self, key: KeyDraw, cow: bool) -> None:
+        """The whole cycle in one step (what the benchmark does): fills the tree quickly."""
+        req = self.admit_one(key, cow)
+        if req is not None:
+            self.finish_one(req, len(req.key))
+
+    @precondition(lambda self: self.reqs)
+    @rule(pick=picks, cut=picks)
+    def finish(self, pick: int, cut: int) -> None:
+        """Finish a request, caching ``key[:cut]`` (at least its locked prefix, page-aligned)."""
+        req = self.reqs.pop(pick % len(self.reqs))
+        low, high = req.protected // self.ps, len(req.key) // self.ps
+        self.finish_one(req, (low + cut % (high - low + 1)) * self.ps)
+
+    def admit_one(self, draw: KeyDraw, cow: bool) -> Req | None:
+        key = self.key(draw, min_pages=1)
+        self.seen.append(key)
+        owner = new_owner()
+        cow = self.mamba and cow
+        expect_tag = self.model.states.get(key[: self.model.longest_state(key)]) if self.mamba else None
+        if self.mamba:
+            slots_free = self.pool.available_size()
+            m = self.cache.match_prefix(key, cow_owner=owner if cow else None)
+            self.sync_shrink()  # the COW retry may have evicted a state
+        else:
+            m = self.cache.match_prefix(key)
+        matched = self.check_match(key, m)
+        working = None
+        if self.mamba:
+            if cow and matched:
+                if m.cow_slot is None:
+                    src_evictable = int(m.last_node.mamba_lock_ref == 0)  # pinned during the retry only
+                    assert slots_free == 0 and self.cache.mamba_evictable_size() == src_evictable, (
+                        "COW gave up although another state could have been evicted"
+                    )
+                    event("COW impossible")
+                else:
+                    assert read_tag(self.pool, m.cow_slot) == expect_tag, "COW copied the wrong state"
+                    event("COW")
+            else:
+                assert m.cow_slot is None
+        lock = self.cache.inc_lock_ref(m.last_node)  # before anything that may evict (as add_one_req does)
+        assert lock.took_mamba == (self.mamba and matched > 0)
+        if self.mamba:
+            working = m.cow_slot if m.cow_slot is not None else self.alloc_slot(owner)
+            if working is None:
+                event("no state slot")
+                self.release(lock)
+                return None
+        own = self.alloc_kv(len(key) - matched, owner)
+        if own is None:
+            event("no KV")
+            self.release(lock)
+            if working is not None:
+                self.pool.free(working, owner)
+            return None
+        return Req(
+            owner, key, lock, key[:matched], m.device_indices, own, matched, working, m.mamba_branching_seqlen
+        )
+
+    def finish_one(self, req: Req, cut: int) -> None:
+        """cache_finished_req: insert ``key[:cut]``, free the uncached tail, release the lock."""
+        value = torch.cat((req.prefix_ids, req.own))
+        if self.mamba:
+            assert req.working is not None
+            write_tag(self.pool, req.working, next_tag())
+        self.insert(req.owner, req.key[:cut], value[:cut], req.protected, req.working)
+        tail = req.own[cut - req.protected :]
+        if tail.numel():
+            self.alloc.free(tail, req.owner)  # the part it did not cache
+        for slot in req.tracking:
+            self.pool.free(slot, req.owner)
+        self.release(req.lock)
+        if self.alloc.ledger.enabled:
+            assert self.alloc.ledger.held_count(req.owner) == 0, "a finished request still holds KV"
+
+    @precondition(lambda self: self.reqs)
+    @rule(pick=picks)
+    def abort(self, pick: int) -> None:
+        req = self.reqs.pop(pick % len(self.reqs))
+        if req.own.numel():
+            self.alloc.free(req.own, req.owner)
+        if req.working is not None:
+            self.pool.free(req.working, req.owner)
+        for slot in req.tracking:
+            self.pool.free(slot, req.owner)
+        self.release(req.lock)
+
+    @rule(key=key_draws)
+    def insert_unmatched(self, key: KeyDraw) -> None:
+        """A request that computed its whole key without matching: every cached page is a duplicate."""
+        tokens = self.key(key, min_pages=1)
+        self.seen.append(tokens)
+        owner = new_owner()
+        slot = None
+        if self.mamba:
+            slot = self.alloc_slot(owner)
+            if slot is None:
+                return
+            write_tag(self.pool, slot, next_tag())
+        kv = self.alloc_kv(len(tokens), owner)
+        if kv is None:
+            if slot is not None:
+                self.pool.free(slot, owner)
+            return
+        free_before = self.alloc.available_size()
+        res = self.insert(owner, tokens, kv, 0, slot)
+        prefix = res.prefix_len if self.mamba else res
+        assert self.alloc.available_size() - free_before == prefix, "each duplicate freed exactly once"
+        if self.alloc.ledger.enabled:
+            assert self.alloc.ledger.held_count(owner) == 0, "duplicates not freed, or the rest not adopted"
+
+    @rule(key=key_draws, tail=st.integers(0, 15))
+    def match_only(self, key: KeyDraw, tail: int) -> None:
+        tokens = self.key(key, tail=tail)
+        self.check_match(tokens, self.cache.match_prefix(tokens))
+
+    @rule(key=key_draws)
+    def lock_extra(self, key: KeyDraw) -> None:
+        """Another holder locks what a key matches (a node with a state, or the root)."""
+        tokens = self.key(key)
+        m = self.cache.match_prefix(tokens)
+        matched = self.check_match(tokens, m)
+        self.extra.append((self.cache.inc_lock_ref(m.last_node), tokens[:matched]))
+
+    @precondition(lambda self: self.extra)
+    @rule(pick=picks)
+    def unlock_extra(self, pick: int) -> None:
+        lock, _ = self.extra.pop(pick % len(self.extra))
+        if lock.took_mamba != (lock.node.mamba_value is not None):
+            event("unlock: the node's state changed since the lock")
+        self.release(lock)
+
+    @rule(n=st.integers(0, 24))
+    def evict(self, n: int) -> None:
+        before = self.nodes()
+        self.evict_full(n)
+        gone = [node for node_id, node in before.items() if node_id not in self.nodes()]
+        self.dead_nodes = [*self.dead_nodes, *gone][-4:]  # bad handles for later calls
+
+    def nodes(self) -> dict[int, Any]:
+        out, stack = {}, [self.cache.root]
+        while stack:
+            node = stack.pop()
+            out[id(node)] = node
+            stack.extend(node.children.values())
+        return out
+
+    @rule(case=st.integers(0, BAD_INPUT_CASES - 1), pick=picks, variant=st.integers(0, 11), key=key_draws)
+    def bad_input(self, case: int, pick: int, variant: int, key: KeyDraw) -> None:
+        """Bad input of every kind the caches type: rejected with its error, nothing changed."""
+        event(f"bad input {case}")
+        reject_bad_input(self, case, pick, variant, self.key(key, min_pages=1))
+
+    # ------------------------------------------------------------------ invariants
+    @invariant()
+    def refines_the_model(self) -> None:
+        if self.cache is None:
+            return
+        audit_all(self.cache)
+        pages, states = self.extract()
+        assert pages == self.model.pages, "the tree's cached prefixes differ from the model's"
+        assert states == self.model.states, "the tree's states differ from the model's"
+        held = sum(r.own.numel() for r in self.reqs)
+        assert self.alloc.available_size() + self.cache.total_size() + held == self.alloc.size, (
+            "KV ids leaked"
+        )
+        if self.mamba:
+            slots = sum((r.working is not None) + len(r.tracking) for r in self.reqs)
+            assert self.pool.available_size() + self.cache.mamba_total_size() + slots == self.pool.size
+            self.max_tombstones = max(self.max_tombstones, len(self.tombstones()))
+        for r in self.reqs:
+            if self.alloc.ledger.enabled:
+                pages_of_req = self.cache._kv.ledger_ids(r.own).tolist()
+                assert all(self.alloc.ledger.owner_of(p) is r.owner for p in pages_of_req)
+                assert all(self.alloc.ledger.owner_of(p) is not FREE_LIST for p in pages_of_req)
+        self.max_locks = max(self.max_locks, len(self.reqs) + len(self.extra))
+        self.max_pressure = max(self.max_pressure, 1.0 - self.alloc.available_size() / self.alloc.size)
+
+    def teardown(self) -> None:
+        if self.cache is None:
+            return
+        target(float(self.max_locks), label="locks held")
+        target(float(self.max_tombstones), label="tombstones")
+        target(self.max_pressure, label="KV pool pressure")
+        for req in self.reqs:
+            if req.own.numel():
+                self.alloc.free(req.own, req.owner)
+            if req.working is not None:
+                self.pool.free(req.working, req.owner)
+            for slot in req.tracking:
+                self.pool.free(slot, req.owner)
+            self.cache.dec_lock_ref(req.lock)
+        for lock, _ in self.extra:
+            self.cache.dec_lock_ref(lock)
+        audit_all(self.cache)
+        assert self.cache.protected_size() == 0, "every lock released: nothing protected"
+        self.cache.evict(self.cache.evictable_size())
+        assert self.cache.total_size() == 0 and self.alloc.available_size() == self.alloc.size
+        if self.mamba:
+            assert self.pool.available_size() == self.pool.size
+        audit_all(self.cache)
