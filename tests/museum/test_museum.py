@@ -17,6 +17,7 @@ from kvledger.contracts import switch
 from kvledger.contracts.invariants import by_id
 from kvledger.museum import EXHIBITS, exhibit, huntable
 from kvledger.museum.hunt import hunt
+from kvledger.museum.machines import MACHINES
 
 needs_contracts = pytest.mark.skipif(not switch.ENABLED, reason="contracts are off (KVLEDGER_CONTRACTS=0)")
 
@@ -29,7 +30,8 @@ REQUIRED = {
 # ``kvledger hunt --all --seed 0`` (spec/museum.md); the others are hunted by ``-m deep``.
 CI_BATCHES = 5
 CI_HUNT = [
-    "B1", "B4", "B8", "B9", "B11", "B16", "B17", "B21", "vLLM-oversize", "N1", "N4", "N4-reader", "N5", "N9",
+    "B1", "B4", "B8", "B9", "B11", "B14", "B16", "B17", "B21", "vLLM-oversize", "N1", "N4", "N4-reader", "N5",
+    "N9",
 ]  # fmt: skip
 DEEP_BATCHES = 250  # 2000 examples
 NOT_FOUND = {"B2": "kvledger drains the in-flight batches before any retraction: the inferred length equals "
@@ -50,6 +52,7 @@ def test_the_catalogue_is_complete_and_every_invariant_is_registered() -> None:
                 e.installed()
         else:
             assert e.reenact is not None and e.replaces and not e.why_out_of_scope, e.id
+            assert e.machine in MACHINES, (e.id, e.machine)
 
 
 def _resolve(dotted: str) -> object:
@@ -108,6 +111,21 @@ def test_a_repro_script_fails_with_the_same_violation_and_passes_without_the_exh
 def test_a_clean_hunt_finds_nothing() -> None:
     result = hunt(None, machine="scheduler", budget=3600, seed=1, max_batches=2, verify=False)
     assert not result.found, result.message
+
+
+@needs_contracts
+def test_a_clean_hunt_of_the_cache_machine_finds_nothing() -> None:
+    result = hunt(None, machine="cache", budget=3600, seed=1, max_batches=4, verify=False)
+    assert not result.found, result.message
+
+
+@needs_contracts
+def test_the_cache_machines_repro_replays_as_a_plain_script(tmp_path: Path) -> None:
+    """The cache machine's rules draw plain arguments: the printed calls replay outside Hypothesis."""
+    bounds = {"budget": 3600, "seed": 0, "max_batches": CI_BATCHES, "shrink_seconds": 5, "minimize_seconds": 5}
+    result = hunt(exhibit("B14"), out_dir=tmp_path, **bounds)  # type: ignore[arg-type]
+    assert result.machine == "cache" and result.found and result.repro_verified, result
+    assert result.repro_steps is not None and result.repro_steps <= 15, result.steps
 
 
 @pytest.mark.deep
