@@ -21,6 +21,7 @@ from hypothesis.stateful import precondition, rule
 from kvledger.contracts.mamba_track import extend_track_seqlen
 from kvledger.museum.machines.cache_base import (
     KINDS,
+    CacheKind,
     KeyDraw,
     RadixCacheMachine,
     Req,
@@ -35,8 +36,8 @@ from kvledger.museum.machines.notes import event
 class MambaCacheMachine(RadixCacheMachine):
     """The Mamba radix cache (V1 semantics unless the kind is ``mamba_v2``)."""
 
-    KINDS = ("mamba",)
-    PAGE_SIZES = (1, 2)
+    KINDS: tuple[CacheKind, ...] = ("mamba",)
+    PAGE_SIZES: tuple[int, ...] = (1, 2)
 
     @precondition(lambda self: self.mamba)
     @rule(n=st.integers(0, 4))

@@ -146,11 +146,10 @@ def snapshot(cache: Any) -> Any:
     if isinstance(cache, MambaRadixCache):
         lists.append(tuple(n.id for n in cache._mamba_lru.oldest_first()))
         counters += [cache._m_evictable, cache._m_protected]
-        pools.append(_pool_state(cache.mamba_pool))
+        mamba_pool: Any = cache.mamba_pool  # a MambaPool: its state tensors are what a rejected call must keep
+        pools.append(_pool_state(mamba_pool))
         # raw bits: freed slots may hold NaN poison, and NaN != NaN
-        pools.append(
-            tuple(s.contiguous().reshape(-1).view(torch.uint8).clone() for s in cache.mamba_pool.states)
-        )
+        pools.append(tuple(s.contiguous().reshape(-1).view(torch.uint8).clone() for s in mamba_pool.states))
     return tree, tuple(lists), tuple(counters), pools
 
 
