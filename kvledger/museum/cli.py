@@ -18,6 +18,7 @@ from typing import Any
 from kvledger.museum.machines import MACHINES
 
 COMMANDS = ("hunt", "museum", "explore")
+EXPLORED = ("scheduler", "cache")  # exhibits the explorer's scheduler scopes run (the scheduler runs the caches)
 
 
 def _positive(text: str) -> float:
@@ -104,16 +105,16 @@ def _explore(ns: argparse.Namespace) -> int:
         print("kvledger explore: error: --depth and --max-states must be >= 1", file=sys.stderr)
         return 2
     if ns.all:
-        exhibits: list[Any] = [e for e in catalogue.huntable() if e.machine == "scheduler"]
+        exhibits: list[Any] = [e for e in catalogue.huntable() if e.machine in EXPLORED]
     elif ns.exhibit:
         try:
             exhibits = [catalogue.exhibit(n) for n in ns.exhibit]
         except KeyError as exc:
             print(f"kvledger explore: error: {exc.args[0]}", file=sys.stderr)
             return 2
-        bad = [e.id for e in exhibits if not e.huntable or e.machine != "scheduler"]
+        bad = [e.id for e in exhibits if not e.huntable or e.machine not in EXPLORED]
         if bad:
-            print(f"kvledger explore: error: {', '.join(bad)}: not scheduler exhibits", file=sys.stderr)
+            print(f"kvledger explore: error: {', '.join(bad)}: not scheduler or cache exhibits", file=sys.stderr)
             return 2
     else:
         exhibits = [None]
