@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from kvledger.museum import pd_bugs
 from kvledger.museum import scheduler_bugs as sb
-from kvledger.museum.exhibit import Exhibit, replaced_name, replacing
+from kvledger.museum.exhibit import Exhibit, Patch, replaced_name, replaced_names, replacing, replacing_all
 from kvledger.reference.disagg import builder as pd_builder
 from kvledger.reference.disagg.channel import TransferChannel
 from kvledger.reference.disagg.decode import DecodeScheduler
@@ -24,6 +24,14 @@ from kvledger.reference.scheduler.tracking import MambaTracking
 def _exhibit(owner: object, name: str, wrap: sb.Wrap, **kw: object) -> Exhibit:
     return Exhibit(reenact=replacing(owner, name, wrap), replaces=replaced_name(owner, name), **kw)  # type: ignore[arg-type]
 
+
+# B2 lived in three places of the pre-#12224 scheduler at once, and the release length (see scheduler_bugs).
+_B2_PATCHES: tuple[Patch, ...] = (
+    (Scheduler, "_drain_before_retract", sb.b2_retraction_does_not_drain),
+    (Scheduler, "_check_retractable", sb.b2_retraction_accepts_a_launched_request),
+    (Scheduler, "_discards_result", sb.b2_result_path_skips_the_retracted),
+    (ReqMemory, "release_without_insert", sb.b2_retraction_frees_an_inferred_length),
+)
 
 EXHIBITS: tuple[Exhibit, ...] = (
     _exhibit(
@@ -41,18 +49,20 @@ EXHIBITS: tuple[Exhibit, ...] = (
         ),
         breaks=("I-NODUP-FREE", "I-EXCLUSIVE", "I-CAP"),
     ),
-    _exhibit(
-        ReqMemory,
-        "release_without_insert",
-        sb.b2_retraction_frees_an_inferred_length,
+    Exhibit(
+        reenact=replacing_all(*_B2_PATCHES),
+        replaces=replaced_names(*_B2_PATCHES),
         id="B2",
         upstream="sgl-project/sglang#11970 (PR #11981, #11976; #12224)",
-        title="retraction frees an inferred KV length",
+        title="overlap: retraction frees an inferred KV length while the decode batch is in flight",
         mechanism=(
-            "Retraction freed len(input) + max(len(output) - 1, 0) tokens, a length inferred from the token "
-            "lists, instead of what the request had allocated. After a retracted request is prefilled again "
-            "(its outputs become part of its input) or with overlap's delayed results the two differ, and the "
-            "difference stays allocated with nobody owning it (59 tokens in the report)."
+            "With the overlap scheduler, retraction ran in get_next_batch_to_run while the previous decode "
+            "batch's results were still unprocessed, so each running request in that batch had allocated "
+            "one KV token more than len(input) + len(output) - 1. Retraction freed that inferred length "
+            "(len(input) + max(len(output) - 1, 0)) instead of what the request had allocated, and the "
+            "batch's result path skipped the retracted request (is_retracted), so the last token stayed "
+            "allocated with no owner (59 tokens in the report). The row was freed at once too, but only a "
+            "later round's prefill could reuse it, after the batch's results: no in-flight hazard."
         ),
         breaks=("I-PARTITION", "I-OWNER-RELEASE", "I-COUNT"),
     ),

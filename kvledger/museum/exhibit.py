@@ -4,9 +4,11 @@ An :class:`Exhibit` carries its catalogue id (``sglang-memory-model.md`` B1-B22,
 ``pd-disaggregation-and-2026-bugs.md`` N1-N18, ``other-engines.md`` for vLLM), the upstream thread, a
 paragraph on the mechanism, the IDs of the invariants it breaks (they must exist in the invariant
 registry, ``kvledger.contracts.invariants``), the machine that should find it, and ``reenact``: a context
-manager that installs the historical behaviour for the duration of a ``with`` block by replacing exactly
-one method, function or policy (:func:`patched`), restoring it afterwards. The reference code itself has
-no fault branches (house rule). An exhibit outside the model's scope says so (``scope``) and has no
+manager that installs the historical behaviour for the duration of a ``with`` block by replacing one
+method, function or policy (:func:`patched`), restoring it afterwards; a bug that lived in several places
+at once (B2: retraction without the drain, the result path that skipped the retracted request, the
+inferred release length) replaces each of them together (:func:`replacing_all`). The reference code
+itself has no fault branches (house rule). An exhibit outside the model's scope says so (``scope``) and has no
 ``reenact``: it is never faked.
 """
 
@@ -30,9 +32,14 @@ class Exhibit:
     breaks: tuple[str, ...]  # invariant IDs; the first is the check that fires first in kvledger
     reenact: Callable[[], contextlib.AbstractContextManager[None]] | None
     machine: MachineName = "scheduler"  # the generic machine the hunt runs for it
-    replaces: str = ""  # the one method/function/policy the re-enactment replaces
+    replaces: str = ""  # the method(s)/function(s)/policy the re-enactment replaces, ", "-separated
     scope: Scope = "in scope"
     why_out_of_scope: str = ""
+
+    @property
+    def replaced(self) -> tuple[str, ...]:
+        """Each dotted name ``replaces`` lists."""
+        return tuple(n for n in self.replaces.split(", ") if n)
 
     @property
     def huntable(self) -> bool:
@@ -71,3 +78,24 @@ def replacing(owner: Any, name: str, wrap: Callable[[Any], Any]) -> Reenact:
 
 def replaced_name(owner: Any, name: str) -> str:
     return f"{getattr(owner, '__qualname__', getattr(owner, '__name__', owner))}.{name}"
+
+
+Patch = tuple[Any, str, Callable[[Any], Any]]  # (owner, name, wrap) as :func:`patched` takes them
+
+
+def replacing_all(*patches: Patch) -> Reenact:
+    """``reenact`` for an exhibit that replaces several methods together (each restored afterwards)."""
+
+    @contextlib.contextmanager
+    def installed() -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            for owner, name, wrap in patches:
+                stack.enter_context(patched(owner, name, wrap))
+            yield
+
+    return installed
+
+
+def replaced_names(*patches: Patch) -> str:
+    """``replaces`` for :func:`replacing_all`'s patches."""
+    return ", ".join(replaced_name(owner, name) for owner, name, _ in patches)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from kvledger.contracts.errors import InvalidState
 from kvledger.reference.radix import MambaRadixCache
 from kvledger.reference.scheduler import ReqState, Scheduler
 from kvledger.reference.scheduler.memory import ReqMemory
@@ -40,11 +41,45 @@ def b1_result_path_frees_the_extra_token(original: Any) -> Any:
 
 
 # --------------------------------------------------------------------------------------------- B2
+# Before #12224, with the overlap scheduler, SGLang retracted in ``get_next_batch_to_run`` while the
+# previous decode batch's results were still unprocessed; that batch had allocated one more KV token for
+# each of its requests than their output showed. Three places together made the leak: the retraction did
+# not wait for the batch, the result path skipped the retracted request, and the release freed a length
+# inferred from the token lists. Each wrap below replaces one of them.
+def b2_retraction_does_not_drain(original: Any) -> Any:
+    def _drain_before_retract(self: Scheduler) -> bool:
+        """Before #12224: the retraction ran with the previous batch in flight, its results unprocessed."""
+        return False
+
+    return _drain_before_retract
+
+
+def b2_retraction_accepts_a_launched_request(original: Any) -> Any:
+    def _check_retractable(self: Scheduler, req: Req) -> None:
+        """``retract_decode`` picked any request of the running batch, launched in the batch in flight or
+        not (the batch's result was to skip it)."""
+        self._check_own_request(req, "retract")
+        if req.state is not ReqState.RUNNING or req not in self.running:
+            raise InvalidState(f"retract: {req!r} is {req.state.value}, not running")
+
+    return _check_retractable
+
+
+def b2_result_path_skips_the_retracted(original: Any) -> Any:
+    def _discards_result(self: Scheduler, req: Req) -> bool:
+        """``if req.is_retracted: continue``: a request retracted after the batch launched (back in the
+        waiting queue) gets nothing from that batch's result, its last allocated KV token included."""
+        return bool(original(self, req)) or req.state is ReqState.WAITING
+
+    return _discards_result
+
+
 def b2_retraction_frees_an_inferred_length(original: Any) -> Any:
     def release_without_insert(self: ReqMemory, req: Req) -> None:
         """Before #11981/#12224: retraction (the request is still RUNNING when it is released) freed the
         KV of ``len(input) + max(len(output) - 1, 0)`` tokens, a length inferred from the token lists,
-        instead of what the request had allocated; after a re-prefill or with overlap they differ."""
+        instead of what the request had allocated; with a decode batch in flight the request had
+        allocated one token more."""
         if req.state is ReqState.RUNNING and req.req_pool_idx is not None:
             inferred = len(req.origin_input_ids) + max(len(req.output_ids) - 1, 0)
             req.kv_allocated_len = max(req.cache_protected_len, min(inferred, req.kv_allocated_len))

@@ -30,12 +30,11 @@ REQUIRED = {
 # ``kvledger hunt --all --seed 0`` (spec/museum.md); the others are hunted by ``-m deep``.
 CI_BATCHES = 5
 CI_HUNT = [
-    "B1", "B4", "B8", "B9", "B11", "B14", "B16", "B17", "B21", "vLLM-oversize", "N1", "N4", "N4-reader", "N5",
-    "N9",
+    "B1", "B2", "B4", "B8", "B9", "B11", "B14", "B16", "B17", "B21", "vLLM-oversize", "N1", "N4", "N4-reader",
+    "N5", "N9",
 ]  # fmt: skip
 DEEP_BATCHES = 250  # 2000 examples
-NOT_FOUND = {"B2": "kvledger drains the in-flight batches before any retraction: the inferred length equals "
-             "the allocated one at every retraction the machines can reach (spec/museum.md)"}  # fmt: skip
+NOT_FOUND: dict[str, str] = {}  # exhibit id -> why the deep hunt cannot find it (a strict xfail)
 
 
 def test_the_catalogue_is_complete_and_every_invariant_is_registered() -> None:
@@ -78,10 +77,12 @@ def _resolve(dotted: str) -> object:
 @pytest.mark.parametrize("exhibit_id", [e.id for e in huntable()])
 def test_an_exhibit_replaces_exactly_what_it_names_and_restores_it(exhibit_id: str) -> None:
     e = exhibit(exhibit_id)
-    before = _resolve(e.replaces)
+    before = {name: _resolve(name) for name in e.replaced}
     with e.installed():
-        assert _resolve(e.replaces) is not before, f"{e.id} did not replace {e.replaces}"
-    assert _resolve(e.replaces) is before, f"{e.id} left {e.replaces} replaced"
+        for name, original in before.items():
+            assert _resolve(name) is not original, f"{e.id} did not replace {name}"
+    for name, original in before.items():
+        assert _resolve(name) is original, f"{e.id} left {name} replaced"
 
 
 @needs_contracts

@@ -541,11 +541,7 @@ class Scheduler:
     def _retract_until_decode_fits(self) -> list[Req]:
         retracted: list[Req] = []
         while not self._decode_fits():
-            if self.inflight:
-                # Drain before retracting: a retracted request's row and slots must not be reused while a
-                # launched batch still references them (I-ROW-EXCLUSIVE-WHILE-IN-FLIGHT; B2, B8).
-                self.process_batch_result(self.inflight[0])
-                self.running = [r for r in self.running if r.state is ReqState.RUNNING]
+            if self._drain_before_retract():
                 continue
             if len(self.running) == 1 and self.chunked_req is None:
                 victim = self.running.pop()
@@ -558,6 +554,17 @@ class Scheduler:
                 break
         return retracted
 
+    def _drain_before_retract(self) -> bool:
+        """Process the oldest batch in flight, so that no launched batch references a request about to be
+        retracted: its result is applied and its KV length is final before the release (I-ROW-EXCLUSIVE-
+        WHILE-IN-FLIGHT; before #12224 SGLang retracted with the previous batch unprocessed, bug B2).
+        Returns False when nothing is in flight."""
+        if not self.inflight:
+            return False
+        self.process_batch_result(self.inflight[0])
+        self.running = [r for r in self.running if r.state is ReqState.RUNNING]
+        return True
+
     def _pick_victim(self) -> Req:
         """SGLang's order: most output tokens first; ties, the shortest input."""
         return max(self.running, key=lambda r: (len(r.output_ids), -len(r.origin_input_ids)))
@@ -567,13 +574,7 @@ class Scheduler:
 
         Only a running request of this scheduler that no launched batch still references may be
         retracted (I-CALL-STATE): anything else is refused before anything changes."""
-        self._check_own_request(req, "retract")
-        if req.state is not ReqState.RUNNING or req not in self.running:
-            raise InvalidState(f"retract: {req!r} is {req.state.value}, not running")
-        if any(req in b.reqs for b in self.inflight):
-            raise InvalidState(
-                f"retract: a launched batch still references {req.owner!r} (I-ROW-EXCLUSIVE-WHILE-IN-FLIGHT)"
-            )
+        self._check_retractable(req)
         self.running.remove(req)
         self.memory.release_without_insert(req)
         req.state = ReqState.WAITING
@@ -582,6 +583,16 @@ class Scheduler:
         req.owner.set_account(REQ_WAITING, op="retract")
         self.waiting.append(req)
         self.stats.retractions += 1
+
+    def _check_retractable(self, req: Req) -> None:
+        """retract's refusals: another scheduler's request, one not running, one a launched batch references."""
+        self._check_own_request(req, "retract")
+        if req.state is not ReqState.RUNNING or req not in self.running:
+            raise InvalidState(f"retract: {req!r} is {req.state.value}, not running")
+        if any(req in b.reqs for b in self.inflight):
+            raise InvalidState(
+                f"retract: a launched batch still references {req.owner!r} (I-ROW-EXCLUSIVE-WHILE-IN-FLIGHT)"
+            )
 
     def force_retract(self, count: int = 1) -> int:
         """Test hook (SGLang's TEST_RETRACT): retract up to ``count`` running requests now."""
@@ -668,7 +679,7 @@ class Scheduler:
             if req is batch.chunked_req:
                 continue  # its chunk's KV is cached when the next batch is built
             req.pending_output_ids.pop(0)
-            if req.state.is_done or req.abort_requested:
+            if self._discards_result(req):
                 self.stats.discarded_tokens += 1
                 continue
             req.output_ids.append(tok)
@@ -687,6 +698,10 @@ class Scheduler:
         for req in batch.deferred_release:
             self._release_finished_or_aborted(req)
         batch.deferred_release.clear()
+
+    def _discards_result(self, req: Req) -> bool:
+        """A request that ended, or is to be aborted, after the batch launched gets no output from it."""
+        return req.state.is_done or req.abort_requested
 
     def _finished(self, req: Req, tok: int) -> bool:
         if len(req.output_ids) >= req.max_new_tokens:
