@@ -556,9 +556,9 @@ class Scheduler:
 
     def _drain_before_retract(self) -> bool:
         """Process the oldest batch in flight, so that no launched batch references a request about to be
-        retracted: its result is applied and its KV length is final before the release (I-ROW-EXCLUSIVE-
-        WHILE-IN-FLIGHT; before #12224 SGLang retracted with the previous batch unprocessed, bug B2).
-        Returns False when nothing is in flight."""
+        retracted: its result is applied and its KV length is final before the release
+        (I-ROW-EXCLUSIVE-WHILE-IN-FLIGHT; before #12224 SGLang retracted with the previous batch
+        unprocessed, bug B2). Returns False when nothing is in flight."""
         if not self.inflight:
             return False
         self.process_batch_result(self.inflight[0])
