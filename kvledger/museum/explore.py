@@ -96,8 +96,7 @@ def _apply(machine: SchedulerMachine, action: Action) -> None:
     elif kind == "step":
         machine.step(n=1)
     elif kind == "abort":
-        rids = sorted(machine.sched.requests)
-        machine.abort(pick=rids.index(arg))
+        machine.abort_request(machine.sched.requests[arg])
     elif kind == "retract":
         machine.force_retract()
     else:

@@ -189,6 +189,27 @@ def test_a_sender_abort_that_arrives_after_the_commit_leaves_the_decode_serving_
     assert d.first_token_step is not None and system.step_no - d.first_token_step > system.channel.config.drain_bound
 
 
+@pytest.mark.parametrize(("page_size", "reserved"), [(1, 4), (4, 8)])
+def test_a_prompt_whose_preallocation_never_fits_the_decode_pool_is_rejected_at_arrival(
+    page_size: int, reserved: int
+) -> None:
+    """I-LIVENESS (found by the museum's PD machine): pre-allocation takes the prompt plus the reserved
+    decode tokens at once; a prompt for which that exceeds the decode pool passed the scheduler's arrival
+    check (prompt + max_new_tokens + a page fits) and waited in the pre-allocation queue forever."""
+    decode_kv = 32
+    system = build(
+        pd_spec(tree="none", page_size=page_size, decode_kv=decode_kv, chunk=None, reserved_decode_tokens=reserved)
+    )
+    too_long = list(range(1, decode_kv - reserved + 2))  # one token past what pre-allocation can ever take
+    fits = list(range(1, decode_kv - reserved - page_size + 1))
+    assert len(too_long) + 1 + page_size <= decode_kv  # the plain scheduler's check alone would accept it
+    p, d = system.add_request(0, too_long, 1)
+    assert d.state is ReqState.REJECTED and d.finish_reason == "prompt + reserved decode tokens exceeds the KV pool"
+    system.add_request(1, fits, 1)
+    _drain(system)
+    assert p.state.is_done and system.pairs[1][1].state is ReqState.FINISHED
+
+
 # ------------------------------------------------------------------ leases
 @needs_contracts
 def test_a_decode_lease_holds_the_pages_until_the_sender_acknowledges() -> None:

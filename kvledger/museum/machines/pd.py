@@ -1,12 +1,13 @@
 """A Hypothesis state machine over both PD instances and the channel, every fault and abort enabled.
 
-Rules: arrivals from shared-prefix families, system steps, client aborts at either side in any state,
+Rules: arrivals from shared-prefix families, system steps, client aborts at either side in any state
+(the victim drawn by the pair of queues it is in, uniform over the occupied pairs),
 a fault (drop, delay, fail, timeout) on the next message of any component (bootstrap, KV, Mamba state,
 metadata), injected allocation failures on either instance, forced retraction on the decode side; tiny
 pools on both sides, overlap on either. After every rule: each instance's busy identity per pool
 (metadata included) with every PD holder term, the ledger cross-check, I-HANDLE-OWNED, I-OWNER-RELEASE,
 the audits of every pool and the prefill tree, the leases of every message in flight (I-WRITER-LEASE)
-and I-DRAIN. At drain (faults cleared): liveness (every request ended on both sides, with a reason),
+and I-DRAIN. At drain (faults cleared), the same checks after every step for a while, then: liveness (every request ended on both sides, with a reason),
 the strong idle identities (I-QUIESCENT, leases included), no room open, and every request that
 finished on the decode side produced what it produces run alone (I-OUTPUT-ORACLE; with the tiny hybrid
 model in ``PDModelMachine``). ``hypothesis.target`` steers toward messages in flight and leases.
@@ -22,7 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from kvledger.contracts.errors import ContractViolation
 from kvledger.contracts.identity import check_busy_identity
 from kvledger.museum.machines.pd_setup import build, expected, pd_spec
-from kvledger.museum.machines.scheduler import FAMILIES, drain_bound, event, target
+from kvledger.museum.machines.scheduler import CHECKED_DRAIN_STEPS, FAMILIES, drain_bound, event, target
 from kvledger.reference.disagg import DECODE, PREFILL, ChannelConfig, Component, Fault, PDSpec
 from kvledger.reference.disagg.instance import check_queues
 from kvledger.reference.engine import ModelKind, TreeKind
@@ -53,7 +54,7 @@ def pd_setups(draw: st.DrawFn, model: ModelKind = "hash") -> PDSpec:
         prefill_kv=draw(st.integers(32, 160)) // page_size * page_size,
         prefill_rows=draw(st.integers(1, 4)),
         prefill_mamba=draw(st.integers(3, 8)),
-        chunk=draw(st.sampled_from([None, 8, 16])),
+        chunk=draw(st.sampled_from([None, 4, 8, 16])),
         decode_kv=draw(st.integers(32, 160)) // page_size * page_size,
         decode_running=draw(st.integers(1, 4)),
         decode_mamba=draw(st.integers(1, 6)),
@@ -62,7 +63,7 @@ def pd_setups(draw: st.DrawFn, model: ModelKind = "hash") -> PDSpec:
         eos=draw(st.sampled_from([None, 7])),
         channel=channel,
         pre_alloc_size=draw(st.sampled_from([None, 0, 1])),
-        prefill_metadata_slots=draw(st.sampled_from([None, 1, 2])),
+        prefill_metadata_slots=draw(st.sampled_from([None, 1, 2, 8])),
         decode_metadata_slots=draw(st.sampled_from([None, 1, 3])),
     )
 
@@ -81,13 +82,25 @@ class PDMachine(RuleBasedStateMachine):
     @rule(
         family=st.sampled_from(range(len(FAMILIES))),
         suffix=st.lists(st.integers(0, 99), min_size=1, max_size=20),
-        max_new=st.integers(1, 10),
+        max_new=st.integers(1, 16),
     )
     def arrive(self, family: int, suffix: list[int], max_new: int) -> None:
         p, d = self.system.add_request(self.next_rid, FAMILIES[family] + suffix, max_new)
         self.next_rid += 1
         if ReqState.REJECTED in (p.state, d.state):
             event("rejected at arrival")
+
+    @rule(
+        family=st.sampled_from(range(len(FAMILIES))),
+        count=st.integers(2, 3),
+        prompt_len=st.integers(1, 20),
+        max_new=st.integers(1, 16),
+    )
+    def arrive_burst(self, family: int, count: int, prompt_len: int, max_new: int) -> None:
+        """A load spike: ``count`` requests of one family at once (distinct suffixes), so queues fill up and
+        requests stay a while in each stage (the waiting queue with a metadata slot, pre-allocation)."""
+        for i in range(count):
+            self.arrive(family=family, suffix=[(self.next_rid + i + k) % 100 for k in range(prompt_len)], max_new=max_new)
 
     @rule(n=st.integers(1, 6))
     def step(self, n: int) -> None:
@@ -96,12 +109,20 @@ class PDMachine(RuleBasedStateMachine):
         type(self).steps_run += n
 
     @precondition(lambda self: any(not (p.state.is_done and d.state.is_done) for p, d in self.system.pairs.values()))
-    @rule(pick=st.integers(0, 63), side=st.sampled_from([PREFILL, DECODE]))
-    def abort(self, pick: int, side: str) -> None:
-        live = sorted(rid for rid, (p, d) in self.system.pairs.items() if not (p.state.is_done and d.state.is_done))
-        rid = live[pick % len(live)]
-        req = self.system.pairs[rid][0 if side == PREFILL else 1]
-        event(f"abort at {side} from {req.state.value}")
+    @rule(stage=st.integers(0, 31), pick=st.integers(0, 63), side=st.sampled_from([PREFILL, DECODE]))
+    def abort(self, stage: int, pick: int, side: str) -> None:
+        """A client abort at ``side`` of a live pair, drawn by stage first: uniform over the pairs of
+        (prefill queue, decode queue) some live pair is in now, then within it. A short-lived stage (the
+        prefill waiting queue after the bootstrap, a decode transfer) is as likely as the crowded ones."""
+        live = [rid for rid, (p, d) in sorted(self.system.pairs.items()) if not (p.state.is_done and d.state.is_done)]
+        by_stage: dict[tuple[str, str], list[int]] = {}
+        for rid in live:
+            p, d = self.system.pairs[rid]
+            by_stage.setdefault((self.system.prefill.where_is(p), self.system.decode.where_is(d)), []).append(rid)
+        where = sorted(by_stage)[stage % len(by_stage)]
+        rids = by_stage[where]
+        rid = rids[pick % len(rids)]
+        event(f"abort at {side} from {' / '.join(where)}")
         self.system.abort(rid, side)
 
     @rule(component=st.sampled_from(list(Component)), fault=st.sampled_from(list(Fault)))
@@ -148,6 +169,11 @@ class PDMachine(RuleBasedStateMachine):
         system.channel.clear_faults()
         for inst in system.instances():
             inst.faults.pending.clear()
+        for _ in range(CHECKED_DRAIN_STEPS):  # drain with the checks after every step (I-DRAIN too), then plainly
+            if not system.has_work():
+                break
+            system.step()
+            self.identities_hold()
         system.run_until_idle(max_steps=drain_bound([r for pair in system.pairs.values() for r in pair]))
         system.check_quiescent()
         finished = 0

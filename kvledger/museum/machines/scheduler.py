@@ -77,11 +77,12 @@ def setups(
         v2 = v2_options(draw, page_size, overlap)
     grid = max(page_size, int(v2.get("mamba_chunk_size", 1)))  # type: ignore[call-overload]
     k = (2 if overlap else 1) if v2 else 0
-    # The late-2025 "keep" policy (a waiting request keeps its copy-on-write slot) deadlocked Mamba V2 on
-    # tiny pools: a later request's match-time copy took a slot the round promised to an appended one
-    # (found by this machine; fixed by PrefillAdder.room_to_match). V2 still runs under #21404's policy
-    # only here: drawing "keep" with V2 too is a follow-up (it changes the CI hunt's example sequence).
-    policies: list[CowReleasePolicy] = ["if_not_appended"] if v2 else ["if_not_appended", "keep"]
+    # Both copy-on-write release policies, V1 and V2 alike: #21404's (free the stopper's copy unless it
+    # was appended) and the late-2025 "keep" (a waiting request keeps its copy, so a waiting request
+    # holding a slot is a state every rule can be drawn from). Under "keep" Mamba V2 once deadlocked on
+    # tiny pools (a later request's match-time copy took a slot the round promised to an appended one;
+    # found by this machine, fixed by PrefillAdder.room_to_match).
+    policies: list[CowReleasePolicy] = ["if_not_appended", "keep"]
     tiny, roomy, top = (64, 96, 256) if page_size == 16 else (16, 48, 160)
     kv = draw(st.one_of(st.integers(tiny, roomy), st.integers(roomy, top)))
     return EngineSpec(
@@ -119,6 +120,32 @@ def event(text: str) -> None:
 def target(value: float, label: str) -> None:
     if currently_in_test_context():
         _target(value, label=label)
+
+
+def stage_of(sched: Any, req: Any) -> str:
+    """Where ``req`` stands in ``sched``, finer than its state: a launched batch's request, the chunked
+    one, a running one, a waiting one holding pool ids (a copy-on-write slot from ``match_prefix``) or
+    none, an ended one."""
+    if req.state.is_done:
+        return "ended"
+    if any(req in b.reqs for b in sched.inflight):
+        return "launched"
+    if req is sched.chunked_req:
+        return "chunked"
+    if req.state is ReqState.WAITING:
+        return "waiting holding ids" if req.handles() else "waiting"
+    return req.state.value
+
+
+def pick_by_stage(sched: Any, stage: int, pick: int) -> Any:
+    """The ``pick``-th request (modulo) of the ``stage``-th stage (modulo) among those occupied now."""
+    by_stage: dict[str, list[Any]] = {}
+    for rid in sorted(sched.requests):
+        req = sched.requests[rid]
+        by_stage.setdefault(stage_of(sched, req), []).append(req)
+    occupied = [by_stage[name] for name in sorted(by_stage)]
+    reqs = occupied[stage % len(occupied)]
+    return reqs[pick % len(reqs)]
 
 
 fault_swarms = st.lists(st.sampled_from(FAULT_KINDS), unique=True).map(sorted)
@@ -167,13 +194,17 @@ class SchedulerMachine(RuleBasedStateMachine):
             event("retraction happened")
 
     @precondition(lambda self: bool(self.sched.requests))
-    @rule(pick=st.integers(0, 63))
-    def abort(self, pick: int) -> None:
-        """Abort any request, ended ones included (then it must be a no-op)."""
-        rids = sorted(self.sched.requests)
-        req = self.sched.requests[rids[pick % len(rids)]]
+    @rule(stage=st.integers(0, 7), pick=st.integers(0, 63))
+    def abort(self, stage: int, pick: int) -> None:
+        """Abort any request, ended ones included (then it must be a no-op). The victim is drawn by stage
+        first (uniform over the stages some request is in now), then within it: a stage that one request
+        passes through briefly (waiting with a copy-on-write slot) is as likely a victim as the crowded
+        ones, whatever the number of requests."""
+        self.abort_request(pick_by_stage(self.sched, stage, pick))
+
+    def abort_request(self, req: Any) -> None:
         was_done = req.state.is_done
-        event(f"abort from {req.state.value}")
+        event(f"abort from {stage_of(self.sched, req)}")
         if self.sched.abort(req.rid) is not (not was_done):
             raise ContractViolation(
                 f"I-OWNER-RELEASE: abort of {'an ended' if was_done else 'a live'} request answered"

@@ -88,6 +88,19 @@ class DecodeScheduler(PDScheduler):
         assert isinstance(req, PDReq)
         self.prealloc_queue.append(req)
 
+    def _never_fits(self, req: Req) -> str | None:
+        """Besides the scheduler's limits: pre-allocation takes the whole prompt plus the decode
+        reservation at once (``_fits``), so a prompt for which that exceeds the KV pool would wait in the
+        pre-allocation queue forever, even with the pool empty (I-LIVENESS; found by the museum's PD
+        machine: a 29-token prompt, 4 reserved tokens, a 32-token pool)."""
+        reason = super()._never_fits(req)
+        if reason is None and self._prealloc_need(len(req.origin_input_ids)) > self.kv_allocator.size:
+            reason = "prompt + reserved decode tokens exceeds the KV pool"
+        return reason
+
+    def _prealloc_need(self, length: int) -> int:
+        return ceil_to_page(length, self.config.page_size) + self.reserved_decode_tokens
+
     # ------------------------------------------------------------------ process_decode_queue
     def before_schedule(self) -> None:
         self.process_leases()
@@ -118,8 +131,7 @@ class DecodeScheduler(PDScheduler):
             return False
         if self.mamba_pool is not None and self.mamba_pool.available_size() < self.mamba_slots_per_req:
             return False
-        need = ceil_to_page(length, self.config.page_size) + self.reserved_decode_tokens
-        return need <= self._allocatable_tokens()
+        return self._prealloc_need(length) <= self._allocatable_tokens()
 
     def _allocate(self, req: PDReq, length: int, account: Any) -> torch.Tensor | None:
         """Row, working slot and KV for positions ``[0, length)`` (all or nothing), via the scheduler's path."""
