@@ -1,16 +1,17 @@
 """A Hypothesis state machine over both PD instances and the channel, every fault and abort enabled.
 
-Rules: arrivals from shared-prefix families, system steps, client aborts at either side in any state
-(the victim drawn by the pair of queues it is in, uniform over the occupied pairs),
-a fault (drop, delay, fail, timeout) on the next message of any component (bootstrap, KV, Mamba state,
-metadata), injected allocation failures on either instance, forced retraction on the decode side; tiny
-pools on both sides, overlap on either. After every rule: each instance's busy identity per pool
-(metadata included) with every PD holder term, the ledger cross-check, I-HANDLE-OWNED, I-OWNER-RELEASE,
-the audits of every pool and the prefill tree, the leases of every message in flight (I-WRITER-LEASE)
-and I-DRAIN. At drain (faults cleared), the same checks after every step for a while, then: liveness (every request ended on both sides, with a reason),
-the strong idle identities (I-QUIESCENT, leases included), no room open, and every request that
-finished on the decode side produced what it produces run alone (I-OUTPUT-ORACLE; with the tiny hybrid
-model in ``PDModelMachine``). ``hypothesis.target`` steers toward messages in flight and leases.
+Rules: arrivals from shared-prefix families, one at a time or in bursts (load spikes fill the queues),
+system steps, client aborts at either side in any state (the victim drawn by the pair of queues it is
+in, uniform over the occupied pairs), a fault (drop, delay, fail, timeout) on the next message of any
+component (bootstrap, KV, Mamba state, metadata), injected allocation failures on either instance,
+forced retraction on the decode side; tiny pools on both sides, overlap on either. After every rule:
+each instance's busy identity per pool (metadata included) with every PD holder term, the ledger
+cross-check, I-HANDLE-OWNED, I-OWNER-RELEASE, the audits of every pool and the prefill tree, the leases
+of every message in flight (I-WRITER-LEASE) and I-DRAIN. At drain (faults cleared), the same checks
+after every step for a while, then: liveness (every request ended on both sides, with a reason), the
+strong idle identities (I-QUIESCENT, leases included), no room open, and every request that finished on
+the decode side produced what it produces run alone (I-OUTPUT-ORACLE; with the tiny hybrid model in
+``PDModelMachine``). ``hypothesis.target`` steers toward messages in flight and leases.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from kvledger.contracts.errors import ContractViolation
 from kvledger.contracts.identity import check_busy_identity
+from kvledger.museum.machines.notes import event, target
 from kvledger.museum.machines.pd_setup import build, expected, pd_spec
-from kvledger.museum.machines.scheduler import CHECKED_DRAIN_STEPS, FAMILIES, drain_bound, event, target
+from kvledger.museum.machines.scheduler import CHECKED_DRAIN_STEPS, FAMILIES, drain_bound
 from kvledger.reference.disagg import DECODE, PREFILL, ChannelConfig, Component, Fault, PDSpec
 from kvledger.reference.disagg.instance import check_queues
 from kvledger.reference.engine import ModelKind, TreeKind
@@ -100,7 +102,8 @@ class PDMachine(RuleBasedStateMachine):
         """A load spike: ``count`` requests of one family at once (distinct suffixes), so queues fill up and
         requests stay a while in each stage (the waiting queue with a metadata slot, pre-allocation)."""
         for i in range(count):
-            self.arrive(family=family, suffix=[(self.next_rid + i + k) % 100 for k in range(prompt_len)], max_new=max_new)
+            suffix = [(self.next_rid + i + k) % 100 for k in range(prompt_len)]
+            self.arrive(family=family, suffix=suffix, max_new=max_new)
 
     @rule(n=st.integers(1, 6))
     def step(self, n: int) -> None:

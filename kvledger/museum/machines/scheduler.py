@@ -20,15 +20,13 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from hypothesis import event as _event
 from hypothesis import strategies as st
-from hypothesis import target as _target
-from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from kvledger.contracts.errors import ContractViolation
 from kvledger.contracts.identity import check_busy_identity
 from kvledger.contracts.oracle import check_output_oracle
+from kvledger.museum.machines.notes import event, target
 from kvledger.museum.machines.oracles import expected_output
 from kvledger.reference.engine import EngineSpec, TreeKind, build_engine
 from kvledger.reference.scheduler import ReqState
@@ -109,17 +107,6 @@ def drain_bound(live: list[Any]) -> int:
     does not spend its time draining."""
     work = sum(len(r.origin_input_ids) + r.max_new_tokens for r in live)
     return 100 + 4 * work
-
-
-def event(text: str) -> None:
-    """``hypothesis.event`` inside a test; nothing in a replayed repro script (plain Python)."""
-    if currently_in_test_context():
-        _event(text)
-
-
-def target(value: float, label: str) -> None:
-    if currently_in_test_context():
-        _target(value, label=label)
 
 
 def stage_of(sched: Any, req: Any) -> str:
