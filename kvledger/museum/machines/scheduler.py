@@ -1,10 +1,12 @@
 """A Hypothesis state machine over the whole scheduler.
 
-Arrivals from shared-prefix families, steps, aborts of any request (waiting with or without a
-copy-on-write slot, chunked, running, in flight, and ended ones: an abort of an ended request must be a
-no-op), injected allocation failures of the kinds this example enabled (a swarm of fault kinds per
+Arrivals from shared-prefix families, steps, aborts of any request drawn by stage (waiting with or
+without a copy-on-write slot, chunked, running, in flight, and ended ones: an abort of an ended request
+must be a no-op; uniform over the stages occupied, so a brief one is as likely as a crowded one),
+injected allocation failures of the kinds this example enabled (a swarm of fault kinds per
 example; Hypothesis already draws a swarm of rules), forced retractions; overlap on and off, page 1 and
-> 1, with the Mamba radix cache (V1 or V2), the plain radix cache or none; tiny pools (down to 16 KV
+> 1, with the Mamba radix cache (V1 or V2, either copy-on-write release policy), the plain radix cache
+or none; tiny pools (down to 16 KV
 tokens, few Mamba slots, few rows). After every rule: I-HANDLE-OWNED, I-OWNER-RELEASE at the step
 boundary, the busy identity per pool (the scheduler checks it itself; the machine calls it again so a
 disabled switch cannot hide it), the ledger cross-check, every pool's and the tree's audit, and
@@ -12,7 +14,8 @@ prediction == commitment (an admission rolls back only for an injected fault). A
 finished, aborted or rejected with a reason (I-LIVENESS), the strong idle identity, and every finished
 request's output equals the same request run alone with no cache (I-OUTPUT-ORACLE).
 
-``hypothesis.target`` steers toward pool pressure, requests in flight and retractions.
+``hypothesis.target`` steers toward pool pressure, requests in flight and retractions (in runs long
+enough for Hypothesis to optimise: the deep and fuzz profiles, not the hunt's batches of 8).
 """
 
 from __future__ import annotations
