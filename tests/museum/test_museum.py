@@ -162,3 +162,23 @@ def test_explore_finds_the_16067_exhibit_in_a_short_schedule() -> None:
     with exhibit("#16067").installed():
         result = explore(SCOPES[0], 3)
     assert result.invariant == "I-COW-STOPPER" and len(result.path) <= 3, result
+
+
+@needs_contracts
+def test_a_hunt_draws_the_same_examples_whatever_the_process_imported_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hypothesis draws some values from the constants of the local modules loaded so far; the hunt pins
+    that pool, so a module imported in between (here one full of small ints) changes nothing."""
+    import importlib
+
+    bounds = {"budget": 3600, "seed": 0, "max_batches": CI_BATCHES, "shrink_seconds": 2, "minimize_seconds": 0}
+    first = hunt(exhibit("B21"), out_dir=tmp_path / "a", verify=False, **bounds)  # type: ignore[arg-type]
+    (tmp_path / "many_constants.py").write_text(
+        "".join(f"C{i} = {i}\n" for i in range(100)) + "".join(f"S{i} = {i * 7 + 3}\n" for i in range(100))
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module("many_constants")
+    second = hunt(exhibit("B21"), out_dir=tmp_path / "b", verify=False, **bounds)  # type: ignore[arg-type]
+    assert first.found and second.found
+    assert (first.examples, first.steps) == (second.examples, second.steps)
