@@ -320,13 +320,17 @@ class RadixCacheMachine(RuleBasedStateMachine):
     @rule(pick=picks)
     def abort(self, pick: int) -> None:
         req = self.reqs.pop(pick % len(self.reqs))
+        self.free_request_ids(req)
+        self.release(req.lock)
+
+    def free_request_ids(self, req: Req) -> None:
+        """Give back what a request holds outside the tree: its own KV, working slot and tracking slots."""
         if req.own.numel():
             self.alloc.free(req.own, req.owner)
         if req.working is not None:
             self.pool.free(req.working, req.owner)
         for slot in req.tracking:
             self.pool.free(slot, req.owner)
-        self.release(req.lock)
 
     @rule(key=key_draws)
     def insert_unmatched(self, key: KeyDraw) -> None:
@@ -426,12 +430,7 @@ class RadixCacheMachine(RuleBasedStateMachine):
         target(float(self.max_tombstones), label="tombstones")
         target(self.max_pressure, label="KV pool pressure")
         for req in self.reqs:
-            if req.own.numel():
-                self.alloc.free(req.own, req.owner)
-            if req.working is not None:
-                self.pool.free(req.working, req.owner)
-            for slot in req.tracking:
-                self.pool.free(slot, req.owner)
+            self.free_request_ids(req)
             self.cache.dec_lock_ref(req.lock)
         for lock, _ in self.extra:
             self.cache.dec_lock_ref(lock)
