@@ -25,7 +25,7 @@ from kvledger.contracts.errors import ContractViolation
 from kvledger.contracts.identity import check_busy_identity
 from kvledger.museum.machines.notes import event, target
 from kvledger.museum.machines.pd_setup import build, expected, pd_spec
-from kvledger.museum.machines.scheduler import CHECKED_DRAIN_STEPS, FAMILIES, drain_bound
+from kvledger.museum.machines.scheduler import CHECKED_DRAIN_STEPS, FAMILIES, drain_bound, pick_by_stage
 from kvledger.reference.disagg import DECODE, PREFILL, ChannelConfig, Component, Fault, PDSpec
 from kvledger.reference.disagg.instance import check_queues
 from kvledger.reference.engine import ModelKind, TreeKind
@@ -117,15 +117,15 @@ class PDMachine(RuleBasedStateMachine):
         """A client abort at ``side`` of a live pair, drawn by stage first: uniform over the pairs of
         (prefill queue, decode queue) some live pair is in now, then within it. A short-lived stage (the
         prefill waiting queue after the bootstrap, a decode transfer) is as likely as the crowded ones."""
-        live = [rid for rid, (p, d) in sorted(self.system.pairs.items()) if not (p.state.is_done and d.state.is_done)]
-        by_stage: dict[tuple[str, str], list[int]] = {}
-        for rid in live:
-            p, d = self.system.pairs[rid]
-            by_stage.setdefault((self.system.prefill.where_is(p), self.system.decode.where_is(d)), []).append(rid)
-        where = sorted(by_stage)[stage % len(by_stage)]
-        rids = by_stage[where]
-        rid = rids[pick % len(rids)]
-        event(f"abort at {side} from {' / '.join(where)}")
+        system = self.system
+        live = [rid for rid, (p, d) in sorted(system.pairs.items()) if not (p.state.is_done and d.state.is_done)]
+
+        def where(rid: int) -> tuple[str, str]:
+            p, d = system.pairs[rid]
+            return system.prefill.where_is(p), system.decode.where_is(d)
+
+        where_now, rid = pick_by_stage(live, where, stage, pick)
+        event(f"abort at {side} from {' / '.join(where_now)}")
         self.system.abort(rid, side)
 
     @rule(component=st.sampled_from(list(Component)), fault=st.sampled_from(list(Fault)))

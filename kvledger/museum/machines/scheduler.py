@@ -21,7 +21,8 @@ enough for Hypothesis to optimise: the deep and fuzz profiles, not the hunt's ba
 from __future__ import annotations
 
 import sys
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -41,6 +42,9 @@ FAMILIES = [
     [31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50],
     [11, 12, 13, 14, 15, 16, 70, 71, 72, 73],
 ]
+T = TypeVar("T")
+S = TypeVar("S", str, tuple[str, str])  # a stage: a name, or a pair of names (PD: prefill, decode)
+
 FAULT_KINDS = ("row", "mamba", "kv")
 CHECKED_DRAIN_STEPS = 200
 
@@ -127,15 +131,15 @@ def stage_of(sched: Any, req: Any) -> str:
     return req.state.value
 
 
-def pick_by_stage(sched: Any, stage: int, pick: int) -> Any:
-    """The ``pick``-th request (modulo) of the ``stage``-th stage (modulo) among those occupied now."""
-    by_stage: dict[str, list[Any]] = {}
-    for rid in sorted(sched.requests):
-        req = sched.requests[rid]
-        by_stage.setdefault(stage_of(sched, req), []).append(req)
-    occupied = [by_stage[name] for name in sorted(by_stage)]
-    reqs = occupied[stage % len(occupied)]
-    return reqs[pick % len(reqs)]
+def pick_by_stage(items: Iterable[T], stage_of_item: Callable[[T], S], stage: int, pick: int) -> tuple[S, T]:
+    """The ``pick``-th item (modulo) of the ``stage``-th stage (modulo, in sorted order) among the stages
+    some item is in: uniform over stages first, then within one. Returns the stage and the item."""
+    by_stage: dict[S, list[T]] = {}
+    for item in items:
+        by_stage.setdefault(stage_of_item(item), []).append(item)
+    name = sorted(by_stage)[stage % len(by_stage)]
+    chosen = by_stage[name]
+    return name, chosen[pick % len(chosen)]
 
 
 fault_swarms = st.lists(st.sampled_from(FAULT_KINDS), unique=True).map(sorted)
@@ -190,7 +194,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         first (uniform over the stages some request is in now), then within it: a stage that one request
         passes through briefly (waiting with a copy-on-write slot) is as likely a victim as the crowded
         ones, whatever the number of requests."""
-        self.abort_request(pick_by_stage(self.sched, stage, pick))
+        reqs = (self.sched.requests[rid] for rid in sorted(self.sched.requests))
+        _, req = pick_by_stage(reqs, lambda r: stage_of(self.sched, r), stage, pick)
+        self.abort_request(req)
 
     def abort_request(self, req: Any) -> None:
         was_done = req.state.is_done
