@@ -10,7 +10,6 @@ The reference call for ``insert`` is ``a``'s: ``p1 + one page`` with the matched
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -30,10 +29,10 @@ from tests.sweep.table import (
     WRONG_TYPE,
     Case,
     Query,
+    Row,
+    method_cases,
 )
 
-Call = Callable[[Scene], object]
-Row = tuple[str, str, str, Call, bool]
 Plain: Any = RadixCache  # typed as Any: the wrong-type arguments below are deliberate
 Mamba: Any = MambaRadixCache
 
@@ -60,10 +59,6 @@ def _insert(
         slot = s.a_slot if slot is KEEP else slot
         return s.cache.insert(key, value, owner, mamba_slot=slot, protected_len=protected)
     return s.cache.insert(key, value, owner, protected_len=protected)
-
-
-def _row(category: str, label: str, error: str, call: Call, ledger: bool = False) -> Row:
-    return (category, label, error, call, ledger)
 
 
 def _with_id(v: torch.Tensor, i: int, new: int) -> torch.Tensor:
@@ -94,92 +89,92 @@ def _key_rows(method: str) -> list[Row]:
     rows = []
     for cat, label, key in BAD_KEYS:
         if method == "match_prefix":
-            rows.append(_row(cat, label, "InvalidKey", lambda s, k=key: s.cache.match_prefix(k)))
+            rows.append(Row(cat, label, "InvalidKey", lambda s, k=key: s.cache.match_prefix(k)))
         else:
-            rows.append(_row(cat, label, "InvalidKey", lambda s, k=key: _insert(s, key=k)))
+            rows.append(Row(cat, label, "InvalidKey", lambda s, k=key: _insert(s, key=k)))
     return rows
 
 
 INSERT: list[Row] = [
     *_key_rows("insert"),
-    _row(
+    Row(
         DEGENERATE,
         "a key longer than the value",
         "InvalidKey",
         lambda s: _insert(s, key=[*_key(s), *[8] * s.ps]),
     ),
-    _row(WRONG_TYPE, "a float value", "InvalidArgument", lambda s: _insert(s, value=_value(s).float())),
-    _row(WRONG_TYPE, "a 2-D value", "InvalidArgument", lambda s: _insert(s, value=_value(s)[None])),
-    _row(WRONG_TYPE, "a None value", "InvalidArgument", lambda s: _insert(s, value=None)),
-    _row(
+    Row(WRONG_TYPE, "a float value", "InvalidArgument", lambda s: _insert(s, value=_value(s).float())),
+    Row(WRONG_TYPE, "a 2-D value", "InvalidArgument", lambda s: _insert(s, value=_value(s)[None])),
+    Row(WRONG_TYPE, "a None value", "InvalidArgument", lambda s: _insert(s, value=None)),
+    Row(
         WRONG_TYPE,
         "a value on the wrong device",
         "InvalidArgument",
         lambda s: _insert(s, value=_value(s).to("meta")),
     ),
-    _row(WRONG_TYPE, "an owner that is not an Owner", "InvalidArgument", lambda s: _insert(s, owner="a")),
-    _row(WRONG_TYPE, "a None owner", "InvalidArgument", lambda s: _insert(s, owner=None)),
-    _row(NEGATIVE, "a negative protected_len", "InvalidArgument", lambda s: _insert(s, protected=-s.ps)),
-    _row(
+    Row(WRONG_TYPE, "an owner that is not an Owner", "InvalidArgument", lambda s: _insert(s, owner="a")),
+    Row(WRONG_TYPE, "a None owner", "InvalidArgument", lambda s: _insert(s, owner=None)),
+    Row(NEGATIVE, "a negative protected_len", "InvalidArgument", lambda s: _insert(s, protected=-s.ps)),
+    Row(
         WRONG_TYPE,
         "a float protected_len",
         "InvalidArgument",
         lambda s: _insert(s, protected=float(len(s.a_prefix))),
     ),
-    _row(
+    Row(
         OUT_OF_RANGE,
         "protected_len beyond the key",
         "InvalidArgument",
         lambda s: _insert(s, protected=len(_key(s)) + s.ps),
     ),
-    _row(
+    Row(
         OUT_OF_RANGE,
         "protected_len beyond the cached prefix",
         "PrefixMismatch",
         lambda s: _insert(s, protected=len(_key(s))),
     ),
-    _row(
+    Row(
         FOREIGN,
         "protected ids that are not the tree's",
         "PrefixMismatch",
         lambda s: _insert(s, value=torch.cat((s.a_own, s.a_prefix))),
     ),
-    _row(
+    Row(
         DOUBLE,
         "an adopted id that is free",
         "DoubleFree",
         lambda s: _insert(s, value=torch.cat((s.a_prefix, s.free_kv))),
         True,
     ),
-    _row(
+    Row(
         FOREIGN,
         "adopted ids held by another owner",
         "ForeignSlot",
         lambda s: _insert(s, value=torch.cat((s.a_prefix, s.b_own[: s.ps]))),
         True,
     ),
-    _row(
+    Row(
         FOREIGN,
         "adopted ids the tree owns",
         "ForeignSlot",
         lambda s: _insert(s, value=torch.cat((s.a_prefix, s.a_prefix[: s.ps]))),
         True,
     ),
-    _row(
+    Row(
         OUT_OF_RANGE,
         "an adopted id past the pool",
         "SlotOutOfRange",
         lambda s: _insert(s, value=torch.cat((s.a_prefix, torch.arange(10**4 * s.ps, 10**4 * s.ps + s.ps)))),
         True,
     ),
-    _row(
+    Row(
         NEGATIVE,
         "a negative adopted id",
         "SlotOutOfRange",
         lambda s: _insert(s, value=torch.cat((s.a_prefix, torch.arange(-s.ps, 0)))),
         True,
     ),
-    _row(
+    Row(
         DUPLICATE,
         "an adopted id twice",
         "DuplicateIds",
@@ -189,20 +184,20 @@ INSERT: list[Row] = [
 ]
 
 PAGED_INSERT: list[Row] = [
-    _row(
+    Row(
         DEGENERATE,
         "a key that is not whole pages",
         "InvalidKey",
         lambda s: _insert(s, key=_key(s)[:-1], value=_value(s)[:-1]),
     ),
-    _row(
+    Row(
         OUT_OF_RANGE,
         "adopted ids that are not whole pages in order",
         "InvalidArgument",
         lambda s: _insert(s, value=torch.cat((s.a_prefix, s.a_own.flip(0)))),
         True,
     ),
-    _row(
+    Row(
         DEGENERATE,
         "an unaligned protected_len",
         "InvalidArgument",
@@ -211,101 +206,101 @@ PAGED_INSERT: list[Row] = [
 ]
 
 MAMBA_INSERT: list[Row] = [
-    _row(
+    Row(
         WRONG_TYPE,
         "an unknown state_op (V2)",
         "InvalidArgument",
         lambda s: s.cache.insert(_key(s), _value(s), s.a, mamba_slot=s.a_slot, state_op="steal"),
     ),
-    _row(
+    Row(
         WRONG_TYPE,
         "a None state_op (V2)",
         "InvalidArgument",
         lambda s: s.cache.insert(_key(s), _value(s), s.a, mamba_slot=s.a_slot, state_op=None),
     ),
-    _row(WRONG_STATE, "no state for a new leaf", "InvalidArgument", lambda s: _insert(s, slot=None)),
-    _row(DOUBLE, "a free state slot", "InvalidArgument", lambda s: _insert(s, slot=s.free_slot)),
-    _row(
+    Row(WRONG_STATE, "no state for a new leaf", "InvalidArgument", lambda s: _insert(s, slot=None)),
+    Row(DOUBLE, "a free state slot", "InvalidArgument", lambda s: _insert(s, slot=s.free_slot)),
+    Row(
         FOREIGN, "a state slot another owner holds", "ForeignSlot", lambda s: _insert(s, slot=s.b_slot), True
     ),
-    _row(
+    Row(
         FOREIGN,
         "a state slot the tree owns",
         "ForeignSlot",
         lambda s: _insert(s, slot=s.a_node.mamba_value),
         True,
     ),
-    _row(
+    Row(
         OUT_OF_RANGE,
         "a state slot past the pool",
         "SlotOutOfRange",
         lambda s: _insert(s, slot=torch.tensor([99])),
     ),
-    _row(OUT_OF_RANGE, "the reserved state slot", "SlotOutOfRange", lambda s: _insert(s, slot=0)),
-    _row(
+    Row(OUT_OF_RANGE, "the reserved state slot", "SlotOutOfRange", lambda s: _insert(s, slot=0)),
+    Row(
         DEGENERATE,
         "two state slots",
         "InvalidArgument",
         lambda s: _insert(s, slot=torch.cat((s.a_slot, s.b_slot))),
     ),
-    _row(WRONG_TYPE, "a float state slot", "InvalidArgument", lambda s: _insert(s, slot=torch.tensor([1.0]))),
-    _row(WRONG_TYPE, "a str state slot", "InvalidArgument", lambda s: _insert(s, slot="1")),
+    Row(WRONG_TYPE, "a float state slot", "InvalidArgument", lambda s: _insert(s, slot=torch.tensor([1.0]))),
+    Row(WRONG_TYPE, "a str state slot", "InvalidArgument", lambda s: _insert(s, slot="1")),
 ]
 
 MATCH: list[Row] = _key_rows("match_prefix")
 
 MAMBA_MATCH: list[Row] = [
-    _row(
+    Row(
         WRONG_TYPE,
         "a cow_owner that is not an Owner",
         "InvalidArgument",
         lambda s: s.cache.match_prefix(s.p1, cow_owner="a"),
     ),
-    _row(
+    Row(
         WRONG_STATE,
         "a cow_slot without a cow_owner",
         "InvalidArgument",
         lambda s: s.cache.match_prefix(s.p1, cow_slot=s.a_slot),
     ),
-    _row(
+    Row(
         DOUBLE,
         "a free cow_slot",
         "InvalidArgument",
         lambda s: s.cache.match_prefix(s.p1, cow_owner=s.a, cow_slot=torch.tensor([s.free_slot])),
     ),
-    _row(
+    Row(
         FOREIGN,
         "a cow_slot another owner holds",
         "ForeignSlot",
         lambda s: s.cache.match_prefix(s.p1, cow_owner=s.a, cow_slot=s.b_slot),
         True,
     ),
-    _row(
+    Row(
         FOREIGN,
         "a cow_slot the tree owns",
         "ForeignSlot",
         lambda s: s.cache.match_prefix(s.p1, cow_owner=s.a, cow_slot=s.a_node.mamba_value),
         True,
     ),
-    _row(
+    Row(
         OUT_OF_RANGE,
         "a cow_slot past the pool",
         "SlotOutOfRange",
         lambda s: s.cache.match_prefix(s.p1, cow_owner=s.a, cow_slot=torch.tensor([9])),
     ),
-    _row(
+    Row(
         NEGATIVE,
         "a negative cow_slot",
         "SlotOutOfRange",
         lambda s: s.cache.match_prefix(s.p1, cow_owner=s.a, cow_slot=-1),
     ),
-    _row(
+    Row(
         DEGENERATE,
         "two cow slots",
         "InvalidArgument",
         lambda s: s.cache.match_prefix(s.p1, cow_owner=s.a, cow_slot=torch.cat((s.a_slot, s.b_slot))),
     ),
-    _row(
+    Row(
         WRONG_TYPE,
         "a float cow_slot",
         "InvalidArgument",
@@ -314,11 +309,11 @@ MAMBA_MATCH: list[Row] = [
 ]
 
 INC: list[Row] = [
-    _row(WRONG_TYPE, "None", "InvalidArgument", lambda s: s.cache.inc_lock_ref(None)),
-    _row(WRONG_TYPE, "a lock instead of a node", "InvalidArgument", lambda s: s.cache.inc_lock_ref(s.a_lock)),
-    _row(WRONG_TYPE, "a key instead of a node", "InvalidArgument", lambda s: s.cache.inc_lock_ref(s.p1)),
-    _row(FOREIGN, "a node of another cache", "ForeignNode", lambda s: s.cache.inc_lock_ref(s.foreign_node)),
-    _row(
+    Row(WRONG_TYPE, "None", "InvalidArgument", lambda s: s.cache.inc_lock_ref(None)),
+    Row(WRONG_TYPE, "a lock instead of a node", "InvalidArgument", lambda s: s.cache.inc_lock_ref(s.a_lock)),
+    Row(WRONG_TYPE, "a key instead of a node", "InvalidArgument", lambda s: s.cache.inc_lock_ref(s.p1)),
+    Row(FOREIGN, "a node of another cache", "ForeignNode", lambda s: s.cache.inc_lock_ref(s.foreign_node)),
+    Row(
         WRONG_STATE,
         "a node no longer in the tree",
         "ForeignNode",
@@ -327,11 +322,11 @@ INC: list[Row] = [
 ]
 
 DEC: list[Row] = [
-    _row(WRONG_TYPE, "None", "InvalidArgument", lambda s: s.cache.dec_lock_ref(None)),
-    _row(WRONG_TYPE, "a node instead of a lock", "InvalidArgument", lambda s: s.cache.dec_lock_ref(s.a_node)),
-    _row(DOUBLE, "a released lock", "LockNotHeld", lambda s: s.cache.dec_lock_ref(s.released_lock)),
-    _row(FOREIGN, "a lock of another cache", "ForeignNode", lambda s: s.cache.dec_lock_ref(s.foreign_lock)),
-    _row(
+    Row(WRONG_TYPE, "None", "InvalidArgument", lambda s: s.cache.dec_lock_ref(None)),
+    Row(WRONG_TYPE, "a node instead of a lock", "InvalidArgument", lambda s: s.cache.dec_lock_ref(s.a_node)),
+    Row(DOUBLE, "a released lock", "LockNotHeld", lambda s: s.cache.dec_lock_ref(s.released_lock)),
+    Row(FOREIGN, "a lock of another cache", "ForeignNode", lambda s: s.cache.dec_lock_ref(s.foreign_lock)),
+    Row(
         FOREIGN,
         "a forged lock",
         "LockNotHeld",
@@ -342,10 +337,10 @@ DEC: list[Row] = [
 
 def _count_rows(method: str) -> list[Row]:
     return [
-        _row(NEGATIVE, "a negative count", "InvalidArgument", lambda s: getattr(s.cache, method)(-1)),
-        _row(WRONG_TYPE, "a float count", "InvalidArgument", lambda s: getattr(s.cache, method)(1.5)),
-        _row(WRONG_TYPE, "a bool count", "InvalidArgument", lambda s: getattr(s.cache, method)(True)),
-        _row(WRONG_TYPE, "a None count", "InvalidArgument", lambda s: getattr(s.cache, method)(None)),
+        Row(NEGATIVE, "a negative count", "InvalidArgument", lambda s: getattr(s.cache, method)(-1)),
+        Row(WRONG_TYPE, "a float count", "InvalidArgument", lambda s: getattr(s.cache, method)(1.5)),
+        Row(WRONG_TYPE, "a bool count", "InvalidArgument", lambda s: getattr(s.cache, method)(True)),
+        Row(WRONG_TYPE, "a None count", "InvalidArgument", lambda s: getattr(s.cache, method)(None)),
     ]
 
 
@@ -358,79 +353,63 @@ def _small_pool() -> Any:
 
 
 CTOR_PLAIN: list[Row] = [
-    _row(WRONG_TYPE, "a None allocator", "InvalidArgument", lambda s: Plain(None)),
-    _row(WRONG_TYPE, "a tensor allocator", "InvalidArgument", lambda s: Plain(torch.zeros(4))),
-    _row(WRONG_TYPE, "a Mamba pool as the allocator", "InvalidArgument", lambda s: Plain(_small_pool())),
-    _row(DEGENERATE, "page_size 0", "InvalidArgument", lambda s: Plain(_small_alloc(), page_size=0)),
-    _row(NEGATIVE, "a negative page_size", "InvalidArgument", lambda s: Plain(_small_alloc(), page_size=-2)),
-    _row(WRONG_TYPE, "a float page_size", "InvalidArgument", lambda s: Plain(_small_alloc(), page_size=1.0)),
-    _row(
+    Row(WRONG_TYPE, "a None allocator", "InvalidArgument", lambda s: Plain(None)),
+    Row(WRONG_TYPE, "a tensor allocator", "InvalidArgument", lambda s: Plain(torch.zeros(4))),
+    Row(WRONG_TYPE, "a Mamba pool as the allocator", "InvalidArgument", lambda s: Plain(_small_pool())),
+    Row(DEGENERATE, "page_size 0", "InvalidArgument", lambda s: Plain(_small_alloc(), page_size=0)),
+    Row(NEGATIVE, "a negative page_size", "InvalidArgument", lambda s: Plain(_small_alloc(), page_size=-2)),
+    Row(WRONG_TYPE, "a float page_size", "InvalidArgument", lambda s: Plain(_small_alloc(), page_size=1.0)),
+    Row(
         WRONG_TYPE, "a name that is not a str", "InvalidArgument", lambda s: Plain(_small_alloc(), name=None)
     ),
 ]
 
 CTOR_MAMBA: list[Row] = [
-    _row(
+    Row(
         DEGENERATE,
         "a V2 chunk size 0",
         "InvalidArgument",
         lambda s: Mamba(_small_alloc(), _small_pool(), mamba_cache_chunk_size=0),
     ),
-    _row(
+    Row(
         WRONG_TYPE,
         "a float V2 chunk size",
         "InvalidArgument",
         lambda s: Mamba(_small_alloc(), _small_pool(), mamba_cache_chunk_size=8.0),
     ),
-    _row(
+    Row(
         DEGENERATE,
         "a V2 chunk size that is not a page multiple",
         "InvalidArgument",
         lambda s: Mamba(PagedTokenToKVPoolAllocator(64, 4), _small_pool(), mamba_cache_chunk_size=6),
     ),
-    _row(WRONG_TYPE, "a None allocator", "InvalidArgument", lambda s: Mamba(None, _small_pool())),
-    _row(WRONG_TYPE, "a None Mamba pool", "InvalidArgument", lambda s: Mamba(_small_alloc(), None)),
-    _row(
+    Row(WRONG_TYPE, "a None allocator", "InvalidArgument", lambda s: Mamba(None, _small_pool())),
+    Row(WRONG_TYPE, "a None Mamba pool", "InvalidArgument", lambda s: Mamba(_small_alloc(), None)),
+    Row(
         WRONG_TYPE,
         "a KV allocator as the Mamba pool",
         "InvalidArgument",
         lambda s: Mamba(_small_alloc(), _small_alloc()),
     ),
-    _row(
+    Row(
         DEGENERATE,
         "page_size 0",
         "InvalidArgument",
         lambda s: Mamba(_small_alloc(), _small_pool(), page_size=0),
     ),
-    _row(
+    Row(
         WRONG_TYPE,
         "a str page_size",
         "InvalidArgument",
         lambda s: Mamba(_small_alloc(), _small_pool(), page_size="1"),
     ),
-    _row(
+    Row(
         WRONG_TYPE,
         "a name that is not a str",
         "InvalidArgument",
         lambda s: Mamba(_small_alloc(), _small_pool(), name=1),
     ),
 ]
-
-
-def _cases(cls: str, scene: str, rows: dict[str, list[Row]], suffix: str = "") -> list[Case]:
-    return [
-        Case(
-            f"{cls}.{method}",
-            cat,
-            label + suffix,
-            "empty" if method == "__init__" else scene,
-            call,
-            err,
-            ledger,
-        )
-        for method, method_rows in rows.items()
-        for cat, label, err, call, ledger in method_rows
-    ]
 
 
 def _tree_rows(mamba: bool, paged: bool) -> dict[str, list[Row]]:
@@ -448,9 +427,9 @@ def _tree_rows(mamba: bool, paged: bool) -> dict[str, list[Row]]:
 
 
 CASES: list[Case] = [
-    *_cases("RadixCache", "plain_cache", {"__init__": CTOR_PLAIN, **_tree_rows(False, False)}),
-    *_cases("RadixCache", "plain_paged_cache", _tree_rows(False, True), " (page 2)"),
-    *_cases("MambaRadixCache", "mamba_cache", {"__init__": CTOR_MAMBA, **_tree_rows(True, False)}),
+    *method_cases("RadixCache", "plain_cache", {"__init__": CTOR_PLAIN, **_tree_rows(False, False)}),
+    *method_cases("RadixCache", "plain_paged_cache", _tree_rows(False, True), " (page 2)"),
+    *method_cases("MambaRadixCache", "mamba_cache", {"__init__": CTOR_MAMBA, **_tree_rows(True, False)}),
 ]
 
 _SIZES = ("evictable_size", "protected_size", "total_size")

@@ -8,7 +8,6 @@ Scenes (``tests/sweep/scenes.py``): ``metadata``, a pool with slots held by ``a`
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -26,7 +25,6 @@ from kvledger.reference.disagg import (
 from kvledger.reference.engine import EngineSpec
 from kvledger.reference.engine import build_parts as _build_parts
 from kvledger.reference.pools import MetadataBufferPool
-from tests.sweep.scenes import Scene
 from tests.sweep.table import (
     DEGENERATE,
     DOUBLE,
@@ -38,20 +36,15 @@ from tests.sweep.table import (
     WRONG_TYPE,
     Case,
     Query,
+    Row,
 )
 
-Call = Callable[[Scene], object]
-Row = tuple[str, str, str, Call, bool]
 Meta: Any = MetadataBufferPool  # typed as Any: the wrong-type arguments below are deliberate
 System: Any = PDSystem
 Spec: Any = PDSpec
 Chan: Any = ChannelConfig
 build: Any = build_pd
 build_parts: Any = _build_parts
-
-
-def _row(category: str, label: str, error: str, call: Call, needs_ledger: bool = False) -> Row:
-    return (category, label, error, call, needs_ledger)
 
 
 def _t(*ids: Any) -> torch.Tensor:
@@ -65,79 +58,79 @@ def _col(*values: int) -> torch.Tensor:
 # ---------------------------------------------------------------------- the metadata pool
 META: dict[str, list[Row]] = {
     "__init__": [
-        _row(DEGENERATE, "size 0", "InvalidArgument", lambda s: Meta(0)),
-        _row(NEGATIVE, "a negative size", "InvalidArgument", lambda s: Meta(-2)),
-        _row(WRONG_TYPE, "a float size", "InvalidArgument", lambda s: Meta(2.0)),
-        _row(WRONG_TYPE, "a None name", "InvalidArgument", lambda s: Meta(2, name=None)),
-        _row(WRONG_TYPE, "an unknown device", "InvalidArgument", lambda s: Meta(2, device="nowhere")),
+        Row(DEGENERATE, "size 0", "InvalidArgument", lambda s: Meta(0)),
+        Row(NEGATIVE, "a negative size", "InvalidArgument", lambda s: Meta(-2)),
+        Row(WRONG_TYPE, "a float size", "InvalidArgument", lambda s: Meta(2.0)),
+        Row(WRONG_TYPE, "a None name", "InvalidArgument", lambda s: Meta(2, name=None)),
+        Row(WRONG_TYPE, "an unknown device", "InvalidArgument", lambda s: Meta(2, device="nowhere")),
     ],
     "alloc": [
-        _row(WRONG_TYPE, "a None owner", "InvalidArgument", lambda s: s.pool.alloc(None)),
-        _row(WRONG_TYPE, "a str owner", "InvalidArgument", lambda s: s.pool.alloc("req-1")),
+        Row(WRONG_TYPE, "a None owner", "InvalidArgument", lambda s: s.pool.alloc(None)),
+        Row(WRONG_TYPE, "a str owner", "InvalidArgument", lambda s: s.pool.alloc("req-1")),
     ],
     "free": [
-        _row(NEGATIVE, "a negative slot", "KVLedgerError", lambda s: s.pool.free(-1, s.a)),
-        _row(OUT_OF_RANGE, "a slot beyond the pool", "SlotOutOfRange", lambda s: s.pool.free(99, s.a)),
-        _row(WRONG_TYPE, "a float slot", "InvalidArgument", lambda s: s.pool.free(1.0, s.a)),
-        _row(WRONG_TYPE, "a None owner", "InvalidArgument", lambda s: s.pool.free(s.a_ids[0], None)),
-        _row(DOUBLE, "a free slot", "DoubleFree", lambda s: s.pool.free(s.free_ids[0], s.a)),
-        _row(FOREIGN, "another owner's slot", "ForeignSlot", lambda s: s.pool.free(s.b_ids[0], s.a), True),
+        Row(NEGATIVE, "a negative slot", "KVLedgerError", lambda s: s.pool.free(-1, s.a)),
+        Row(OUT_OF_RANGE, "a slot beyond the pool", "SlotOutOfRange", lambda s: s.pool.free(99, s.a)),
+        Row(WRONG_TYPE, "a float slot", "InvalidArgument", lambda s: s.pool.free(1.0, s.a)),
+        Row(WRONG_TYPE, "a None owner", "InvalidArgument", lambda s: s.pool.free(s.a_ids[0], None)),
+        Row(DOUBLE, "a free slot", "DoubleFree", lambda s: s.pool.free(s.free_ids[0], s.a)),
+        Row(FOREIGN, "another owner's slot", "ForeignSlot", lambda s: s.pool.free(s.b_ids[0], s.a), True),
     ],
     "set_buf": [
-        _row(WRONG_STATE, "a free slot", "InvalidArgument", lambda s: s.pool.set_buf(s.free_ids[0], 5, 1)),
-        _row(NEGATIVE, "a negative slot", "InvalidArgument", lambda s: s.pool.set_buf(-1, 5, 1)),
-        _row(OUT_OF_RANGE, "a slot beyond the pool", "InvalidArgument", lambda s: s.pool.set_buf(99, 5, 1)),
-        _row(
+        Row(WRONG_STATE, "a free slot", "InvalidArgument", lambda s: s.pool.set_buf(s.free_ids[0], 5, 1)),
+        Row(NEGATIVE, "a negative slot", "InvalidArgument", lambda s: s.pool.set_buf(-1, 5, 1)),
+        Row(OUT_OF_RANGE, "a slot beyond the pool", "InvalidArgument", lambda s: s.pool.set_buf(99, 5, 1)),
+        Row(
             DEGENERATE,
             "room 0 (the empty mark)",
             "InvalidArgument",
             lambda s: s.pool.set_buf(s.a_ids[1], 0, 1),
         ),
-        _row(NEGATIVE, "a negative room", "InvalidArgument", lambda s: s.pool.set_buf(s.a_ids[1], -3, 1)),
-        _row(
+        Row(NEGATIVE, "a negative room", "InvalidArgument", lambda s: s.pool.set_buf(s.a_ids[1], -3, 1)),
+        Row(
             NEGATIVE, "a negative output id", "InvalidArgument", lambda s: s.pool.set_buf(s.a_ids[1], 5, -1)
         ),
-        _row(WRONG_TYPE, "a float room", "InvalidArgument", lambda s: s.pool.set_buf(s.a_ids[1], 5.0, 1)),
+        Row(WRONG_TYPE, "a float room", "InvalidArgument", lambda s: s.pool.set_buf(s.a_ids[1], 5.0, 1)),
     ],
     "store": [
-        _row(
+        Row(
             WRONG_STATE,
             "a free slot",
             "InvalidArgument",
             lambda s: s.pool.store(_t(s.free_ids[0]), _col(5), _col(1)),
         ),
-        _row(NEGATIVE, "a negative slot", "SlotOutOfRange", lambda s: s.pool.store(_t(-1), _col(5), _col(1))),
-        _row(
+        Row(NEGATIVE, "a negative slot", "SlotOutOfRange", lambda s: s.pool.store(_t(-1), _col(5), _col(1))),
+        Row(
             OUT_OF_RANGE,
             "a slot beyond the pool",
             "SlotOutOfRange",
             lambda s: s.pool.store(_t(99), _col(5), _col(1)),
         ),
-        _row(
+        Row(
             DUPLICATE,
             "a slot twice",
             "DuplicateIds",
             lambda s: s.pool.store(_t(s.a_ids[1], s.a_ids[1]), _col(5, 6), _col(1, 2)),
         ),
-        _row(
+        Row(
             DEGENERATE,
             "rooms of the wrong shape",
             "InvalidArgument",
             lambda s: s.pool.store(_t(s.a_ids[1]), _t(5), _col(1)),
         ),
-        _row(
+        Row(
             WRONG_TYPE,
             "float output ids",
             "InvalidArgument",
             lambda s: s.pool.store(_t(s.a_ids[1]), _col(5), torch.ones(1, 1)),
         ),
-        _row(
+        Row(
             WRONG_TYPE,
             "float slots",
             "InvalidArgument",
             lambda s: s.pool.store(torch.ones(1), _col(5), _col(1)),
         ),
-        _row(
+        Row(
             WRONG_TYPE,
             "a list of rooms",
             "InvalidArgument",
@@ -145,20 +138,20 @@ META: dict[str, list[Row]] = {
         ),
     ],
     "gather": [
-        _row(NEGATIVE, "a negative slot", "SlotOutOfRange", lambda s: s.pool.gather(_t(-1))),
-        _row(OUT_OF_RANGE, "a slot beyond the pool", "SlotOutOfRange", lambda s: s.pool.gather(_t(99))),
-        _row(WRONG_TYPE, "float slots", "InvalidArgument", lambda s: s.pool.gather(torch.zeros(1))),
+        Row(NEGATIVE, "a negative slot", "SlotOutOfRange", lambda s: s.pool.gather(_t(-1))),
+        Row(OUT_OF_RANGE, "a slot beyond the pool", "SlotOutOfRange", lambda s: s.pool.gather(_t(99))),
+        Row(WRONG_TYPE, "float slots", "InvalidArgument", lambda s: s.pool.gather(torch.zeros(1))),
     ],
     "read": [
-        _row(NEGATIVE, "a negative slot (would wrap)", "KVLedgerError", lambda s: s.pool.read(-1)),
-        _row(OUT_OF_RANGE, "a slot beyond the pool", "SlotOutOfRange", lambda s: s.pool.read(99)),
-        _row(WRONG_TYPE, "a float slot", "InvalidArgument", lambda s: s.pool.read(0.5)),
-        _row(WRONG_TYPE, "a None slot", "InvalidArgument", lambda s: s.pool.read(None)),
+        Row(NEGATIVE, "a negative slot (would wrap)", "KVLedgerError", lambda s: s.pool.read(-1)),
+        Row(OUT_OF_RANGE, "a slot beyond the pool", "SlotOutOfRange", lambda s: s.pool.read(99)),
+        Row(WRONG_TYPE, "a float slot", "InvalidArgument", lambda s: s.pool.read(0.5)),
+        Row(WRONG_TYPE, "a None slot", "InvalidArgument", lambda s: s.pool.read(None)),
     ],
     "poisoned": [
-        _row(NEGATIVE, "a negative slot (would wrap)", "KVLedgerError", lambda s: s.pool.poisoned(-1)),
-        _row(OUT_OF_RANGE, "a slot beyond the pool", "SlotOutOfRange", lambda s: s.pool.poisoned(99)),
-        _row(WRONG_TYPE, "a str slot", "InvalidArgument", lambda s: s.pool.poisoned("0")),
+        Row(NEGATIVE, "a negative slot (would wrap)", "KVLedgerError", lambda s: s.pool.poisoned(-1)),
+        Row(OUT_OF_RANGE, "a slot beyond the pool", "SlotOutOfRange", lambda s: s.pool.poisoned(99)),
+        Row(WRONG_TYPE, "a str slot", "InvalidArgument", lambda s: s.pool.poisoned("0")),
     ],
 }
 
@@ -171,15 +164,15 @@ def _system_with(**kw: Any) -> object:
 
 
 SYSTEM_INIT: list[Row] = [
-    _row(WRONG_TYPE, "a None prefill", "InvalidArgument", lambda s: _system_with(prefill=None)),
-    _row(
+    Row(WRONG_TYPE, "a None prefill", "InvalidArgument", lambda s: _system_with(prefill=None)),
+    Row(
         WRONG_TYPE,
         "the decode as the prefill",
         "InvalidArgument",
         lambda s: _system_with(prefill=build(PDSpec()).decode),
     ),
-    _row(WRONG_TYPE, "a dict channel", "InvalidArgument", lambda s: _system_with(channel={})),
-    _row(
+    Row(WRONG_TYPE, "a dict channel", "InvalidArgument", lambda s: _system_with(channel={})),
+    Row(
         FOREIGN,
         "another system's channel",
         "InvalidArgument",
@@ -188,79 +181,79 @@ SYSTEM_INIT: list[Row] = [
 ]
 
 ADD: list[Row] = [
-    _row(WRONG_TYPE, "a str rid", "InvalidArgument", lambda s: s.system.add_request("9", [1, 2], 2)),
-    _row(NEGATIVE, "a negative rid", "InvalidArgument", lambda s: s.system.add_request(-1, [1, 2], 2)),
-    _row(DUPLICATE, "a rid in use", "InvalidArgument", lambda s: s.system.add_request(1, [1, 2], 2)),
-    _row(
+    Row(WRONG_TYPE, "a str rid", "InvalidArgument", lambda s: s.system.add_request("9", [1, 2], 2)),
+    Row(NEGATIVE, "a negative rid", "InvalidArgument", lambda s: s.system.add_request(-1, [1, 2], 2)),
+    Row(DUPLICATE, "a rid in use", "InvalidArgument", lambda s: s.system.add_request(1, [1, 2], 2)),
+    Row(
         DUPLICATE,
         "the rid of a finished request",
         "InvalidArgument",
         lambda s: s.system.add_request(0, [1, 2], 2),
     ),
-    _row(
+    Row(
         WRONG_TYPE,
         "a generator prompt",
         "InvalidArgument",
         lambda s: s.system.add_request(9, iter([1, 2]), 2),
     ),
-    _row(DEGENERATE, "an empty prompt", "InvalidArgument", lambda s: s.system.add_request(9, [], 2)),
-    _row(
+    Row(DEGENERATE, "an empty prompt", "InvalidArgument", lambda s: s.system.add_request(9, [], 2)),
+    Row(
         OUT_OF_RANGE,
         "a token outside the vocabulary",
         "InvalidArgument",
         lambda s: s.system.add_request(9, [1, 10**6], 2),
     ),
-    _row(NEGATIVE, "a negative token", "InvalidArgument", lambda s: s.system.add_request(9, [-1], 2)),
-    _row(DEGENERATE, "max_new_tokens 0", "InvalidArgument", lambda s: s.system.add_request(9, [1], 0)),
-    _row(
+    Row(NEGATIVE, "a negative token", "InvalidArgument", lambda s: s.system.add_request(9, [-1], 2)),
+    Row(DEGENERATE, "max_new_tokens 0", "InvalidArgument", lambda s: s.system.add_request(9, [1], 0)),
+    Row(
         WRONG_TYPE, "a float max_new_tokens", "InvalidArgument", lambda s: s.system.add_request(9, [1], 2.0)
     ),
 ]
 
 ABORT: list[Row] = [
-    _row(WRONG_TYPE, "a str rid", "InvalidArgument", lambda s: s.system.abort("1")),
-    _row(FOREIGN, "an unknown rid", "UnknownRequest", lambda s: s.system.abort(77)),
-    _row(WRONG_TYPE, "an unknown side", "InvalidArgument", lambda s: s.system.abort(1, "router")),
-    _row(WRONG_TYPE, "a None side", "InvalidArgument", lambda s: s.system.abort(1, None)),
+    Row(WRONG_TYPE, "a str rid", "InvalidArgument", lambda s: s.system.abort("1")),
+    Row(FOREIGN, "an unknown rid", "UnknownRequest", lambda s: s.system.abort(77)),
+    Row(WRONG_TYPE, "an unknown side", "InvalidArgument", lambda s: s.system.abort(1, "router")),
+    Row(WRONG_TYPE, "a None side", "InvalidArgument", lambda s: s.system.abort(1, None)),
 ]
 
 RUN: list[Row] = [
-    _row(DEGENERATE, "max_steps 0", "InvalidArgument", lambda s: s.system.run_until_idle(0)),
-    _row(WRONG_TYPE, "a float max_steps", "InvalidArgument", lambda s: s.system.run_until_idle(2.5)),
+    Row(DEGENERATE, "max_steps 0", "InvalidArgument", lambda s: s.system.run_until_idle(0)),
+    Row(WRONG_TYPE, "a float max_steps", "InvalidArgument", lambda s: s.system.run_until_idle(2.5)),
 ]
 
 VALIDATE: list[Row] = [
-    _row(DUPLICATE, "a rid in use", "InvalidArgument", lambda s: s.sched.validate_arrival(1, [1], 2)),
-    _row(WRONG_TYPE, "a bool rid", "InvalidArgument", lambda s: s.sched.validate_arrival(True, [1], 2)),
-    _row(
+    Row(DUPLICATE, "a rid in use", "InvalidArgument", lambda s: s.sched.validate_arrival(1, [1], 2)),
+    Row(WRONG_TYPE, "a bool rid", "InvalidArgument", lambda s: s.sched.validate_arrival(True, [1], 2)),
+    Row(
         WRONG_TYPE,
         "a generator prompt",
         "InvalidArgument",
         lambda s: s.sched.validate_arrival(9, iter([1]), 2),
     ),
-    _row(
+    Row(
         OUT_OF_RANGE,
         "a token outside the vocabulary",
         "InvalidArgument",
         lambda s: s.sched.validate_arrival(9, [10**6], 2),
     ),
-    _row(DEGENERATE, "max_new_tokens 0", "InvalidArgument", lambda s: s.sched.validate_arrival(9, [1], 0)),
+    Row(DEGENERATE, "max_new_tokens 0", "InvalidArgument", lambda s: s.sched.validate_arrival(9, [1], 0)),
 ]
 
 SPEC: list[Row] = [
-    _row(WRONG_TYPE, "a None prefill spec", "InvalidArgument", lambda s: Spec(prefill=None)),
-    _row(WRONG_TYPE, "a dict channel", "InvalidArgument", lambda s: Spec(channel={"latency": 1})),
-    _row(WRONG_TYPE, "a float pre_alloc_size", "InvalidArgument", lambda s: Spec(pre_alloc_size=2.0)),
-    _row(NEGATIVE, "a negative pre_alloc_size", "InvalidArgument", lambda s: Spec(pre_alloc_size=-1)),
-    _row(DEGENERATE, "zero metadata slots", "InvalidArgument", lambda s: Spec(decode_metadata_slots=0)),
-    _row(NEGATIVE, "negative reserved tokens", "InvalidArgument", lambda s: Spec(reserved_decode_tokens=-1)),
-    _row(
+    Row(WRONG_TYPE, "a None prefill spec", "InvalidArgument", lambda s: Spec(prefill=None)),
+    Row(WRONG_TYPE, "a dict channel", "InvalidArgument", lambda s: Spec(channel={"latency": 1})),
+    Row(WRONG_TYPE, "a float pre_alloc_size", "InvalidArgument", lambda s: Spec(pre_alloc_size=2.0)),
+    Row(NEGATIVE, "a negative pre_alloc_size", "InvalidArgument", lambda s: Spec(pre_alloc_size=-1)),
+    Row(DEGENERATE, "zero metadata slots", "InvalidArgument", lambda s: Spec(decode_metadata_slots=0)),
+    Row(NEGATIVE, "negative reserved tokens", "InvalidArgument", lambda s: Spec(reserved_decode_tokens=-1)),
+    Row(
         WRONG_STATE,
         "a decode with a radix cache",
         "InvalidArgument",
         lambda s: Spec(decode=EngineSpec(tree="radix")),
     ),
-    _row(
+    Row(
         FOREIGN,
         "instances that disagree on the page size",
         "InvalidArgument",
@@ -271,35 +264,35 @@ SPEC: list[Row] = [
 ]
 
 CHANNEL: list[Row] = [
-    _row(DEGENERATE, "latency 0", "InvalidArgument", lambda s: Chan(latency=0)),
-    _row(WRONG_TYPE, "a float latency", "InvalidArgument", lambda s: Chan(latency=1.5)),
-    _row(WRONG_TYPE, "a bool seed", "InvalidArgument", lambda s: Chan(seed=True)),
-    _row(NEGATIVE, "a negative delay", "InvalidArgument", lambda s: Chan(delay_steps=-1)),
-    _row(OUT_OF_RANGE, "a fault rate above 1", "InvalidArgument", lambda s: Chan(fault_rate=1.5)),
-    _row(WRONG_TYPE, "a NaN fault rate", "InvalidArgument", lambda s: Chan(fault_rate=float("nan"))),
+    Row(DEGENERATE, "latency 0", "InvalidArgument", lambda s: Chan(latency=0)),
+    Row(WRONG_TYPE, "a float latency", "InvalidArgument", lambda s: Chan(latency=1.5)),
+    Row(WRONG_TYPE, "a bool seed", "InvalidArgument", lambda s: Chan(seed=True)),
+    Row(NEGATIVE, "a negative delay", "InvalidArgument", lambda s: Chan(delay_steps=-1)),
+    Row(OUT_OF_RANGE, "a fault rate above 1", "InvalidArgument", lambda s: Chan(fault_rate=1.5)),
+    Row(WRONG_TYPE, "a NaN fault rate", "InvalidArgument", lambda s: Chan(fault_rate=float("nan"))),
 ]
 
 CHANNEL_INIT: list[Row] = [
-    _row(WRONG_TYPE, "a dict config", "InvalidArgument", lambda s: TransferChannel({"latency": 1})),
-    _row(
+    Row(WRONG_TYPE, "a dict config", "InvalidArgument", lambda s: TransferChannel({"latency": 1})),
+    Row(
         WRONG_TYPE, "an EngineSpec as the config", "InvalidArgument", lambda s: TransferChannel(EngineSpec())
     ),
 ]
 
 BUILD: list[Row] = [
-    _row(WRONG_TYPE, "None", "InvalidArgument", lambda s: build(None)),
-    _row(WRONG_TYPE, "an EngineSpec", "InvalidArgument", lambda s: build(EngineSpec())),
+    Row(WRONG_TYPE, "None", "InvalidArgument", lambda s: build(None)),
+    Row(WRONG_TYPE, "an EngineSpec", "InvalidArgument", lambda s: build(EngineSpec())),
 ]
 
 
 BUILD_PARTS: list[Row] = [
-    _row(WRONG_TYPE, "None", "InvalidArgument", lambda s: build_parts(None)),
-    _row(WRONG_TYPE, "a PDSpec", "InvalidArgument", lambda s: build_parts(PDSpec())),
+    Row(WRONG_TYPE, "None", "InvalidArgument", lambda s: build_parts(None)),
+    Row(WRONG_TYPE, "a PDSpec", "InvalidArgument", lambda s: build_parts(PDSpec())),
 ]
 
 
 def _cases(member: str, scene: str, rows: list[Row]) -> list[Case]:
-    return [Case(member, cat, label, scene, call, err, ledger) for cat, label, err, call, ledger in rows]
+    return [row.case(member, scene) for row in rows]
 
 
 CASES: list[Case] = [

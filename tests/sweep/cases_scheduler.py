@@ -9,7 +9,6 @@ another scheduler built the same way.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -30,19 +29,14 @@ from tests.sweep.table import (
     WRONG_TYPE,
     Case,
     Query,
+    Row,
 )
 
-Call = Callable[[Scene], object]
-Row = tuple[str, str, str, Call, Call | None]
 Sched: Any = Scheduler  # typed as Any: the wrong-type arguments below are deliberate
 Config: Any = SchedulerConfig
 Spec: Any = EngineSpec
 build: Any = build_engine
 weights: Any = model_weights
-
-
-def _row(category: str, label: str, error: str, call: Call, setup: Call | None = None) -> Row:
-    return (category, label, error, call, setup)
 
 
 # ---------------------------------------------------------------------- constructor collaborators
@@ -80,104 +74,104 @@ def _mamba_tree_over_other_pool(s: Scene) -> object:
 
 
 SCHED_INIT: list[Row] = [
-    _row(WRONG_TYPE, "a None config", "InvalidArgument", lambda s: _sched(config=None)),
-    _row(WRONG_TYPE, "a dict config", "InvalidArgument", lambda s: _sched(config={"page_size": 1})),
-    _row(WRONG_TYPE, "a None kv_allocator", "InvalidArgument", lambda s: _sched(kv_allocator=None)),
-    _row(WRONG_TYPE, "a None req_to_token_pool", "InvalidArgument", lambda s: _sched(req_to_token_pool=None)),
-    _row(
+    Row(WRONG_TYPE, "a None config", "InvalidArgument", lambda s: _sched(config=None)),
+    Row(WRONG_TYPE, "a dict config", "InvalidArgument", lambda s: _sched(config={"page_size": 1})),
+    Row(WRONG_TYPE, "a None kv_allocator", "InvalidArgument", lambda s: _sched(kv_allocator=None)),
+    Row(WRONG_TYPE, "a None req_to_token_pool", "InvalidArgument", lambda s: _sched(req_to_token_pool=None)),
+    Row(
         WRONG_TYPE,
         "a KV allocator as the row pool",
         "InvalidArgument",
         lambda s: _sched(req_to_token_pool=_kv()),
     ),
-    _row(
+    Row(
         WRONG_TYPE, "a KV allocator as the Mamba pool", "InvalidArgument", lambda s: _sched(mamba_pool=_kv())
     ),
-    _row(WRONG_TYPE, "a tensor as the tree", "InvalidArgument", lambda s: _sched(tree=torch.zeros(1))),
-    _row(
+    Row(WRONG_TYPE, "a tensor as the tree", "InvalidArgument", lambda s: _sched(tree=torch.zeros(1))),
+    Row(
         DEGENERATE,
         "page sizes differ",
         "InvalidArgument",
         lambda s: _sched(config=SchedulerConfig(page_size=4)),
     ),
-    _row(FOREIGN, "a tree over another allocator", "InvalidArgument", _tree_over_other_allocator),
-    _row(WRONG_STATE, "a Mamba tree without the Mamba pool", "InvalidArgument", _mamba_tree_without_pool),
-    _row(FOREIGN, "a Mamba tree over another Mamba pool", "InvalidArgument", _mamba_tree_over_other_pool),
-    _row(WRONG_TYPE, "a runner without forward", "InvalidArgument", lambda s: _sched(runner=object())),
-    _row(WRONG_TYPE, "an on_step that is not callable", "InvalidArgument", lambda s: _sched(on_step=5)),
+    Row(FOREIGN, "a tree over another allocator", "InvalidArgument", _tree_over_other_allocator),
+    Row(WRONG_STATE, "a Mamba tree without the Mamba pool", "InvalidArgument", _mamba_tree_without_pool),
+    Row(FOREIGN, "a Mamba tree over another Mamba pool", "InvalidArgument", _mamba_tree_over_other_pool),
+    Row(WRONG_TYPE, "a runner without forward", "InvalidArgument", lambda s: _sched(runner=object())),
+    Row(WRONG_TYPE, "an on_step that is not callable", "InvalidArgument", lambda s: _sched(on_step=5)),
 ]
 
 # ---------------------------------------------------------------------- requests in
 ADD: list[Row] = [
-    _row(WRONG_TYPE, "a bool rid", "InvalidArgument", lambda s: s.sched.add_request(True, [1, 2], 2)),
-    _row(WRONG_TYPE, "a float rid", "InvalidArgument", lambda s: s.sched.add_request(9.0, [1, 2], 2)),
-    _row(WRONG_TYPE, "a str rid", "InvalidArgument", lambda s: s.sched.add_request("9", [1, 2], 2)),
-    _row(
+    Row(WRONG_TYPE, "a bool rid", "InvalidArgument", lambda s: s.sched.add_request(True, [1, 2], 2)),
+    Row(WRONG_TYPE, "a float rid", "InvalidArgument", lambda s: s.sched.add_request(9.0, [1, 2], 2)),
+    Row(WRONG_TYPE, "a str rid", "InvalidArgument", lambda s: s.sched.add_request("9", [1, 2], 2)),
+    Row(
         DUPLICATE, "the rid of a running request", "InvalidArgument", lambda s: s.sched.add_request(1, [1], 2)
     ),
-    _row(
+    Row(
         DUPLICATE,
         "the rid of a finished request",
         "InvalidArgument",
         lambda s: s.sched.add_request(0, [1], 2),
     ),
-    _row(
+    Row(
         WRONG_TYPE,
         "a generator prompt",
         "InvalidArgument",
         lambda s: s.sched.add_request(9, (t for t in [1, 2]), 2),
     ),
-    _row(WRONG_TYPE, "a str prompt", "InvalidArgument", lambda s: s.sched.add_request(9, "12", 2)),
-    _row(
+    Row(WRONG_TYPE, "a str prompt", "InvalidArgument", lambda s: s.sched.add_request(9, "12", 2)),
+    Row(
         WRONG_TYPE,
         "a tensor prompt",
         "InvalidArgument",
         lambda s: s.sched.add_request(9, torch.tensor([1, 2]), 2),
     ),
-    _row(WRONG_TYPE, "a None prompt", "InvalidArgument", lambda s: s.sched.add_request(9, None, 2)),
-    _row(WRONG_TYPE, "a dict prompt", "InvalidArgument", lambda s: s.sched.add_request(9, {1: 2}, 2)),
-    _row(DEGENERATE, "an empty prompt", "InvalidArgument", lambda s: s.sched.add_request(9, [], 2)),
-    _row(WRONG_TYPE, "a float token", "InvalidArgument", lambda s: s.sched.add_request(9, [1, 2.0], 2)),
-    _row(WRONG_TYPE, "a bool token", "InvalidArgument", lambda s: s.sched.add_request(9, [1, True], 2)),
-    _row(WRONG_TYPE, "a nested token", "InvalidArgument", lambda s: s.sched.add_request(9, [[1], [2]], 2)),
-    _row(WRONG_TYPE, "a None token", "InvalidArgument", lambda s: s.sched.add_request(9, [1, None], 2)),
-    _row(NEGATIVE, "a negative token", "InvalidArgument", lambda s: s.sched.add_request(9, [1, -1], 2)),
-    _row(
+    Row(WRONG_TYPE, "a None prompt", "InvalidArgument", lambda s: s.sched.add_request(9, None, 2)),
+    Row(WRONG_TYPE, "a dict prompt", "InvalidArgument", lambda s: s.sched.add_request(9, {1: 2}, 2)),
+    Row(DEGENERATE, "an empty prompt", "InvalidArgument", lambda s: s.sched.add_request(9, [], 2)),
+    Row(WRONG_TYPE, "a float token", "InvalidArgument", lambda s: s.sched.add_request(9, [1, 2.0], 2)),
+    Row(WRONG_TYPE, "a bool token", "InvalidArgument", lambda s: s.sched.add_request(9, [1, True], 2)),
+    Row(WRONG_TYPE, "a nested token", "InvalidArgument", lambda s: s.sched.add_request(9, [[1], [2]], 2)),
+    Row(WRONG_TYPE, "a None token", "InvalidArgument", lambda s: s.sched.add_request(9, [1, None], 2)),
+    Row(NEGATIVE, "a negative token", "InvalidArgument", lambda s: s.sched.add_request(9, [1, -1], 2)),
+    Row(
         OUT_OF_RANGE,
         "a token at the vocabulary size",
         "InvalidArgument",
         lambda s: s.sched.add_request(9, [1, 32000], 2),
     ),
-    _row(
+    Row(
         OUT_OF_RANGE,
         "a token beyond int64",
         "InvalidArgument",
         lambda s: s.sched.add_request(9, [1, 2**70], 2),
     ),
-    _row(DEGENERATE, "max_new_tokens 0", "InvalidArgument", lambda s: s.sched.add_request(9, [1, 2], 0)),
-    _row(
+    Row(DEGENERATE, "max_new_tokens 0", "InvalidArgument", lambda s: s.sched.add_request(9, [1, 2], 0)),
+    Row(
         NEGATIVE, "a negative max_new_tokens", "InvalidArgument", lambda s: s.sched.add_request(9, [1, 2], -3)
     ),
-    _row(
+    Row(
         WRONG_TYPE, "a float max_new_tokens", "InvalidArgument", lambda s: s.sched.add_request(9, [1, 2], 2.0)
     ),
-    _row(
+    Row(
         WRONG_TYPE, "a bool max_new_tokens", "InvalidArgument", lambda s: s.sched.add_request(9, [1, 2], True)
     ),
 ]
 
 ABORT: list[Row] = [
-    _row(WRONG_TYPE, "a str rid", "InvalidArgument", lambda s: s.sched.abort("1")),
-    _row(WRONG_TYPE, "a None rid", "InvalidArgument", lambda s: s.sched.abort(None)),
-    _row(WRONG_TYPE, "a bool rid", "InvalidArgument", lambda s: s.sched.abort(True)),
-    _row(
+    Row(WRONG_TYPE, "a str rid", "InvalidArgument", lambda s: s.sched.abort("1")),
+    Row(WRONG_TYPE, "a None rid", "InvalidArgument", lambda s: s.sched.abort(None)),
+    Row(WRONG_TYPE, "a bool rid", "InvalidArgument", lambda s: s.sched.abort(True)),
+    Row(
         WRONG_TYPE,
         "a request object instead of its rid",
         "InvalidArgument",
         lambda s: s.sched.abort(s.running),
     ),
-    _row(FOREIGN, "an unknown rid", "UnknownRequest", lambda s: s.sched.abort(99)),
-    _row(NEGATIVE, "a negative rid", "UnknownRequest", lambda s: s.sched.abort(-1)),
+    Row(FOREIGN, "an unknown rid", "UnknownRequest", lambda s: s.sched.abort(99)),
+    Row(NEGATIVE, "a negative rid", "UnknownRequest", lambda s: s.sched.abort(-1)),
 ]
 
 
@@ -196,54 +190,54 @@ def _in_flight_decode(s: Scene) -> None:
 
 
 RETRACT: list[Row] = [
-    _row(WRONG_STATE, "a waiting request", "InvalidState", lambda s: s.sched.retract(s.waiting)),
-    _row(WRONG_STATE, "a chunked request", "InvalidState", lambda s: s.sched.retract(s.chunked)),
-    _row(WRONG_STATE, "a finished request", "InvalidState", lambda s: s.sched.retract(s.finished)),
-    _row(
+    Row(WRONG_STATE, "a waiting request", "InvalidState", lambda s: s.sched.retract(s.waiting)),
+    Row(WRONG_STATE, "a chunked request", "InvalidState", lambda s: s.sched.retract(s.chunked)),
+    Row(WRONG_STATE, "a finished request", "InvalidState", lambda s: s.sched.retract(s.finished)),
+    Row(
         DOUBLE,
         "a request retracted already",
         "InvalidState",
         lambda s: s.sched.retract(s.running),
-        _retract_running,
+        setup=_retract_running,
     ),
-    _row(FOREIGN, "another scheduler's request", "UnknownRequest", lambda s: s.sched.retract(s.foreign_req)),
-    _row(WRONG_TYPE, "a rid instead of a request", "InvalidArgument", lambda s: s.sched.retract(1)),
-    _row(WRONG_TYPE, "None", "InvalidArgument", lambda s: s.sched.retract(None)),
+    Row(FOREIGN, "another scheduler's request", "UnknownRequest", lambda s: s.sched.retract(s.foreign_req)),
+    Row(WRONG_TYPE, "a rid instead of a request", "InvalidArgument", lambda s: s.sched.retract(1)),
+    Row(WRONG_TYPE, "None", "InvalidArgument", lambda s: s.sched.retract(None)),
 ]
 
 RETRACT_OVERLAP: list[Row] = [
-    _row(
+    Row(
         WRONG_STATE,
         "a request a batch in flight references",
         "InvalidState",
         lambda s: s.sched.retract(s.running),
-        _in_flight_decode,
+        setup=_in_flight_decode,
     ),
 ]
 
 FORCE_RETRACT: list[Row] = [
-    _row(DEGENERATE, "count 0", "InvalidArgument", lambda s: s.sched.force_retract(0)),
-    _row(NEGATIVE, "a negative count", "InvalidArgument", lambda s: s.sched.force_retract(-1)),
-    _row(WRONG_TYPE, "a float count", "InvalidArgument", lambda s: s.sched.force_retract(1.0)),
-    _row(WRONG_TYPE, "a None count", "InvalidArgument", lambda s: s.sched.force_retract(None)),
+    Row(DEGENERATE, "count 0", "InvalidArgument", lambda s: s.sched.force_retract(0)),
+    Row(NEGATIVE, "a negative count", "InvalidArgument", lambda s: s.sched.force_retract(-1)),
+    Row(WRONG_TYPE, "a float count", "InvalidArgument", lambda s: s.sched.force_retract(1.0)),
+    Row(WRONG_TYPE, "a None count", "InvalidArgument", lambda s: s.sched.force_retract(None)),
 ]
 
 # ---------------------------------------------------------------------- batches
 PROCESS: list[Row] = [
-    _row(WRONG_TYPE, "None", "InvalidArgument", lambda s: s.sched.process_batch_result(None)),
-    _row(
+    Row(WRONG_TYPE, "None", "InvalidArgument", lambda s: s.sched.process_batch_result(None)),
+    Row(
         WRONG_TYPE,
         "a request instead of a batch",
         "InvalidArgument",
         lambda s: s.sched.process_batch_result(s.running),
     ),
-    _row(
+    Row(
         DOUBLE,
         "a batch processed already",
         "BatchNotInFlight",
         lambda s: s.sched.process_batch_result(s.processed[-1]),
     ),
-    _row(
+    Row(
         FOREIGN,
         "another scheduler's batch",
         "BatchNotInFlight",
@@ -254,73 +248,73 @@ PROCESS: list[Row] = [
 
 def _outside_step(method: str) -> list[Row]:
     return [
-        _row(WRONG_STATE, "outside step()", "InvalidState", lambda s: getattr(s.sched, method)()),
+        Row(WRONG_STATE, "outside step()", "InvalidState", lambda s: getattr(s.sched, method)()),
     ]
 
 
 RUN_UNTIL_IDLE: list[Row] = [
-    _row(DEGENERATE, "max_steps 0", "InvalidArgument", lambda s: s.sched.run_until_idle(0)),
-    _row(NEGATIVE, "a negative max_steps", "InvalidArgument", lambda s: s.sched.run_until_idle(-5)),
-    _row(WRONG_TYPE, "a float max_steps", "InvalidArgument", lambda s: s.sched.run_until_idle(10.0)),
-    _row(WRONG_TYPE, "a str max_steps", "InvalidArgument", lambda s: s.sched.run_until_idle("10")),
+    Row(DEGENERATE, "max_steps 0", "InvalidArgument", lambda s: s.sched.run_until_idle(0)),
+    Row(NEGATIVE, "a negative max_steps", "InvalidArgument", lambda s: s.sched.run_until_idle(-5)),
+    Row(WRONG_TYPE, "a float max_steps", "InvalidArgument", lambda s: s.sched.run_until_idle(10.0)),
+    Row(WRONG_TYPE, "a str max_steps", "InvalidArgument", lambda s: s.sched.run_until_idle("10")),
 ]
 
 FAULTS: list[Row] = [
-    _row(
+    Row(
         WRONG_TYPE,
         "an unknown allocation kind",
         "InvalidArgument",
         lambda s: s.sched.faults.fail_next("disk"),
     ),
-    _row(WRONG_TYPE, "a None kind", "InvalidArgument", lambda s: s.sched.faults.fail_next(None)),
-    _row(DEGENERATE, "times 0", "InvalidArgument", lambda s: s.sched.faults.fail_next("kv", 0)),
-    _row(NEGATIVE, "negative times", "InvalidArgument", lambda s: s.sched.faults.fail_next("kv", -2)),
-    _row(WRONG_TYPE, "float times", "InvalidArgument", lambda s: s.sched.faults.fail_next("row", 1.5)),
+    Row(WRONG_TYPE, "a None kind", "InvalidArgument", lambda s: s.sched.faults.fail_next(None)),
+    Row(DEGENERATE, "times 0", "InvalidArgument", lambda s: s.sched.faults.fail_next("kv", 0)),
+    Row(NEGATIVE, "negative times", "InvalidArgument", lambda s: s.sched.faults.fail_next("kv", -2)),
+    Row(WRONG_TYPE, "float times", "InvalidArgument", lambda s: s.sched.faults.fail_next("row", 1.5)),
 ]
 
 # ---------------------------------------------------------------------- configuration and the builder
 CONFIG: list[Row] = [
-    _row(WRONG_TYPE, "a float page_size", "InvalidArgument", lambda s: Config(page_size=1.5)),
-    _row(DEGENERATE, "page_size 0", "InvalidArgument", lambda s: Config(page_size=0)),
-    _row(DEGENERATE, "max_running_requests 0", "InvalidArgument", lambda s: Config(max_running_requests=0)),
-    _row(WRONG_TYPE, "a str max_context_len", "InvalidArgument", lambda s: Config(max_context_len="4096")),
-    _row(
+    Row(WRONG_TYPE, "a float page_size", "InvalidArgument", lambda s: Config(page_size=1.5)),
+    Row(DEGENERATE, "page_size 0", "InvalidArgument", lambda s: Config(page_size=0)),
+    Row(DEGENERATE, "max_running_requests 0", "InvalidArgument", lambda s: Config(max_running_requests=0)),
+    Row(WRONG_TYPE, "a str max_context_len", "InvalidArgument", lambda s: Config(max_context_len="4096")),
+    Row(
         OUT_OF_RANGE,
         "a chunk smaller than a page",
         "InvalidArgument",
         lambda s: Config(page_size=4, chunked_prefill_size=2),
     ),
-    _row(NEGATIVE, "a negative finished_window", "InvalidArgument", lambda s: Config(finished_window=-1)),
-    _row(
+    Row(NEGATIVE, "a negative finished_window", "InvalidArgument", lambda s: Config(finished_window=-1)),
+    Row(
         WRONG_TYPE,
         "an unknown cow_release_policy",
         "InvalidArgument",
         lambda s: Config(cow_release_policy="always"),
     ),
-    _row(
+    Row(
         OUT_OF_RANGE,
         "min ratio above init ratio",
         "InvalidArgument",
         lambda s: Config(min_new_token_ratio=0.9),
     ),
-    _row(WRONG_TYPE, "a NaN ratio", "InvalidArgument", lambda s: Config(init_new_token_ratio=float("nan"))),
-    _row(NEGATIVE, "a negative ratio decay", "InvalidArgument", lambda s: Config(new_token_ratio_decay=-0.1)),
-    _row(WRONG_TYPE, "an int overlap", "InvalidArgument", lambda s: Config(overlap=1)),
-    _row(WRONG_TYPE, "a bool eos_token_id", "InvalidArgument", lambda s: Config(eos_token_id=True)),
-    _row(NEGATIVE, "a negative eos_token_id", "InvalidArgument", lambda s: Config(eos_token_id=-1)),
-    _row(DEGENERATE, "clip_max_new_tokens 0", "InvalidArgument", lambda s: Config(clip_max_new_tokens=0)),
+    Row(WRONG_TYPE, "a NaN ratio", "InvalidArgument", lambda s: Config(init_new_token_ratio=float("nan"))),
+    Row(NEGATIVE, "a negative ratio decay", "InvalidArgument", lambda s: Config(new_token_ratio_decay=-0.1)),
+    Row(WRONG_TYPE, "an int overlap", "InvalidArgument", lambda s: Config(overlap=1)),
+    Row(WRONG_TYPE, "a bool eos_token_id", "InvalidArgument", lambda s: Config(eos_token_id=True)),
+    Row(NEGATIVE, "a negative eos_token_id", "InvalidArgument", lambda s: Config(eos_token_id=-1)),
+    Row(DEGENERATE, "clip_max_new_tokens 0", "InvalidArgument", lambda s: Config(clip_max_new_tokens=0)),
 ]
 
 SPEC_V2: list[Row] = [
-    _row(WRONG_TYPE, "an unknown mamba_strategy", "InvalidArgument", lambda s: Spec(mamba_strategy="v3")),
-    _row(
+    Row(WRONG_TYPE, "an unknown mamba_strategy", "InvalidArgument", lambda s: Spec(mamba_strategy="v3")),
+    Row(
         WRONG_TYPE,
         "a bool mamba_track_interval",
         "InvalidArgument",
         lambda s: Spec(mamba_track_interval=True),
     ),
-    _row(WRONG_TYPE, "a float mamba_chunk_size", "InvalidArgument", lambda s: Spec(mamba_chunk_size=8.0)),
-    _row(
+    Row(WRONG_TYPE, "a float mamba_chunk_size", "InvalidArgument", lambda s: Spec(mamba_chunk_size=8.0)),
+    Row(
         DEGENERATE,
         "V1 Mamba radix cache with pages",
         "InvalidArgument",
@@ -329,17 +323,17 @@ SPEC_V2: list[Row] = [
 ]
 
 CONFIG_V2: list[Row] = [
-    _row(
+    Row(
         WRONG_TYPE, "an unknown strategy", "InvalidArgument", lambda s: Config(mamba_scheduler_strategy="v3")
     ),
-    _row(
+    Row(
         DEGENERATE,
         "track interval 0",
         "InvalidArgument",
         lambda s: Config(mamba_scheduler_strategy="extra_buffer", mamba_track_interval=0),
     ),
-    _row(WRONG_TYPE, "a float track interval", "InvalidArgument", lambda s: Config(mamba_track_interval=2.5)),
-    _row(
+    Row(WRONG_TYPE, "a float track interval", "InvalidArgument", lambda s: Config(mamba_track_interval=2.5)),
+    Row(
         DEGENERATE,
         "a kernel chunk that does not divide the page",
         "InvalidArgument",
@@ -347,13 +341,13 @@ CONFIG_V2: list[Row] = [
             page_size=4, mamba_scheduler_strategy="extra_buffer", mamba_chunk_size=6, mamba_track_interval=4
         ),
     ),
-    _row(
+    Row(
         WRONG_STATE,
         "interval 1 with overlap",
         "InvalidArgument",
         lambda s: Config(overlap=True, mamba_scheduler_strategy="extra_buffer", mamba_track_interval=1),
     ),
-    _row(
+    Row(
         DEGENERATE,
         "a chunked prefill below the capture grid",
         "InvalidArgument",
@@ -362,35 +356,35 @@ CONFIG_V2: list[Row] = [
 ]
 
 SPEC: list[Row] = [
-    _row(DEGENERATE, "page_size 0", "InvalidArgument", lambda s: Spec(page_size=0, tree="radix")),
-    _row(WRONG_TYPE, "an unknown tree", "InvalidArgument", lambda s: Spec(tree="btree")),
-    _row(WRONG_TYPE, "an unknown model", "InvalidArgument", lambda s: Spec(model="gpt")),
-    _row(DEGENERATE, "kv_tokens 0", "InvalidArgument", lambda s: Spec(kv_tokens=0)),
-    _row(WRONG_TYPE, "a float rows", "InvalidArgument", lambda s: Spec(rows=1.5)),
-    _row(NEGATIVE, "negative mamba_slots", "InvalidArgument", lambda s: Spec(mamba_slots=-1)),
-    _row(WRONG_STATE, "a Mamba tree without a Mamba pool", "InvalidArgument", lambda s: Spec(hybrid=False)),
-    _row(
+    Row(DEGENERATE, "page_size 0", "InvalidArgument", lambda s: Spec(page_size=0, tree="radix")),
+    Row(WRONG_TYPE, "an unknown tree", "InvalidArgument", lambda s: Spec(tree="btree")),
+    Row(WRONG_TYPE, "an unknown model", "InvalidArgument", lambda s: Spec(model="gpt")),
+    Row(DEGENERATE, "kv_tokens 0", "InvalidArgument", lambda s: Spec(kv_tokens=0)),
+    Row(WRONG_TYPE, "a float rows", "InvalidArgument", lambda s: Spec(rows=1.5)),
+    Row(NEGATIVE, "negative mamba_slots", "InvalidArgument", lambda s: Spec(mamba_slots=-1)),
+    Row(WRONG_STATE, "a Mamba tree without a Mamba pool", "InvalidArgument", lambda s: Spec(hybrid=False)),
+    Row(
         WRONG_STATE,
         "the tiny model without a Mamba pool",
         "InvalidArgument",
         lambda s: Spec(tree="radix", hybrid=False, model="tiny-hybrid"),
     ),
-    _row(
+    Row(
         OUT_OF_RANGE,
         "a Mamba tree at page size 4",
         "InvalidArgument",
         lambda s: Spec(page_size=4, kv_tokens=64),
     ),
-    _row(DEGENERATE, "chunk 0", "InvalidArgument", lambda s: Spec(chunk=0)),
-    _row(
+    Row(DEGENERATE, "chunk 0", "InvalidArgument", lambda s: Spec(chunk=0)),
+    Row(
         OUT_OF_RANGE,
         "an eos_token_id outside the vocabulary",
         "InvalidArgument",
         lambda s: Spec(eos_token_id=32000),
     ),
-    _row(DEGENERATE, "vocab_size 0", "InvalidArgument", lambda s: Spec(vocab_size=0)),
-    _row(WRONG_TYPE, "a str overlap", "InvalidArgument", lambda s: Spec(overlap="yes")),
-    _row(
+    Row(DEGENERATE, "vocab_size 0", "InvalidArgument", lambda s: Spec(vocab_size=0)),
+    Row(WRONG_TYPE, "a str overlap", "InvalidArgument", lambda s: Spec(overlap="yes")),
+    Row(
         DEGENERATE,
         "fewer KV tokens than a page",
         "InvalidArgument",
@@ -399,24 +393,21 @@ SPEC: list[Row] = [
 ]
 
 BUILD: list[Row] = [
-    _row(WRONG_TYPE, "None", "InvalidArgument", lambda s: build(None)),
-    _row(WRONG_TYPE, "a dict", "InvalidArgument", lambda s: build({"page_size": 1})),
-    _row(WRONG_TYPE, "a SchedulerConfig", "InvalidArgument", lambda s: build(SchedulerConfig())),
+    Row(WRONG_TYPE, "None", "InvalidArgument", lambda s: build(None)),
+    Row(WRONG_TYPE, "a dict", "InvalidArgument", lambda s: build({"page_size": 1})),
+    Row(WRONG_TYPE, "a SchedulerConfig", "InvalidArgument", lambda s: build(SchedulerConfig())),
 ]
 
 WEIGHTS: list[Row] = [
-    _row(DEGENERATE, "vocab_size 0", "InvalidArgument", lambda s: weights(0)),
-    _row(NEGATIVE, "a negative vocab_size", "InvalidArgument", lambda s: weights(-1)),
-    _row(WRONG_TYPE, "a float vocab_size", "InvalidArgument", lambda s: weights(32000.0)),
-    _row(WRONG_TYPE, "a list vocab_size", "InvalidArgument", lambda s: weights([32000])),
+    Row(DEGENERATE, "vocab_size 0", "InvalidArgument", lambda s: weights(0)),
+    Row(NEGATIVE, "a negative vocab_size", "InvalidArgument", lambda s: weights(-1)),
+    Row(WRONG_TYPE, "a float vocab_size", "InvalidArgument", lambda s: weights(32000.0)),
+    Row(WRONG_TYPE, "a list vocab_size", "InvalidArgument", lambda s: weights([32000])),
 ]
 
 
 def _cases(member: str, scene: str, rows: list[Row], suffix: str = "") -> list[Case]:
-    return [
-        Case(member, cat, label + suffix, scene, call, err, False, setup)
-        for cat, label, err, call, setup in rows
-    ]
+    return [row.case(member, scene, suffix) for row in rows]
 
 
 _BOTH = ("sched", "sched_overlap", "sched_v2")

@@ -55,6 +55,35 @@ class Case:
         return f"{self.member}: {self.label}"
 
 
+Call = Callable[[Scene], object]
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """A bad call not yet bound to a member and a scene: one list of rows serves every class that has
+    the method (the pools' ``alloc``, the trees' ``insert``), each bound by :meth:`case`."""
+
+    category: str
+    label: str
+    error: str
+    call: Call
+    needs_ledger: bool = False
+    setup: Call | None = None
+
+    def case(self, member: str, scene: str, suffix: str = "") -> Case:
+        label = self.label + suffix
+        return Case(member, self.category, label, scene, self.call, self.error, self.needs_ledger, self.setup)
+
+
+def method_cases(cls: str, scene: str, rows: dict[str, list[Row]], suffix: str = "") -> list[Case]:
+    """``cls.method`` cases for each method's rows, on ``scene`` (a constructor's on the empty scene)."""
+    return [
+        row.case(f"{cls}.{method}", "empty" if method == "__init__" else scene, suffix)
+        for method, method_rows in rows.items()
+        for row in method_rows
+    ]
+
+
 @dataclasses.dataclass(frozen=True)
 class Query:
     """A member that takes no argument and reads (or is allowed in every state): calling it on its busy
