@@ -21,10 +21,22 @@ Each postcondition of a target is matched, by line, to its ``@ensure`` decorator
 "Not confirmed" (explored within the budget, not exhausted) passes only for a function declared
 ``bounded``, which the spec lists as checked only up to its bound.
 
+CrossHair's per-condition budget is wall-clock, so on a busy machine a proof that needs 3 s alone may
+not finish in 5 s. A postcondition declared proved that is "not confirmed" (or got no verdict) is a
+*timeout*, not a disproof: the gate re-checks just that function with a larger budget (4x, then 16x the
+first by default, ``--retries``), and only a postcondition still unconfirmed after the last retry fails
+the gate. A timeout is reported apart from a counterexample, and exits with its own status:
+
+* 0: passed (proofs confirmed, possibly on a retry: the summary says which and at what budget);
+* 1: a counterexample or an error while checking;
+* 2: nothing was checked (a vacuous run, a precondition never met, no checkable functions), or usage;
+* 3: only timeouts: some proof was neither confirmed nor refuted within the largest budget.
+
 Usage::
 
     scripts/crosshair_gate.py                                   # the registry's targets, 5 s per condition
     scripts/crosshair_gate.py -t 30                             # nightly budget
+    scripts/crosshair_gate.py --retries 0                       # no retry of a timed-out proof
     scripts/crosshair_gate.py kvledger.contracts.arith.pages_needed --require-proof
 """
 
@@ -37,7 +49,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,6 +60,11 @@ if str(ROOT) not in sys.path:  # run as a script: make the registry importable
 from kvledger.contracts.invariants.proofs import PROOFS, ProofStatus  # noqa: E402
 
 DEFAULT_TIMEOUT = 5.0
+DEFAULT_RETRIES = 2
+RETRY_FACTOR = 4.0
+"""Each retry of a timed-out proof gets ``RETRY_FACTOR`` times the previous budget (5 s -> 20 s -> 80 s)."""
+
+EXIT_PASSED, EXIT_COUNTEREXAMPLE, EXIT_UNCHECKED, EXIT_TIMEOUT = 0, 1, 2, 3
 
 _ERROR = re.compile(r"(^|:\s*)error:")
 _VERDICT = re.compile(
@@ -68,6 +85,7 @@ class Condition:
     function: str
     first_line: int
     last_line: int
+    def_line: int = 0  # the ``def`` line: ``path:def_line`` targets just this function on a retry
 
 
 def postconditions(path: Path) -> list[Condition]:
@@ -84,7 +102,7 @@ def postconditions(path: Path) -> list[Condition]:
                 name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
                 if name == "ensure":
                     end = dec.end_lineno or dec.lineno
-                    out.append(Condition(str(path.resolve()), node.name, dec.lineno, end))
+                    out.append(Condition(str(path.resolve()), node.name, dec.lineno, end, node.lineno))
     return out
 
 
@@ -133,6 +151,10 @@ class Verdict:
     conditions: list[Condition] = field(default_factory=list)  # postconditions of the targets
     required: set[tuple[str, str]] = field(default_factory=set)  # (path, function) that must be proved
     results: dict[Condition, str] = field(default_factory=dict)  # condition -> "confirmed" / "not confirmed"
+    budget: float = DEFAULT_TIMEOUT  # the largest per-condition budget any condition was given
+    confirmed_on_retry: dict[Condition, float] = field(
+        default_factory=dict
+    )  # condition -> budget that did it
 
     def feed(self, line: str) -> None:
         if _CONFIRMED in line:
@@ -159,13 +181,32 @@ class Verdict:
     def vacuous(self) -> bool:
         return self.confirmed + self.not_confirmed == 0
 
-    def unproved(self) -> list[str]:
+    def unproved_conditions(self) -> list[Condition]:
         """Required postconditions that are not confirmed over all paths (or got no verdict)."""
-        out = []
-        for c in self.conditions:
-            if (c.path, c.function) in self.required and self.results.get(c) != "confirmed":
-                out.append(f"{c.function} (line {c.first_line}): {self.results.get(c, 'no verdict')}")
-        return out
+        return [
+            c
+            for c in self.conditions
+            if (c.path, c.function) in self.required and self.results.get(c) != "confirmed"
+        ]
+
+    def unproved(self) -> list[str]:
+        return [
+            f"{c.function} (line {c.first_line}): {self.results.get(c, 'no verdict')}"
+            for c in self.unproved_conditions()
+        ]
+
+    def merge_retry(self, retry: Verdict, budget: float) -> None:
+        """Take a retry's verdicts for its conditions; its errors and refusals count like the first run's."""
+        self.budget = max(self.budget, budget)
+        for c, result in retry.results.items():
+            self.results[c] = result
+            if result == "confirmed":
+                self.confirmed_on_retry[c] = budget
+        self.errors += retry.errors
+        self.unable += retry.unable
+        self.no_checkable = self.no_checkable or retry.no_checkable
+        if retry.returncode != 0:
+            self.returncode = retry.returncode
 
     def failures(self) -> list[str]:
         out = []
@@ -179,7 +220,8 @@ class Verdict:
             out.append("no condition was confirmed or explored (vacuous run)")
         if unproved := self.unproved():
             out.append(
-                f"{len(unproved)} condition(s) declared proved are not confirmed: {'; '.join(unproved)}"
+                f"{len(unproved)} condition(s) declared proved timed out (neither confirmed nor refuted"
+                f" within {self.budget:g} s): {'; '.join(unproved)}"
             )
         if self.returncode != 0:
             out.append(f"crosshair exited {self.returncode}")
@@ -189,6 +231,16 @@ class Verdict:
     def passed(self) -> bool:
         return not self.failures()
 
+    def exit_status(self) -> int:
+        """0 passed, 1 a counterexample or error, 2 nothing checked, 3 only timeouts (see the module doc)."""
+        if self.passed:
+            return EXIT_PASSED
+        if self.errors:
+            return EXIT_COUNTEREXAMPLE
+        if self.unable or self.no_checkable or self.vacuous or (self.returncode != 0 and not self.unproved()):
+            return EXIT_UNCHECKED
+        return EXIT_TIMEOUT
+
     def summary(self, seconds: float, timeout: float, targets: Iterable[str]) -> str:
         targets = list(targets)
         status = "PASS" if self.passed else "FAIL (" + "; ".join(self.failures()) + ")"
@@ -196,11 +248,17 @@ class Verdict:
         proved = sum(1 for c in required if self.results.get(c) == "confirmed")
         functions = len({(c.path, c.function) for c in required})
         shown = " ".join(targets) if len(targets) <= 3 else f"{len(targets)} targets"
+        retried = ""
+        if self.confirmed_on_retry:
+            each = ", ".join(
+                f"{c.function} line {c.first_line} at {b:g} s" for c, b in self.confirmed_on_retry.items()
+            )
+            retried = f" ({len(self.confirmed_on_retry)} confirmed on a retry: {each})"
         return (
             f"crosshair gate: {status}: {self.confirmed} confirmed over all paths, {self.not_confirmed} not"
             f" confirmed within {timeout:g} s; {proved} of {len(required)} postconditions declared proved"
-            f" ({functions} functions) are; {len(self.errors)} error(s), {len(self.unable)} unable to meet"
-            f" precondition; {shown}; {seconds:.1f} s"
+            f" ({functions} functions) are{retried}; {len(self.errors)} error(s), {len(self.unable)} unable"
+            f" to meet precondition; {shown}; {seconds:.1f} s"
         )
 
 
@@ -231,30 +289,62 @@ def crosshair_command(targets: Iterable[str], timeout: float) -> list[str]:
     ]
 
 
-def run(targets: list[str], timeout: float, require_proof: bool = False) -> tuple[Verdict, float]:
+Runner = Callable[[list[str], Callable[[str], None]], int]
+"""Runs a command, hands each output line to the callback, returns the exit status (tests pass a fake)."""
+
+
+def stream(cmd: list[str], on_line: Callable[[str], None]) -> int:
     env = dict(os.environ)
     env["KVLEDGER_CONTRACTS"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
-    conditions = conditions_of(targets)
-    required = declared_proved()
-    if require_proof:
-        required |= {(c.path, c.function) for c in conditions}
-    verdict = Verdict(conditions=conditions, required=required)
-    start = time.monotonic()
     with subprocess.Popen(
-        crosshair_command(targets, timeout),
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        bufsize=1,
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
     ) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
             sys.stdout.write(line)
             sys.stdout.flush()
-            verdict.feed(line)
-        verdict.returncode = proc.wait()
+            on_line(line)
+        return proc.wait()
+
+
+def retry_targets(unproved: list[Condition]) -> list[str]:
+    """One ``file.py:LINE`` target per function with an unproved condition (CrossHair checks just it)."""
+    seen: dict[tuple[str, str], str] = {}
+    for c in unproved:
+        seen.setdefault((c.path, c.function), f"{c.path}:{c.def_line}")
+    return list(seen.values())
+
+
+def run(
+    targets: list[str],
+    timeout: float,
+    require_proof: bool = False,
+    retries: int = DEFAULT_RETRIES,
+    runner: Runner = stream,
+) -> tuple[Verdict, float]:
+    conditions = conditions_of(targets)
+    required = declared_proved()
+    if require_proof:
+        required |= {(c.path, c.function) for c in conditions}
+    verdict = Verdict(conditions=conditions, required=required, budget=timeout)
+    start = time.monotonic()
+    verdict.returncode = runner(crosshair_command(targets, timeout), verdict.feed)
+    budget = timeout
+    for _ in range(retries):
+        # Only timeouts are retried: a counterexample is a disproof, and a bigger budget cannot undo it.
+        pending = verdict.unproved_conditions()
+        if not pending or verdict.errors:
+            break
+        budget *= RETRY_FACTOR
+        again = retry_targets(pending)
+        print(
+            f"crosshair gate: {len(pending)} proof(s) timed out; retrying {len(again)} function(s) at {budget:g} s",
+            flush=True,
+        )
+        retry = Verdict(conditions=conditions, required=required)
+        retry.returncode = runner(crosshair_command(again, budget), retry.feed)
+        verdict.merge_retry(retry, budget)
     return verdict, time.monotonic() - start
 
 
@@ -275,6 +365,12 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds CrossHair may spend on each condition (default: %(default)s)",
     )
     parser.add_argument(
+        "--retries",
+        type=int,
+        default=DEFAULT_RETRIES,
+        help=f"re-checks of a timed-out proof, each with {RETRY_FACTOR:g}x the budget (default: %(default)s)",
+    )
+    parser.add_argument(
         "--require-proof",
         action="store_true",
         help="every postcondition of the targets must be confirmed over all paths, not only the registry's",
@@ -282,12 +378,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.timeout <= 0:
         parser.error("the per-condition timeout must be positive")
+    if args.retries < 0:
+        parser.error("--retries must be 0 or more")
     targets = args.targets or [p.target for p in PROOFS]
-    verdict, seconds = run(targets, args.timeout, args.require_proof)
+    verdict, seconds = run(targets, args.timeout, args.require_proof, args.retries)
     print(verdict.summary(seconds, args.timeout, targets), flush=True)
-    if verdict.passed:
-        return 0
-    return 1 if verdict.errors or verdict.unproved() else 2
+    return verdict.exit_status()
 
 
 if __name__ == "__main__":

@@ -4,15 +4,25 @@
 # torch is installed on its own, pinned, and only when the venv cannot already import one: a bare
 # "torch>=2.4" resolved by pip would pull the newest release (a multi-GB CUDA build). On this kind of
 # machine torch==2.13.0 is a CPU wheel that lies on disk; on a GPU machine it is the CUDA build.
+#
+# The package is installed editable in setuptools' "compat" mode: a .pth file that puts this checkout on
+# sys.path, which type checkers follow (mypy --strict on a script outside the clone finds kvledger; the
+# default editable finder is an import hook that mypy cannot see).
+#
+# Each step prints one line before it starts, so a quiet pip is never mistaken for a hang.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 TORCH_SPEC=${KVLEDGER_TORCH_SPEC:-torch==2.13.0}
+step() { echo "setup: $* ($(date +%T))"; }
 if [ ! -x .venv/bin/python ]; then
+  step "creating .venv with $("$PYTHON" --version 2>&1)"
   "$PYTHON" -m venv .venv
 fi
 if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
+  step "installing $TORCH_SPEC (about 30 s from a local wheel; minutes if pip has to download it)"
   .venv/bin/pip install --quiet "$TORCH_SPEC" 2> >(grep -v "is ignored" >&2)
 fi
-.venv/bin/pip install --quiet -e ".[dev]" 2> >(grep -v "is ignored" >&2)
-.venv/bin/kvledger --version
+step "installing kvledger (editable) and its test and docs tools (about a minute)"
+.venv/bin/pip install --quiet -e ".[dev]" --config-settings editable_mode=compat 2> >(grep -v "is ignored" >&2)
+step "done: $(.venv/bin/kvledger --version)"

@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -111,10 +112,14 @@ def test_a_condition_declared_proved_but_not_confirmed_fails() -> None:
     explored = run_gate("-t", "2", fixture)
     assert explored.returncode == 0, explored.stdout
     assert "1 not confirmed" in summary_of(explored)
-    claimed = run_gate("-t", "2", "--require-proof", fixture)
-    assert claimed.returncode == 1, claimed.stdout
+    claimed = run_gate("-t", "1", "--retries", "1", "--require-proof", fixture)
+    assert claimed.returncode == gate.EXIT_TIMEOUT, claimed.stdout  # a timeout, not a counterexample
+    assert "retrying 1 function(s) at 4 s" in claimed.stdout
     summary = summary_of(claimed)
-    assert "1 condition(s) declared proved are not confirmed: total (line 13): not confirmed" in summary
+    assert (
+        "1 condition(s) declared proved timed out (neither confirmed nor refuted within 4 s):"
+        " total (line 13): not confirmed" in summary
+    )
     assert "0 of 1 postconditions declared proved (1 functions) are" in summary
 
 
@@ -149,6 +154,56 @@ def test_a_bug_among_good_targets_still_fails() -> None:
     done = run_gate("kvledger.contracts.arith.pages_needed", str(FIXTURES / "broken_arith.py"))
     assert done.returncode != 0
     assert "false when calling pages_needed(0, 1)" in done.stdout
+
+
+# ---------------------------------------------------------------------- timeouts are retried, not failed at once
+class FakeCrossHair:
+    """Stands in for CrossHair: answers each command with canned lines, by the budget it was given."""
+
+    def __init__(self, answers: dict[float, list[str]]) -> None:
+        self.answers = answers
+        self.commands: list[list[str]] = []
+
+    def __call__(self, cmd: list[str], on_line: Callable[[str], None]) -> int:
+        self.commands.append(cmd)
+        budget = float(next(a for a in cmd if a.startswith("--per_condition_timeout=")).split("=")[1])
+        lines = self.answers[budget]
+        for line in lines:
+            on_line(line)
+        return 1 if any("error:" in line for line in lines) else 0
+
+
+UNBOUNDED = FIXTURES / "unbounded_loop.py"
+
+
+def verdict_line(what: str) -> str:
+    return f"{UNBOUNDED}:13: info: {what}."
+
+
+def test_a_timed_out_proof_confirmed_on_a_retry_passes() -> None:
+    fake = FakeCrossHair(
+        {5.0: [verdict_line("Not confirmed")], 20.0: [verdict_line("Confirmed over all paths")]}
+    )
+    verdict, _ = gate.run([str(UNBOUNDED)], 5.0, require_proof=True, runner=fake)
+    assert verdict.passed and verdict.exit_status() == gate.EXIT_PASSED
+    assert len(fake.commands) == 2
+    assert fake.commands[1][-1] == f"{UNBOUNDED.resolve()}:14"  # just the function, by its def line
+    assert "1 confirmed on a retry: total line 13 at 20 s" in verdict.summary(1.0, 5.0, ["t"])
+
+
+def test_a_proof_still_timing_out_after_every_retry_is_a_timeout_not_a_counterexample() -> None:
+    fake = FakeCrossHair({b: [verdict_line("Not confirmed")] for b in (5.0, 20.0, 80.0)})
+    verdict, _ = gate.run([str(UNBOUNDED)], 5.0, require_proof=True, runner=fake)
+    assert len(fake.commands) == 3  # the first run and DEFAULT_RETRIES retries, 4x each time
+    assert verdict.exit_status() == gate.EXIT_TIMEOUT and not verdict.errors
+    assert "timed out (neither confirmed nor refuted within 80 s)" in "; ".join(verdict.failures())
+
+
+def test_a_counterexample_is_never_retried() -> None:
+    fake = FakeCrossHair({5.0: [f"{UNBOUNDED}:13: error: false when calling total([1]) (which returns 0)"]})
+    verdict, _ = gate.run([str(UNBOUNDED)], 5.0, require_proof=True, runner=fake)
+    assert len(fake.commands) == 1
+    assert verdict.exit_status() == gate.EXIT_COUNTEREXAMPLE
 
 
 # ---------------------------------------------------------------------- the gate refuses vacuous passes
