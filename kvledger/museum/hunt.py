@@ -138,7 +138,11 @@ def _settings() -> settings:
         deadline=None,
         database=None,
         derandomize=False,
-        report_multiple_bugs=False,
+        # Every distinct failure is shrunk on its own and reported (an ExceptionGroup); the hunt then
+        # reports the one that names an invariant (``primary_failure``). With a single report Hypothesis
+        # "slips" to whichever failure has the smallest example when its shrink time runs out, which on
+        # a busy machine can be a secondary plain assert instead of the violation that caused it.
+        report_multiple_bugs=True,
         phases=(Phase.generate, Phase.target, Phase.shrink),
         suppress_health_check=list(HealthCheck),
         print_blob=False,
@@ -152,6 +156,22 @@ def invariant_of(exc: BaseException) -> str:
         return found.group(0)
     own = getattr(exc, "invariant", None)
     return own if isinstance(own, str) else type(exc).__name__
+
+
+def primary_failure(exc: BaseException) -> BaseException:
+    """Of the distinct failures Hypothesis reports together, the one the hunt reports: a failure naming a
+    registered invariant before one that does not (a plain ``assert`` is evidence of damage, the violation
+    is its cause), then the shortest example (fewest statements), then the first reported."""
+    subs = getattr(exc, "exceptions", None)  # an ExceptionGroup's (the backport's too, on Python 3.10)
+    if not isinstance(subs, tuple) or not subs:
+        return exc
+
+    def rank(indexed: tuple[int, BaseException]) -> tuple[bool, int, int]:
+        i, sub = indexed
+        named = INVARIANT_ID.search(invariant_of(sub)) is not None
+        return (not named, len(getattr(sub, "__notes__", [])), i)
+
+    return primary_failure(min(enumerate(subs), key=rank)[1])
 
 
 def _headline(exc: BaseException) -> str:
@@ -378,7 +398,9 @@ def hunt(
             except Unsatisfiable:
                 break  # the whole batch started after the deadline
             except Exception as exc:
-                failure = exc
+                failure = primary_failure(exc)
+                if failure is not exc:
+                    report.clear()  # the printed examples are of every failure; the chosen one's are its notes
     end = time.monotonic()
     label = exhibit.id if exhibit else "(clean)"
     if failure is not None and clock.first_failure is None and isinstance(failure, HypothesisException):

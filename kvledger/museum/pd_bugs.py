@@ -32,10 +32,11 @@ def _late_2025_process_prefill_chunk(original: Callable[..., None]) -> Callable[
         the row goes (the next chunk takes a new one) and so does the working Mamba slot, while
         ``req.mamba_pool_idx`` stays set, so the next chunk's ``alloc`` reuses it without allocating."""
         original(self, req)
-        assert req.req_pool_idx is not None and req.mamba_pool_idx is not None and self.mamba_pool is not None
+        assert req.req_pool_idx is not None
         self.req_to_token_pool.free(req.req_pool_idx, req.owner)
         req.req_pool_idx = None
-        self.mamba_pool.free(req.mamba_pool_idx, req.owner)  # the handle is left set
+        if self.mamba_pool is not None and req.mamba_pool_idx is not None:  # a hybrid model: the bug
+            self.mamba_pool.free(req.mamba_pool_idx, req.owner)  # the handle is left set
 
     return process_prefill_chunk
 
