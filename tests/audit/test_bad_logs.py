@@ -22,7 +22,10 @@ POOL = json.dumps({"ev": "pool", "pool": "kv", "first": 1, "size": 8, "unit": 1,
         ([HEAD, "{not json"], r"event 2: not JSON"),
         ([HEAD, "[1, 2]"], r'event 2: not an event object with an "ev" field'),
         ([HEAD, json.dumps({"ev": "teleport"})], r"event 2: unknown event 'teleport'"),
-        ([HEAD, json.dumps({"ev": "pool", "pool": "kv"})], r"event 2: pool: a missing or mistyped field"),
+        (
+            [HEAD, json.dumps({"ev": "pool", "pool": "kv"})],
+            r"event 2: pool: first must be an integer, got None \(missing\)",
+        ),
         ([HEAD, POOL, POOL], r"event 3: pool 'kv' declared twice"),
         (
             [HEAD, json.dumps({"ev": "alloc", "pool": "kv", "ids": [1], "to": "req#1"})],
@@ -86,6 +89,7 @@ def test_other_holders_declare_their_account_first() -> None:
         json.dumps({"ev": "step", "step": 1, "terms": {"kv": {"free": 6, "pd.inflight": 2}}}),
         json.dumps({"ev": "free", "pool": "kv", "ids": [1, 2], "from": "pd.transfer#3"}),
         json.dumps({"ev": "step", "step": 2, "terms": {"kv": {"free": 8}}, "quiescent": True}),
+        json.dumps({"ev": "end", "events": 7, "outcome": "completed"}),
     ]
     report = audit_lines(lines)
     assert report.clean, report.violation
