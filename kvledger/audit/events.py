@@ -135,6 +135,11 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
+_DECODER = json.JSONDecoder(
+    parse_constant=_no_constant
+)  # one decoder: json.loads(..., kw) builds one per call
+
+
 def parse(line: str, where: int) -> dict[str, Any]:
     """One line as an event object; :class:`EventLogError` names the line when it is not one.
 
@@ -143,8 +148,10 @@ def parse(line: str, where: int) -> dict[str, Any]:
     cannot be printed), anything but an object with a string ``ev``."""
     if len(line) > MAX_LINE_BYTES:
         raise EventLogError(f"event {where}: a line longer than {MAX_LINE_BYTES} bytes")
+    if line.startswith("\ufeff"):
+        raise EventLogError(f"event {where}: not JSON (a UTF-8 byte order mark: write the log without one)")
     try:
-        ev = json.loads(line, parse_constant=_no_constant)
+        ev = _DECODER.decode(line)
     except json.JSONDecodeError as exc:
         raise EventLogError(f"event {where}: not JSON ({exc.msg} at column {exc.colno})") from None
     except ValueError as exc:  # parse_constant

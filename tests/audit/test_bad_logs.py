@@ -121,7 +121,7 @@ DEEP = 100_000
             '{"ev":"alloc","pool":"kv","ids":[1],"to":"req#\\ud800"}',
             r"event 2: a string with a lone surrogate",
         ),
-        ("\ufeff" + json.dumps(header("x")), r"event 2: not JSON \(Unexpected UTF-8 BOM"),
+        ("\ufeff" + json.dumps(header("x")), r"event 2: not JSON \(a UTF-8 byte order mark"),
     ],
     ids=[
         "deep-ids",
