@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import json
 import re
+import reprlib
 from typing import Any
 
 from kvledger.contracts.errors import EventLogError
@@ -222,8 +223,13 @@ def is_name(value: object) -> bool:
 
 
 def _show(value: object) -> str:
-    """A value for a message: its repr, cut (a 10^30 or a long string must not flood the terminal)."""
+    """A value for a message, cut: a 10^30, a long list or a deeply nested one must not flood the terminal
+    (reprlib stops at a depth and a length, so it never recurses as deep as the value)."""
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
         return f"a {value.bit_length()}-bit integer"
-    text = repr(value)
+    text = _REPR.repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 3, 8, 4, 60, 60

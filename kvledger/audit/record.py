@@ -27,6 +27,7 @@ manager, the recorder closes on a normal exit, closes with ``outcome="violation"
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from typing import IO, Any
 
@@ -128,11 +129,23 @@ class Recorder:
 
         ``outcome``: how the run ended (:data:`kvledger.audit.events.OUTCOMES`): ``"violation"`` when the
         engine stopped on a contract violation; by default ``"completed"`` if the engine is quiescent,
-        else ``"stopped"``. A run that did not end (an interrupt) calls :meth:`detach` instead."""
+        else ``"stopped"``. A run that did not end (an interrupt) calls :meth:`detach` instead.
+
+        Without an ``outcome``, a close from a ``finally`` (or an ``except``) while an exception is on its
+        way out decides by it: a :class:`ContractViolation` is the outcome ``"violation"``; anything else
+        (Ctrl-C, an unexpected error) means the run did not end, so the close only detaches and the log
+        stays incomplete, as it is."""
         if self.closed:
             return
         if outcome is None:
-            outcome = "completed" if self.s.is_quiescent() else "stopped"
+            pending = sys.exc_info()[1]
+            if pending is None:
+                outcome = "completed" if self.s.is_quiescent() else "stopped"
+            elif isinstance(pending, ContractViolation):
+                outcome = "violation"
+            else:
+                self.detach()
+                return
         elif outcome not in E.OUTCOMES:
             raise InvalidArgument(f"Recorder.close: outcome must be one of {E.OUTCOMES}, got {outcome!r}")
         self.detach()

@@ -174,7 +174,9 @@ class Auditor:
         if isinstance(where, bool) or not isinstance(where, int) or where < 1:
             raise EventLogError(f"an event's number must be an int >= 1, got {where!r}")
         if not isinstance(ev, dict) or not isinstance(ev.get("ev"), str):
-            raise EventLogError(f"event {where}: an event is a JSON object with a str 'ev', got {ev!r}"[:200])
+            raise EventLogError(
+                f"event {where}: an event is a JSON object with a str 'ev', got {E._show(ev)}"
+            )
         self.event, self.line = where, line
         kind = ev["ev"]
         if not self._header:

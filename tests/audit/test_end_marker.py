@@ -90,6 +90,31 @@ def test_an_interrupt_leaves_no_end_marker_and_the_audit_says_incomplete() -> No
     assert out.getvalue().splitlines() == lines
 
 
+def test_a_close_in_a_finally_while_an_interrupt_propagates_writes_no_end_marker() -> None:
+    """What ``run_simulation``'s ``finally: recorder.close()`` does on Ctrl-C: the run did not end."""
+    sched, out, rec = _recorder()
+    with pytest.raises(KeyboardInterrupt):
+        try:
+            sched.add_request(1, PROMPTS[1], 5)  # type: ignore[attr-defined]
+            sched.step()  # type: ignore[attr-defined]
+            raise KeyboardInterrupt
+        finally:
+            rec.close()
+    lines = out.getvalue().splitlines()
+    assert rec.closed and all('"ev":"end"' not in line for line in lines)
+    assert audit_lines(lines).verdict == "incomplete"
+
+
+def test_a_close_in_a_finally_while_a_violation_propagates_says_violation() -> None:
+    _, out, rec = _recorder()
+    with pytest.raises(ContractViolation):
+        try:
+            raise ContractViolation("I-COUNT: planted")
+        finally:
+            rec.close()
+    assert json.loads(out.getvalue().splitlines()[-1])["outcome"] == "violation"
+
+
 def test_a_cut_off_recorded_run_is_incomplete_not_clean(plain_log: list[str]) -> None:
     for n in (2, 40, len(plain_log) - 1):  # the last cut drops only the end marker
         report = audit_lines(plain_log[:n])
