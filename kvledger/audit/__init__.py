@@ -5,6 +5,9 @@
 * :class:`Recorder`: writes the log of a running kvledger engine (``kvledger simulate --record FILE``).
 * :func:`audit_file` / :func:`audit_lines` / :class:`Auditor`: replay a log through the ledger and the
   identities; the first violation stops the audit with the ids, owners and moves (``kvledger audit FILE``).
+  A log without its ``end`` marker is *incomplete* (:attr:`AuditReport.verdict`), never clean; a malformed
+  one (bad JSON or UTF-8, a mistyped field, a number beyond the format's bounds, steps out of order) is an
+  :class:`EventLogError`, raised before anything is allocated for it.
 
 The replay imports only ``kvledger.contracts``: it can audit any engine that writes the format.
 """

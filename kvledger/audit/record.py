@@ -15,20 +15,26 @@ What kvledger's reference engine would emit from a debug build, gathered without
 An event whose consequences happen inside the same call is written first (``insert`` before the leaf
 adopts its KV, ``split`` before the new node takes its part, ``unlock`` before the tombstones it prunes
 are evicted); ``evict`` is written after the node's KV and state were freed. The ledgers must be real
-(``override_ledgers(True)`` when contracts are off): the recorder observes them. :meth:`Recorder.close`
-undoes every hook.
+(``override_ledgers(True)`` when contracts are off): the recorder observes them.
+
+:meth:`Recorder.close` writes the ``end`` marker (the count of lines before it and how the run ended) and
+undoes every hook; :meth:`Recorder.detach` undoes the hooks without it, for a run that was cut off (an
+interrupt, an unexpected error): the auditor then calls the log incomplete, as it is. Used as a context
+manager, the recorder closes on a normal exit, closes with ``outcome="violation"`` when a
+:class:`ContractViolation` leaves the block, and only detaches on any other exception.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from typing import IO, Any
 
 import numpy as np
 
 from kvledger.audit import events as E
-from kvledger.contracts.errors import InvalidArgument
+from kvledger.contracts.errors import ContractViolation, InvalidArgument
 from kvledger.contracts.ledger import Ledger
 from kvledger.contracts.owners import FREE_LIST, Account, Owner
 
@@ -50,6 +56,7 @@ class Recorder:
         self._patched: list[tuple[Any, str]] = []
         self._open_groups: set[str] = set()
         self._accounts: dict[int, str] = {}  # other owners: the last account written, by serial
+        self.closed = False
         self._on_step_before = scheduler.on_step
         self._emit(E.header(source))
         units = scheduler.accounting.units()
@@ -116,8 +123,40 @@ class Recorder:
             self._emit(ev)
         return result
 
-    def close(self) -> None:
-        """Undo every hook and flush. The engine runs on unobserved."""
+    def close(self, outcome: str | None = None) -> None:
+        """Write the ``end`` marker, undo every hook and flush; the engine runs on unobserved. A second
+        call does nothing.
+
+        ``outcome``: how the run ended (:data:`kvledger.audit.events.OUTCOMES`): ``"violation"`` when the
+        engine stopped on a contract violation; by default ``"completed"`` if the engine is quiescent,
+        else ``"stopped"``. A run that did not end (an interrupt) calls :meth:`detach` instead.
+
+        Without an ``outcome``, a close from a ``finally`` (or an ``except``) while an exception is on its
+        way out decides by it: a :class:`ContractViolation` is the outcome ``"violation"``; anything else
+        (Ctrl-C, an unexpected error) means the run did not end, so the close only detaches and the log
+        stays incomplete, as it is."""
+        if self.closed:
+            return
+        if outcome is None:
+            pending = sys.exc_info()[1]
+            if pending is None:
+                outcome = "completed" if self.s.is_quiescent() else "stopped"
+            elif isinstance(pending, ContractViolation):
+                outcome = "violation"
+            else:
+                self.detach()
+                return
+        elif outcome not in E.OUTCOMES:
+            raise InvalidArgument(f"Recorder.close: outcome must be one of {E.OUTCOMES}, got {outcome!r}")
+        self.detach()
+        self._emit(E.end(self.events, outcome))
+        self.out.flush()
+
+    def detach(self) -> None:
+        """Undo every hook and flush, without the end marker: the log stays visibly incomplete."""
+        if self.closed:
+            return
+        self.closed = True
         for obj, name in reversed(self._patched):
             if name in vars(obj):
                 delattr(obj, name)
@@ -131,8 +170,13 @@ class Recorder:
     def __enter__(self) -> Recorder:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        if exc_type is None:
+            self.close()
+        elif issubclass(exc_type, ContractViolation):
+            self.close("violation")
+        else:
+            self.detach()
 
     # ------------------------------------------------------------------ the ledgers (MoveObserver)
     def moved(self, ledger: Ledger, ids: np.ndarray, src: Owner, dst: Owner | list[Owner], op: str) -> None:

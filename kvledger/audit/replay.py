@@ -17,11 +17,16 @@ dated by event number):
   (I-MAMBA-VALUE);
 * a released request holds nothing in any pool (I-OWNER-RELEASE: a leak);
 * at every ``step`` the engine's own terms sum to the pool size (I-COUNT, I-CAP) and equal the replayed
-  accounts (I-LEDGER-AGREES); at quiescence nothing is held, locked or pending (I-IDLE-IDENTITY).
+  accounts (I-LEDGER-AGREES); at quiescence nothing is held, locked or pending (I-IDLE-IDENTITY);
+* the log ends with its ``end`` marker: without it the run was cut off and the audit says so (an
+  *incomplete* log, never clean); a ``completed`` end is checked like a quiescent step, a ``violation``
+  end is the engine's own verdict and is not clean either.
 
 Accounts are derived, not trusted: a cache node's KV is ``cache.protected`` exactly while its lock count
 is positive, a request's account follows its ``req`` events. A malformed log (not JSON, an unknown
-event, a missing field, an undeclared pool) is an :class:`~kvledger.contracts.errors.EventLogError`.
+event, a missing or mistyped field, a number beyond the format's bounds, step numbers out of order, an
+undeclared pool, a wrong end marker) is an :class:`~kvledger.contracts.errors.EventLogError`, raised before
+anything is allocated for it.
 The module knows no implementation: it imports only ``kvledger.contracts``.
 """
 
@@ -31,11 +36,12 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
 from kvledger.audit import events as E
+from kvledger.contracts.arith import MAX_TERMS
 from kvledger.contracts.diagnosis import Census, Dispute, explain_disputes
 from kvledger.contracts.errors import ContractViolation, EventLogError, KVLedgerError
 from kvledger.contracts.identity import PoolTerms, check_busy_identity, check_idle_identity
@@ -51,6 +57,10 @@ from kvledger.contracts.owners import (
 )
 
 DERIVED_KINDS = (E.REQ_KIND, E.NODE_KIND, E.STATE_KIND)
+STANDARD_TERMS = frozenset((FREE.name, PENDING_FREE.name, CACHE_EVICTABLE.name, CACHE_PROTECTED.name))
+MAX_HELD_TERMS = MAX_TERMS - len(STANDARD_TERMS)
+"""A step's row names at most this many accounts besides the standard four (the identity sums at most
+:data:`~kvledger.contracts.arith.MAX_TERMS` terms)."""
 
 
 class AuditViolation(ContractViolation):
@@ -64,7 +74,12 @@ class AuditViolation(ContractViolation):
 
 @dataclass
 class AuditReport:
-    """What an audit found: the events read, per kind, and the first violation (None: the log is clean)."""
+    """What an audit found: the events read, per kind, and why the log is not clean, if it is not.
+
+    ``verdict``: ``clean`` (a complete log that keeps every invariant), ``violation`` (the first event that
+    breaks one, or an end marker saying the engine stopped on one), ``incomplete`` (no end marker: the run
+    was cut off). ``violation`` holds the text of either of the last two, ``violation_event`` the event it
+    is dated by (for an incomplete log, its last event); ``clean`` is true only for ``clean``."""
 
     path: str
     events: int = 0
@@ -74,16 +89,26 @@ class AuditReport:
     requests: int = 0
     violation: str | None = None
     violation_event: int | None = None
+    incomplete: bool = False
+    outcome: str | None = None  # the end marker's: completed, stopped, violation (None: none was read)
     cpu_s: float = 0.0
 
     @property
     def clean(self) -> bool:
-        return self.violation is None
+        return self.violation is None and not self.incomplete
+
+    @property
+    def verdict(self) -> str:
+        if self.incomplete:
+            return "incomplete"
+        return "clean" if self.violation is None else "violation"
 
     def summary(self) -> dict[str, Any]:
         return {
             "path": self.path,
             "clean": self.clean,
+            "verdict": self.verdict,
+            "outcome": self.outcome,
             "events": self.events,
             "by_kind": self.by_kind,
             "pools": self.pools,
@@ -127,9 +152,13 @@ class Auditor:
         self.requests_seen: set[object] = set()
         self.by_kind: dict[str, int] = {}
         self.steps = 0
+        self.last_step: int | None = None
+        self.ended: int | None = None  # the end marker's event number
+        self.outcome: str | None = None
         self.event = 0
         self.line = ""
         self._header = False
+        self._ledger_ids = 0  # first + size summed over the pools: what the ledgers allocate
         self._handlers: dict[str, Callable[[dict[str, Any]], None]] = {
             name: getattr(self, f"_on_{name}") for name in E.EVENTS[1:]
         }
@@ -145,7 +174,9 @@ class Auditor:
         if isinstance(where, bool) or not isinstance(where, int) or where < 1:
             raise EventLogError(f"an event's number must be an int >= 1, got {where!r}")
         if not isinstance(ev, dict) or not isinstance(ev.get("ev"), str):
-            raise EventLogError(f"event {where}: an event is a JSON object with a str 'ev', got {ev!r}"[:200])
+            raise EventLogError(
+                f"event {where}: an event is a JSON object with a str 'ev', got {E._show(ev)}"
+            )
         self.event, self.line = where, line
         kind = ev["ev"]
         if not self._header:
@@ -153,9 +184,13 @@ class Auditor:
             self._header = True
             self.by_kind["header"] = 1
             return
+        if self.ended is not None:
+            raise EventLogError(f"event {where}: {kind!r} after the end marker (event {self.ended})"[:200])
         handler = self._handlers.get(kind)
         if handler is None or kind == "header":
-            raise EventLogError(f"event {where}: unknown event {kind!r} (known: {', '.join(E.EVENTS[1:])})")
+            raise EventLogError(
+                f"event {where}: unknown event {E._show(kind)} (known: {', '.join(E.EVENTS[1:])})"
+            )
         for ledger in self.ledgers.values():
             ledger.epoch = where
         try:
@@ -175,19 +210,24 @@ class Auditor:
 
     # ------------------------------------------------------------------ lookups
     def _pool(self, ev: dict[str, Any]) -> Ledger:
-        name = ev["pool"]
-        ledger = self.ledgers.get(name)
+        name = ev.get("pool")
+        ledger = self.ledgers.get(name) if type(name) is str else None  # a declared name is a valid one
         if ledger is None:
+            name = E.name(ev, "pool", self.event)
             raise EventLogError(f"event {self.event}: pool {name!r} was never declared by a pool event")
         return ledger
 
     def _ids(self, ev: dict[str, Any], ledger: Ledger, what: str) -> np.ndarray:
-        raw = ev["ids"]
-        a = np.asarray(raw) if isinstance(raw, list) else None
-        if a is None or (a.dtype.kind != "i" and a.size) or a.ndim != 1:
-            raise EventLogError(f"event {self.event}: ids must be a list of ints, got {str(raw)[:80]}")
-        if a.dtype != np.int64:
-            a = a.astype(np.int64)
+        raw = ev.get("ids")
+        # Exactly ints: numpy would read [1, true] as [1, 1] and [1.0] as a float array.
+        if not isinstance(raw, list) or not set(map(type, raw)) <= {int}:
+            raise EventLogError(f"event {self.event}: ids must be a list of ints, got {E._show(raw)}")
+        try:
+            a = np.array(raw, dtype=np.int64)
+        except OverflowError:
+            raise EventLogError(
+                f"event {self.event}: ids must be a list of ints in [0, {E.MAX_NUMBER}], got {E._show(raw)}"
+            ) from None
         d = ledger.domain
         outside = a[(a < d.start) | (a >= d.stop)]
         if outside.size:
@@ -199,10 +239,13 @@ class Auditor:
 
     def _owner(self, name: Any) -> Owner:
         """The holder called ``name``, created on first mention (requests wait, nodes are unlocked)."""
-        if not isinstance(name, str) or not name:
-            raise EventLogError(f"event {self.event}: an owner is named by a non-empty string, got {name!r}")
-        owner = self.owners.get(name)
+        owner = self.owners.get(name) if type(name) is str else None  # a known name is a valid one
         if owner is None:
+            if not E.is_name(name):
+                raise EventLogError(
+                    f"event {self.event}: an owner is named by a string of 1 to {E.MAX_NAME} characters,"
+                    f" got {E._show(name)}"
+                )
             kind, key = E.split_owner_name(name)
             if kind in ("free_list", "free_group"):
                 raise EventLogError(
@@ -236,31 +279,42 @@ class Auditor:
 
     # ------------------------------------------------------------------ declarations
     def _on_pool(self, ev: dict[str, Any]) -> None:
-        name, first, size, unit = ev["pool"], ev["first"], ev["size"], ev.get("unit", 1)
-        if not isinstance(name, str) or name in self.ledgers:
-            raise EventLogError(f"event {self.event}: pool {name!r} declared twice or not a string")
-        if not all(type(v) is int for v in (first, size, unit)) or first < 0 or size < 1 or unit < 1:
-            raise EventLogError(f"event {self.event}: pool {name!r}: need first >= 0, size >= 1, unit >= 1")
+        where = self.event
+        name = E.name(ev, "pool", where)
+        if name in self.ledgers:
+            raise EventLogError(f"event {where}: pool {name!r} declared twice")
+        first = E.number(ev, "first", where, high=E.MAX_LEDGER_IDS - 1)
+        size = E.number(ev, "size", where, low=1, high=E.MAX_LEDGER_IDS)
+        unit = E.number({"unit": 1, **ev}, "unit", where, low=1, high=E.MAX_UNIT)
+        unit_name = E.name(ev, "unit_name", where, default="ids")
+        # The ledger allocates per id from 0 to first + size: bound that before building it.
+        spans = self._ledger_ids + first + size
+        if spans > E.MAX_LEDGER_IDS:
+            raise EventLogError(
+                f"event {where}: pool {name!r}: the pools' ids would reach {spans} (first + size summed over"
+                f" the pools), over the format's bound of {E.MAX_LEDGER_IDS}"
+            )
         ledger = Ledger(name, range(first, first + size), unit=unit)
-        ledger.clock, ledger.epoch = "event", self.event
+        ledger.clock, ledger.epoch = "event", where
         self.ledgers[name] = ledger
-        self.unit_names[name] = str(ev.get("unit_name", "ids"))
+        self._ledger_ids = spans
+        self.unit_names[name] = unit_name
 
     def _on_tree(self, ev: dict[str, Any]) -> None:
-        root = ev["root"]
-        if self.root is not None or type(root) is not int:
-            raise EventLogError(f"event {self.event}: one tree per log, its root an int node id")
+        root = E.number(ev, "root", self.event)
+        if self.root is not None:
+            raise EventLogError(f"event {self.event}: one tree per log")
         self.root = self.nodes[root] = _Node(root, None)
         self.root.lock_ref = 1  # the root is permanently locked and never counted
 
     def _on_account(self, ev: dict[str, Any]) -> None:
-        name, account = ev["owner"], ev["account"]
+        name, account = E.name(ev, "owner", self.event), E.name(ev, "account", self.event)
         kind, key = E.split_owner_name(name)
         if kind in DERIVED_KINDS or kind in ("free_list", "free_group"):
             raise EventLogError(
                 f"event {self.event}: the account of {name!r} is derived (req events, lock counts), not stated"
             )
-        if not isinstance(account, str) or account in (FREE.name, PENDING_FREE.name):
+        if account in (FREE.name, PENDING_FREE.name):
             raise EventLogError(f"event {self.event}: {account!r} is not an account a holder can be in")
         owner = self.owners.get(name)
         if owner is None:
@@ -358,15 +412,13 @@ class Auditor:
         ledger = self._pool(ev)
         a = self._ids(ev, ledger, "move")
         src, dst = self._owner(ev["from"]), self._owner(ev["to"])
-        op = str(ev.get("op", "move"))
+        op = E.name(ev, "op", self.event, default="move")
         self._check_held(ledger, a, src, op)
         ledger.transfer(a, src, dst, op)
 
     def _on_free_group(self, ev: dict[str, Any]) -> None:
         ledger = self._pool(ev)
-        opening = ev["open"]
-        if type(opening) is not bool:
-            raise EventLogError(f"event {self.event}: free_group: open must be true or false")
+        opening = E.flag(ev, "open", self.event)
         name = ledger.pool
         if opening:
             if name in self.groups_open:
@@ -382,17 +434,17 @@ class Auditor:
 
     # ------------------------------------------------------------------ the tree
     def _on_insert(self, ev: dict[str, Any]) -> None:
-        node_id, parent_id = ev["node"], ev["parent"]
-        if type(node_id) is not int or node_id in self.nodes:
+        node_id, parent_id = E.number(ev, "node", self.event), E.number(ev, "parent", self.event)
+        if node_id in self.nodes:
             raise _violation(f"I-KEYS: insert: node {node_id!r} exists already (ids must be fresh)")
         parent = self._node(parent_id, f"insert of node {node_id} under its parent")
         self.nodes[node_id] = _Node(node_id, parent)
         parent.children.add(node_id)
 
     def _on_split(self, ev: dict[str, Any]) -> None:
-        child = self._node(ev["node"], "split")
-        upper_id = ev["upper"]
-        if type(upper_id) is not int or upper_id in self.nodes:
+        child = self._node(E.number(ev, "node", self.event), "split")
+        upper_id = E.number(ev, "upper", self.event)
+        if upper_id in self.nodes:
             raise _violation(f"I-KEYS: split of node {child.id}: the new node {upper_id!r} exists already")
         parent = child.parent
         if parent is None:
@@ -407,7 +459,7 @@ class Auditor:
             self._owner(E.owner_name(E.NODE_KIND, upper_id)).set_account(CACHE_PROTECTED, "split")
 
     def _on_evict(self, ev: dict[str, Any]) -> None:
-        node = self._node(ev["node"], "evict", "I-EVICT-LOCKED")
+        node = self._node(E.number(ev, "node", self.event), "evict", "I-EVICT-LOCKED")
         if node is self.root or node.parent is None:
             raise _violation("I-EVICT-LOCKED: evict of the root")
         if node.lock_ref or node.mamba_lock_ref:
@@ -433,10 +485,8 @@ class Auditor:
             n = n.parent
 
     def _on_lock(self, ev: dict[str, Any]) -> None:
-        node = self._node(ev["node"], "lock", "I-LOCK-TREE")
-        state = ev["state"]
-        if type(state) is not bool:
-            raise EventLogError(f"event {self.event}: lock: state must be true or false")
+        node = self._node(E.number(ev, "node", self.event), "lock", "I-LOCK-TREE")
+        state = E.flag(ev, "state", self.event)
         if state:
             owner = self.owners.get(E.owner_name(E.STATE_KIND, node.id))
             if owner is None or not any(led.held_count(owner) for led in self.ledgers.values()):
@@ -450,10 +500,8 @@ class Auditor:
                 self._owner(E.owner_name(E.NODE_KIND, n.id)).set_account(CACHE_PROTECTED, "lock")
 
     def _on_unlock(self, ev: dict[str, Any]) -> None:
-        node = self._node(ev["node"], "unlock", "I-LOCK-TREE")
-        state = ev["state"]
-        if type(state) is not bool:
-            raise EventLogError(f"event {self.event}: unlock: state must be true or false")
+        node = self._node(E.number(ev, "node", self.event), "unlock", "I-LOCK-TREE")
+        state = E.flag(ev, "state", self.event)
         path = list(self._path(node))
         under = [n for n in path if n.lock_ref < 1]
         if under:
@@ -484,11 +532,9 @@ class Auditor:
         return text
 
     def _on_cow(self, ev: dict[str, Any]) -> None:
-        node = self._node(ev["node"], "cow", "I-COW-SOURCE")
+        node = self._node(E.number(ev, "node", self.event), "cow", "I-COW-SOURCE")
         ledger = self._pool(ev)
-        src, dst = ev["src"], ev["dst"]
-        if type(src) is not int or type(dst) is not int:
-            raise EventLogError(f"event {self.event}: cow: src and dst are slot ids")
+        src, dst = E.number(ev, "src", self.event), E.number(ev, "dst", self.event)
         self._ids({"ids": [src, dst]}, ledger, "cow")
         state = self.owners.get(E.owner_name(E.STATE_KIND, node.id))
         if state is None or ledger.owner_of(src) is not state:
@@ -513,9 +559,13 @@ class Auditor:
 
     # ------------------------------------------------------------------ requests
     def _on_req(self, ev: dict[str, Any]) -> None:
-        rid, state = ev["rid"], ev["state"]
-        if type(rid) not in (int, str):
-            raise EventLogError(f"event {self.event}: req: rid must be an int or a string")
+        rid = ev.get("rid")
+        if not (type(rid) is int and 0 <= rid <= E.MAX_NUMBER) and not E.is_name(rid):
+            raise EventLogError(
+                f"event {self.event}: req: rid must be an int in [0, {E.MAX_NUMBER}] or a string of 1 to"
+                f" {E.MAX_NAME} characters, got {E._show(rid)}"
+            )
+        state = E.name(ev, "state", self.event)
         name = E.owner_name(E.REQ_KIND, rid)
         self.requests_seen.add(rid)
         if state == E.RELEASED:
@@ -550,16 +600,42 @@ class Auditor:
 
     # ------------------------------------------------------------------ steps
     def _on_step(self, ev: dict[str, Any]) -> None:
-        terms, quiescent = ev["terms"], bool(ev.get("quiescent", False))
+        where = self.event
+        step = E.number(ev, "step", where)
+        if self.last_step is not None and step <= self.last_step:
+            raise EventLogError(
+                f"event {where}: step {step} after step {self.last_step}: step numbers strictly increase"
+            )
+        terms, quiescent = ev.get("terms"), E.flag(ev, "quiescent", where, default=False)
         if not isinstance(terms, dict):
-            raise EventLogError(f"event {self.event}: step: terms must be an object per pool")
-        self.steps += 1
+            raise EventLogError(f"event {where}: step: terms must be an object per pool")
+        rows: list[tuple[str, Ledger, dict[str, int]]] = []
         for pool, row in terms.items():
             ledger = self.ledgers.get(pool)
             if ledger is None:
-                raise EventLogError(f"event {self.event}: step: pool {pool!r} was never declared")
-            if not isinstance(row, dict) or not all(type(v) is int for v in row.values()):
-                raise EventLogError(f"event {self.event}: step: terms of {pool!r} must map accounts to ints")
+                raise EventLogError(f"event {where}: step: pool {E._show(pool)} was never declared")
+            # set(map(type, ...)), min, max: the checks run at C speed (a step is one event in six)
+            if not isinstance(row, dict) or (
+                row
+                and not (
+                    set(map(type, row.values())) == {int}
+                    and min(row.values()) >= -E.MAX_NUMBER
+                    and max(row.values()) <= E.MAX_NUMBER
+                )
+            ):
+                raise EventLogError(
+                    f"event {where}: step: terms of {pool!r} must map accounts to ints within +-{E.MAX_NUMBER}"
+                )
+            held = row.keys() - STANDARD_TERMS  # JSON keys are strings: only their length is in question
+            if held and (len(held) > MAX_HELD_TERMS or "" in held or max(map(len, held)) > E.MAX_NAME):
+                raise EventLogError(
+                    f"event {where}: step: terms of {pool!r} name {len(held)} accounts besides"
+                    f" {', '.join(sorted(STANDARD_TERMS))}: at most {MAX_HELD_TERMS}, each 1 to {E.MAX_NAME} characters"
+                )
+            rows.append((pool, ledger, row))
+        self.last_step = step
+        self.steps += 1
+        for pool, ledger, row in rows:
             t = self._terms(pool, ledger, row)
             check_busy_identity(t)
             self._agree(t, ledger)
@@ -568,8 +644,55 @@ class Auditor:
         if quiescent:
             self._check_idle_tree()
 
+    # ------------------------------------------------------------------ the end
+    def _on_end(self, ev: dict[str, Any]) -> None:
+        where = self.event
+        count = E.number(ev, "events", where)
+        if count != where - 1:
+            raise EventLogError(
+                f"event {where}: the end marker counts {count} events before it, but {where - 1} lines came"
+                " before it (lines were lost or added)"
+            )
+        outcome = E.name(ev, "outcome", where)
+        if outcome not in E.OUTCOMES:
+            raise EventLogError(
+                f"event {where}: end: unknown outcome {E._show(outcome)} (known: {', '.join(E.OUTCOMES)})"
+            )
+        self.ended, self.outcome = where, outcome
+        if outcome == "completed":  # the engine drained: the log's last word is a quiescent one
+            for ledger in self.ledgers.values():
+                self._idle_ledger(ledger)
+            self._check_idle_tree()
+        elif outcome == "violation":
+            raise _violation(
+                f"the engine stopped on a contract violation (its end marker says so): the {where - 1} events"
+                " before it replay as shown, but the run did not finish, so the audit does not call it clean"
+            )
+
+    def unfinished(self) -> str:
+        """Why a log without an end marker cannot be vouched for: what it saw last, what was still held."""
+        requests = [o for o in self.owners.values() if o.kind == E.REQ_KIND]
+        ids = {name: sum(led.held_count(o) for o in requests) for name, led in self.ledgers.items()}
+        holding = sum(1 for o in requests if any(led.held_count(o) for led in self.ledgers.values()))
+        live = sum(1 for rid in self.requests_seen if E.owner_name(E.REQ_KIND, rid) not in self.released_at)
+        locked = sum(1 for n in self.nodes.values() if n.live and n is not self.root and n.lock_ref)
+        held = ", ".join(f"{n} in {name}" for name, n in ids.items() if n)
+        parts = [
+            f"incomplete log: no end marker after event {self.event} (the last: {self.line.strip()[:160]});"
+            " the run was cut off or its recorder never closed, so the audit cannot vouch for it",
+            f"  {live} request(s) not released; {holding} of them still hold ids"
+            + (f" ({held})" if held else ""),
+        ]
+        if locked or self.groups_open:
+            parts.append(
+                f"  {locked} cache node(s) locked; free groups open: {sorted(self.groups_open) or 'none'}"
+            )
+        if self.last_step is not None:
+            parts.append(f"  the last step event: step {self.last_step}")
+        return "\n".join(parts)
+
     def _terms(self, pool: str, ledger: Ledger, row: dict[str, int]) -> PoolTerms:
-        known = (FREE.name, PENDING_FREE.name, CACHE_EVICTABLE.name, CACHE_PROTECTED.name)
+        known = STANDARD_TERMS
         return PoolTerms(
             pool,
             self.unit_names[pool],
@@ -659,8 +782,9 @@ class Auditor:
 
 
 def audit_lines(lines: Iterable[str], path: str = "<lines>") -> AuditReport:
-    """Audit a log given as lines; stops at the first violation (in the report, not raised). A malformed
-    log raises :class:`EventLogError`."""
+    """Audit a log given as lines; stops at the first violation (in the report, not raised). A log
+    without its end marker is reported incomplete (not clean). A malformed log raises
+    :class:`EventLogError`."""
     if isinstance(lines, (str, bytes)) or not isinstance(lines, Iterable):
         raise EventLogError(f"{path}: expected an iterable of lines, got {type(lines).__name__}")
     auditor = Auditor()
@@ -676,9 +800,13 @@ def audit_lines(lines: Iterable[str], path: str = "<lines>") -> AuditReport:
             auditor.feed_line(line, where)
     except AuditViolation as exc:
         report.violation, report.violation_event = str(exc), exc.event
-    report.cpu_s = time.process_time() - cpu
     if where == 0:
         raise EventLogError(f"{path}: an empty log (no header)")
+    if report.violation is None and auditor.ended is None:
+        report.incomplete = True
+        report.violation, report.violation_event = auditor.unfinished(), where
+    report.cpu_s = time.process_time() - cpu
+    report.outcome = auditor.outcome
     report.events = where
     report.by_kind = dict(auditor.by_kind)
     report.pools = {name: led.size for name, led in auditor.ledgers.items()}
@@ -688,11 +816,28 @@ def audit_lines(lines: Iterable[str], path: str = "<lines>") -> AuditReport:
 
 
 def audit_file(path: str | Path) -> AuditReport:
-    """Audit the log at ``path`` (JSON lines). Unreadable: :class:`EventLogError`."""
+    """Audit the log at ``path`` (JSON lines, UTF-8), as :func:`audit_lines`. Unreadable, not UTF-8, a line
+    over :data:`~kvledger.audit.events.MAX_LINE_BYTES`: :class:`EventLogError` (naming the line)."""
     if not isinstance(path, (str, Path)):
         raise EventLogError(f"a log path must be a str or a Path, got {type(path).__name__}")
     try:
-        with open(path, encoding="utf-8") as f:
-            return audit_lines(f, str(path))
+        with open(path, "rb") as f:
+            return audit_lines(_read_lines(f), str(path))
     except OSError as exc:
         raise EventLogError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+
+
+def _read_lines(f: IO[bytes]) -> Iterator[str]:
+    """The file's lines as text, each read with a bound (a file without newlines is not read whole) and
+    decoded on its own (a decoding error names its line, not a buffer somewhere ahead)."""
+    where = 0
+    while raw := f.readline(E.MAX_LINE_BYTES + 1):
+        where += 1
+        if len(raw) > E.MAX_LINE_BYTES:
+            raise EventLogError(f"event {where}: a line longer than {E.MAX_LINE_BYTES} bytes")
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise EventLogError(
+                f"event {where}: not UTF-8 text (byte {exc.start + 1} of the line: {exc.reason})"
+            ) from None

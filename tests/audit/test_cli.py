@@ -67,3 +67,18 @@ def test_record_is_refused_with_pd(tmp_path: Path, capsys: pytest.CaptureFixture
     assert main(["simulate", *SMALL, "--no-plot", "--pd", "--record", str(log)]) == 2
     assert "--record does not support --pd" in capsys.readouterr().err
     assert not log.exists()
+
+
+def test_a_cut_off_log_exits_1_as_incomplete_never_clean(
+    recorded: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``head -100 run.jsonl > t.jsonl; kvledger audit t.jsonl``: a violation-class result (1), not 0."""
+    cut = tmp_path / "t.jsonl"
+    cut.write_bytes(b"".join(recorded.read_bytes().splitlines(keepends=True)[:100]))
+    capsys.readouterr()
+    assert main(["audit", str(cut), "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["clean"] is False and out["verdict"] == "incomplete" and out["outcome"] is None
+    assert out["violation"].startswith("incomplete log: no end marker after event 100")
+    assert main(["audit", str(cut)]) == 1
+    assert "incomplete log" in capsys.readouterr().out.lower()

@@ -36,8 +36,10 @@ def test_a_recorded_run_audits_clean(spec: object, abort: int | None) -> None:
     assert kinds["alloc"] and kinds["free"] and kinds["step"] and kinds["req"]
     if spec is not PLAIN:
         assert kinds["insert"] and kinds["lock"] == kinds["unlock"] and kinds.get("evict", 0) >= 0
-    last = events(lines)[-1]
-    assert last["ev"] == "step" and last["quiescent"] is True  # the idle identity was checked too
+    *_, last_step, end = events(lines)
+    assert last_step["ev"] == "step" and last_step["quiescent"] is True  # the idle identity was checked too
+    assert end == {"ev": "end", "events": len(lines) - 1, "outcome": "completed"}
+    assert report.verdict == "clean" and report.outcome == "completed"
 
 
 def test_the_mamba_log_covers_copy_on_write_and_splits(mamba_log: list[str]) -> None:

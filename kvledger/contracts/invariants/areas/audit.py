@@ -29,9 +29,13 @@ AREA = Area(
             title="an audited log is well formed",
             statement=(
                 "A log starts with a `kvledger-events` version 1 header; every line is one JSON object with a"
-                " known `ev` and its fields; pools are declared before use and once; owners are requests,"
-                " cache nodes or holders declared by an `account` event. A log that is not is refused with a"
-                " typed error naming the line, before any invariant is judged on it."
+                " known `ev` and its fields, typed exactly and within the format's bounds (checked before"
+                " anything is allocated for them); step numbers strictly increase; pools are declared before"
+                " use and once; owners are requests, cache nodes or holders declared by an `account` event;"
+                " nothing follows the `end` marker, whose count is the number of lines before it. A log that is"
+                " not is refused with a typed error naming the line, before any invariant is judged on it. (A"
+                " log without an `end` marker is not malformed but incomplete: the audit reports it, never"
+                " clean.)"
             ),
             severity=Severity.OPERATING_ERROR,
             origin=Origin.KVLEDGER,
