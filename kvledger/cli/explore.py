@@ -84,8 +84,9 @@ def run(ns: argparse.Namespace) -> int:
             where = f"explore {label} on {scope.name}"
             _say(f"{where}: to depth {ns.depth}")
 
-            def level(depth: int, states: int, where: str = where) -> None:
-                _say(f"{where}: depth {depth}, {states:,} states so far")
+            def level(done: int, states: int, where: str = where) -> None:
+                # Called when the schedules of length ``done`` start to be extended.
+                _say(f"{where}: depth {done} of {ns.depth} reached, {states:,} states so far")
 
             with e.installed() if e else contextlib.nullcontext():
                 r = explore(scope, ns.depth, max_states=ns.max_states, on_level=level)
