@@ -63,7 +63,7 @@ def _staged(directory: Path) -> bool:
 )
 def test_ctrl_c_during_simulate_leaves_no_output(tmp_path: Path, outputs: list[str]) -> None:
     proc = _start(["simulate", *BIG, *outputs], tmp_path)
-    _wait_for(lambda: _staged(tmp_path) or (tmp_path / "logs").is_dir() and _staged(tmp_path / "logs"), proc)
+    _wait_for(lambda: _staged(tmp_path) or ((tmp_path / "logs").is_dir() and _staged(tmp_path / "logs")), proc)
     time.sleep(0.5)  # well inside the run: the log has events in it
     code, out, err = _interrupt(proc)
     assert code == 130, err

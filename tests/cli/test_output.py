@@ -56,7 +56,7 @@ def test_hunt_table_keeps_invariant_ids_and_repro_paths_whole_in_a_pipe(
     hunt_cli._summary([_result(), _result(exhibit="#16067", invariant="I-TREE-LOCK-ACCOUNT", repro=None)])
     out = capsys.readouterr().out
     assert "…" not in out
-    for whole in ("I-HANDLE-OWNED", "I-TREE-LOCK-ACCOUNT", "#16067", _result().repro):
+    for whole in ("I-HANDLE-OWNED", "I-TREE-LOCK-ACCOUNT", "#16067", str(_result().repro)):
         assert whole in out, whole
 
 

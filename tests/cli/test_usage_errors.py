@@ -31,7 +31,10 @@ REFUSED = [
     (["simulate", "--plot", "x.svg", "--no-plot"], "--plot has no effect with --no-plot"),
     (["simulate", "--no-mamba", "--mamba-track-interval", "7"], "--mamba-track-interval has no effect with --no-mamba"),
     (["simulate", "--no-mamba", "--mamba-slots", "8"], "--mamba-slots has no effect with --no-mamba"),
-    (["simulate", "--no-radix-cache", "--mamba-chunk-size", "32"], "--mamba-chunk-size has no effect with --no-radix-cache"),
+    (
+        ["simulate", "--no-radix-cache", "--mamba-chunk-size", "32"],
+        "--mamba-chunk-size has no effect with --no-radix-cache",
+    ),
     (
         ["simulate", "--mamba-strategy", "no_buffer", "--mamba-track-interval", "64"],
         "--mamba-track-interval has no effect with --mamba-strategy no_buffer",
