@@ -21,16 +21,28 @@ import os
 import sys
 from types import ModuleType
 
-from kvledger import __version__
 from kvledger.cli import audit, explore, hunt, museum, simulate
 from kvledger.cli.options import BROKEN_PIPE, INTERRUPTED, USAGE_ERROR, Parser, UsageError, usage_error
 
 COMMANDS: dict[str, ModuleType] = {m.NAME: m for m in (simulate, audit, hunt, museum, explore)}
 
 
+class _Version(argparse.Action):
+    """``--version``: the version is read (importlib.metadata) only when asked for."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help="print the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        from kvledger import __version__
+
+        print(f"kvledger {__version__}")  # on stdout, as argparse's own version action prints it
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="kvledger", description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--version", action="version", version=f"kvledger {__version__}")
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", parser_class=Parser, metavar="COMMAND")
     for module in COMMANDS.values():
         module.add_parser(sub)
