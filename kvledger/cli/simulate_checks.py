@@ -252,6 +252,8 @@ def check_options(ns: argparse.Namespace) -> str | None:
         problem = check(ns)
         if problem is not None:
             return problem
+    if ns.record is not None and not ns.no_plot and ns.record.resolve() == ns.plot.resolve():
+        return f"--record and --plot both name {ns.record}: give each its own file"
     if ns.record is not None:
         problem = write_problem(ns.record, "--record")
         if problem is not None:

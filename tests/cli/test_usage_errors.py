@@ -51,6 +51,7 @@ REFUSED = [
         ["simulate", "--page-size", "96", "--mamba-track-interval", "192"],
         "--page-size 96 and the default --mamba-chunk-size 64: one must divide",
     ),
+    (["simulate", "--record", "out.png", "--plot", "./out.png"], "--record and --plot both name out.png"),
     # hunt's output directory is checked before the first second of hunting
     (["hunt", "--out", "{a_file}"], "exists and is not a directory"),
     (["hunt", "--out", "{a_file}/repros"], "is not a directory"),
