@@ -31,7 +31,9 @@ class _Version(argparse.Action):
     """``--version``: the version is read (importlib.metadata) only when asked for."""
 
     def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: object) -> None:
-        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help="print the version and exit")
+        super().__init__(
+            option_strings, dest, nargs=0, default=argparse.SUPPRESS, help="print the version and exit"
+        )
 
     def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
         from kvledger import __version__

@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 from kvledger.cli.options import UsageError, bounded_help, int_in, probability, usage_error
 from kvledger.cli.output import console as make_console
 from kvledger.cli.output import staged
-from kvledger.cli.simulate_checks import BOUNDS, check_options
+from kvledger.cli.simulate_checks import check_options
 
 NAME = "simulate"
 HELP = "run a generated-shared-prefix workload through the scheduler"
@@ -29,56 +29,74 @@ DESCRIPTION = (
 )
 
 
-def _size(
-    group: Any, flag: str, metavar: str, low: int, text: str, default: int | None, shown: str = ""
-) -> None:
-    """A size option: an integer from ``low`` to its bound in :data:`BOUNDS`, range and default in its help."""
-    high = BOUNDS[flag[2:].replace("-", "_")]
-    help_text = bounded_help(text, low, high, shown or "%(default)s")
-    group.add_argument(flag, metavar=metavar, type=int_in(low, high), default=default, help=help_text)
+# Every size option: (flag, metavar, lowest value, highest value, default, what it sets); --help shows the
+# range and the default, and a value outside the range is refused while parsing, before anything is
+# allocated. The highest values keep one run within a few GiB: the reference pools cost about 30 bytes
+# per KV token, the request-to-token table 4 bytes per row and context token (products of sizes are
+# bounded in kvledger.cli.simulate_checks).
+# fmt: off
+WORKLOAD_SIZES = (
+    ("--gsp-num-groups", "N", 1, 2**20, 8, "groups sharing a system prompt"),
+    ("--gsp-prompts-per-group", "N", 1, 2**20, 16, "requests per group"),
+    ("--gsp-system-prompt-len", "TOKENS", 0, 2**20, 512, "tokens of the shared system prompt"),
+    ("--gsp-question-len", "TOKENS", 0, 2**20, 128, "tokens of each request's own question"),
+    ("--gsp-output-len", "TOKENS", 1, 2**20, 96, "new tokens per request"),
+    ("--arrivals-per-step", "N", 1, 2**20, 4, "requests arriving per scheduler step"),
+)
+MEMORY_SIZES = (
+    ("--kv-pool-tokens", "TOKENS", 1, 2**25, 5120, "KV pool size in tokens, a multiple of --page-size"),
+    (
+        "--mamba-slots", "SLOTS", 1, 2**16, 64,
+        "Mamba state pool size in slots; SGLang sizes it as max running requests x 3, plus 1 per request for"
+        " extra_buffer's tracking slot (2 with --overlap)",
+    ),
+    ("--req-pool-rows", "ROWS", 1, 2**16, None, "request-to-token pool size in rows"),
+    ("--max-running-requests", "N", 1, 2**16, 16, "requests decoding at once"),
+    (
+        "--page-size", "TOKENS", 1, 2**12, 1,
+        "tokens per KV page; > 1 with the Mamba radix cache needs --mamba-strategy extra_buffer",
+    ),
+    ("--chunked-prefill-size", "TOKENS", 0, 2**20, 256, "tokens per prefill chunk, 0 disables chunking"),
+    ("--max-prefill-tokens", "TOKENS", 1, 2**20, 2048, "tokens per prefill batch"),
+    (
+        "--mamba-track-interval", "TOKENS", 1, 2**20, 256,
+        "extra_buffer: decoding captures a state every TOKENS tokens, a multiple of --page-size",
+    ),
+    (
+        "--mamba-chunk-size", "TOKENS", 1, 2**20, 64,
+        "extra_buffer: the kernel chunk; prefill captures on a grid of max(TOKENS, --page-size)",
+    ),
+)
+PD_SIZES = (
+    ("--pd-latency", "STEPS", 1, 2**16, 1, "steps a transfer or control message takes"),
+    (
+        "--pd-transfer-timeout", "STEPS", 1, 2**20, 64,
+        "steps without progress after which the decode side fails a transfer",
+    ),
+)
+# fmt: on
+SHOWN_DEFAULT = {"--req-pool-rows": "--max-running-requests + 4"}  # defaults computed from other options
+
+
+def _add_sizes(group: Any, sizes: tuple[tuple[str, str, int, int, int | None, str], ...]) -> None:
+    for flag, metavar, low, high, default, text in sizes:
+        shown = SHOWN_DEFAULT.get(flag, "%(default)s")
+        group.add_argument(
+            flag,
+            metavar=metavar,
+            type=int_in(low, high),
+            default=default,
+            help=bounded_help(text, low, high, shown),
+        )
 
 
 def add_parser(sub: Any) -> None:
     s = sub.add_parser(NAME, help=HELP, description=DESCRIPTION)
     g = s.add_argument_group("workload (after bench_serving --dataset generated-shared-prefix)")
-    _size(g, "--gsp-num-groups", "N", 1, "groups sharing a system prompt", 8)
-    _size(g, "--gsp-prompts-per-group", "N", 1, "requests per group", 16)
-    _size(g, "--gsp-system-prompt-len", "TOKENS", 0, "tokens of the shared system prompt", 512)
-    _size(g, "--gsp-question-len", "TOKENS", 0, "tokens of each request's own question", 128)
-    _size(g, "--gsp-output-len", "TOKENS", 1, "new tokens per request", 96)
-    _size(g, "--arrivals-per-step", "N", 1, "requests arriving per scheduler step", 4)
+    _add_sizes(g, WORKLOAD_SIZES)
 
     m = s.add_argument_group("memory and scheduling")
-    _size(m, "--kv-pool-tokens", "TOKENS", 1, "KV pool size in tokens, a multiple of --page-size", 5120)
-    _size(
-        m,
-        "--mamba-slots",
-        "SLOTS",
-        1,
-        "Mamba state pool size in slots; SGLang sizes it as max running requests x 3, plus 1 per request for"
-        " extra_buffer's tracking slot (2 with --overlap)",
-        64,
-    )
-    _size(
-        m,
-        "--req-pool-rows",
-        "ROWS",
-        1,
-        "request-to-token pool size in rows",
-        None,
-        shown="--max-running-requests + 4",
-    )
-    _size(m, "--max-running-requests", "N", 1, "requests decoding at once", 16)
-    _size(
-        m,
-        "--page-size",
-        "TOKENS",
-        1,
-        "tokens per KV page; > 1 with the Mamba radix cache needs --mamba-strategy extra_buffer",
-        1,
-    )
-    _size(m, "--chunked-prefill-size", "TOKENS", 0, "tokens per prefill chunk, 0 disables chunking", 256)
-    _size(m, "--max-prefill-tokens", "TOKENS", 1, "tokens per prefill batch", 2048)
+    _add_sizes(m, MEMORY_SIZES)
     m.add_argument("--overlap", action="store_true", help="process results one step late (overlap scheduler)")
     m.add_argument("--no-radix-cache", action="store_true", help="no prefix cache")
     m.add_argument("--no-mamba", action="store_true", help="attention-only model: no Mamba pool")
@@ -91,22 +109,6 @@ def add_parser(sub: Any) -> None:
             " deployment runs: any page size, ping-pong tracking slots) or no_buffer (V1, page size 1)"
             " (default: %(default)s)"
         ),
-    )
-    _size(
-        m,
-        "--mamba-track-interval",
-        "TOKENS",
-        1,
-        "extra_buffer: decoding captures a state every TOKENS tokens, a multiple of --page-size",
-        256,
-    )
-    _size(
-        m,
-        "--mamba-chunk-size",
-        "TOKENS",
-        1,
-        "extra_buffer: the kernel chunk; prefill captures on a grid of max(TOKENS, --page-size)",
-        64,
     )
     m.add_argument(
         "--model",
@@ -129,28 +131,14 @@ def add_parser(sub: Any) -> None:
         ),
     )
     d.add_argument(
-        "--pd-fault-rate",
-        metavar="P",
-        type=probability,
-        default=0.0,
+        "--pd-fault-rate", metavar="P", type=probability, default=0.0,
         help="probability that a message or handshake drops, is delayed, fails or hangs (default: %(default)s)",
-    )
+    )  # fmt: skip
     d.add_argument(
-        "--pd-abort-rate",
-        metavar="P",
-        type=probability,
-        default=0.0,
+        "--pd-abort-rate", metavar="P", type=probability, default=0.0,
         help="probability per step that one live request is aborted at a random side (default: %(default)s)",
-    )
-    _size(d, "--pd-latency", "STEPS", 1, "steps a transfer or control message takes", 1)
-    _size(
-        d,
-        "--pd-transfer-timeout",
-        "STEPS",
-        1,
-        "steps without progress after which the decode side fails a transfer",
-        64,
-    )
+    )  # fmt: skip
+    _add_sizes(d, PD_SIZES)
 
     o = s.add_argument_group("run")
     o.add_argument(
@@ -159,13 +147,8 @@ def add_parser(sub: Any) -> None:
         default=None,
         help="override KVLEDGER_CONTRACTS, re-executing the process with it set (default: the env var, on)",
     )
-    o.add_argument(
-        "--seed",
-        metavar="N",
-        type=int_in(-(2**63), 2**63 - 1),
-        default=0,
-        help="workload seed (default: %(default)s)",
-    )
+    seed = int_in(-(2**63), 2**63 - 1)
+    o.add_argument("--seed", metavar="N", type=seed, default=0, help="workload seed (default: %(default)s)")
     o.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
     o.add_argument(
         "--plot",

@@ -1,42 +1,20 @@
 """``kvledger simulate``: the checks made before anything is built, each ending in one line.
 
 Three kinds, in this order: sizes whose product would be allocated up front (each option alone is
-bounded when parsed, :data:`BOUNDS`), options that would have no effect under another option the user
-set (``--plot x.svg --no-plot``), and combinations the scheduler would refuse or a workload that could
-only be rejected. A message names the options the user typed; an option left at its default is called
-"the default --NAME VALUE", so ``--page-size 3`` is blamed, not the track interval nobody set.
+bounded when parsed: :mod:`kvledger.cli.simulate`), options that would have no effect under another
+option the user set (``--plot x.svg --no-plot``), and combinations the scheduler would refuse or a
+workload that could only be rejected. A message names the options the user typed; an option left at
+its default is called "the default --NAME VALUE", so ``--page-size 3`` is blamed, not the track
+interval nobody set.
 """
 
 from __future__ import annotations
 
 import argparse
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 from kvledger.cli.options import given
-
-# Per option: the largest value accepted. The reference pools cost about 30 bytes per KV token and the
-# request-to-token table 4 bytes per row and context token, so these keep one run within a few GiB.
-BOUNDS: dict[str, int] = {
-    "gsp_num_groups": 2**20,
-    "gsp_prompts_per_group": 2**20,
-    "gsp_system_prompt_len": 2**20,
-    "gsp_question_len": 2**20,
-    "gsp_output_len": 2**20,
-    "arrivals_per_step": 2**20,
-    "kv_pool_tokens": 2**25,
-    "mamba_slots": 2**16,
-    "req_pool_rows": 2**16,
-    "max_running_requests": 2**16,
-    "page_size": 2**12,
-    "chunked_prefill_size": 2**20,
-    "max_prefill_tokens": 2**20,
-    "mamba_track_interval": 2**20,
-    "mamba_chunk_size": 2**20,
-    "pd_latency": 2**16,
-    "pd_transfer_timeout": 2**20,
-}
 
 CONTEXT_MAX = 2**20
 """Tokens of one request (system prompt + question + output): its row of the request-to-token table."""
@@ -211,6 +189,8 @@ def _engine_problem(ns: argparse.Namespace) -> str | None:
 def write_problem(path: Path, option_name: str) -> str | None:
     """Why the file ``path`` cannot be written, or None (the run writes it: find out now, not after
     minutes). Creates nothing: the directories are made when the run starts."""
+    import tempfile
+
     if path.is_dir():
         return f"{option_name} {path}: is a directory"
     ancestor = path.parent
