@@ -11,6 +11,7 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
+from kvledger.cli.museum import indexed
 from kvledger.cli.options import UsageError, int_in
 from kvledger.cli.output import console
 
@@ -59,14 +60,14 @@ def _exhibits(ns: argparse.Namespace) -> list[Any]:
         return [e for e in catalogue.huntable() if e.machine in EXPLORED]
     if not ns.exhibit:
         return [None]
-    try:
-        exhibits = [catalogue.exhibit(n) for n in ns.exhibit]
-    except KeyError as exc:
-        raise UsageError(exc.args[0]) from None
-    bad = [e.id for e in exhibits if not e.huntable or e.machine not in EXPLORED]
+    return [catalogue.exhibit(n) for n in ns.exhibit]  # names checked in run()
+
+
+def _check_names(names: list[str]) -> None:
+    """Refuse an unknown, out-of-scope or PD exhibit before the catalogue (torch) loads."""
+    bad = [e["id"] for e in map(indexed, names) if e["machine"] not in EXPLORED]
     if bad:
         raise UsageError(f"{', '.join(bad)}: not scheduler or cache exhibits")
-    return exhibits
 
 
 def _say(text: str) -> None:
@@ -74,6 +75,7 @@ def _say(text: str) -> None:
 
 
 def run(ns: argparse.Namespace) -> int:
+    _check_names(ns.exhibit or [])
     from kvledger.museum.explore import SCOPES, explore
 
     exhibits = _exhibits(ns)

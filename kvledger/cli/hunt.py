@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kvledger.cli.museum import indexed
 from kvledger.cli.options import UsageError, int_in, seconds
 from kvledger.cli.output import console
 
@@ -100,16 +101,7 @@ def _targets(ns: argparse.Namespace) -> list[tuple[Any, str | None]]:
         return [(e, None) for e in catalogue.huntable()]
     if not ns.exhibit:
         return [(None, name) for name in ns.machine or MACHINES]
-    targets: list[tuple[Any, str | None]] = []
-    for name in ns.exhibit:
-        try:
-            e = catalogue.exhibit(name)
-        except KeyError as exc:
-            raise UsageError(exc.args[0]) from None
-        if not e.huntable:
-            raise UsageError(f"{e.id} is out of the model's scope: {e.why_out_of_scope}")
-        targets.append((e, None))
-    return targets
+    return [(catalogue.exhibit(name), None) for name in ns.exhibit]  # names checked in run()
 
 
 class _Lines:
@@ -171,6 +163,8 @@ def run(ns: argparse.Namespace) -> int:
     problem = out_dir_problem(ns.out)
     if problem is not None:
         raise UsageError(problem)
+    for name in ns.exhibit or ():
+        indexed(name)  # an unknown or out-of-scope name is refused before the catalogue (torch) loads
     from kvledger.museum.hunt import HuntResult, hunt
 
     targets = _targets(ns)

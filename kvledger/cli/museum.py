@@ -11,6 +11,7 @@ import argparse
 import json
 from typing import Any
 
+from kvledger.cli.options import UsageError
 from kvledger.cli.output import console
 
 NAME = "museum"
@@ -24,6 +25,19 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="print the exhibits as one JSON document (a list of objects) on stdout",
     )
+
+
+def indexed(name: str) -> dict[str, Any]:
+    """The exhibit called ``name`` (case-insensitive, as the catalogue looks it up), found without importing
+    the catalogue: ``hunt`` and ``explore`` refuse an unknown or out-of-scope name before torch loads."""
+    from kvledger.cli.museum_index import EXHIBITS
+
+    for e in EXHIBITS:
+        if e["id"].lower() == name.lower():
+            if not e["huntable"]:
+                raise UsageError(f"{e['id']} is out of the model's scope: {e['why_out_of_scope']}")
+            return e
+    raise UsageError(f"no exhibit {name!r}; known: {', '.join(e['id'] for e in EXHIBITS)}")
 
 
 def run(ns: argparse.Namespace) -> int:

@@ -52,6 +52,10 @@ REFUSED = [
         "--page-size 96 and the default --mamba-chunk-size 64: one must divide",
     ),
     (["simulate", "--record", "out.png", "--plot", "./out.png"], "--record and --plot both name out.png"),
+    # exhibit names are checked against the museum's index, before the catalogue (and torch) loads
+    (["hunt", "--exhibit", "B99"], "no exhibit 'B99'; known: B1, B2"),
+    (["hunt", "--exhibit", "b3"], "B3 is out of the model's scope: "),
+    (["explore", "--exhibit", "N5"], "N5: not scheduler or cache exhibits"),
     # hunt's output directory is checked before the first second of hunting
     (["hunt", "--out", "{a_file}"], "exists and is not a directory"),
     (["hunt", "--out", "{a_file}/repros"], "is not a directory"),
