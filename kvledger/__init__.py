@@ -20,19 +20,14 @@ The supported surface, importable from here (``from kvledger import Scheduler, L
   :class:`AuditReport`, :class:`AuditViolation`, :class:`Recorder`.
 
 Names are loaded on first use, so ``import kvledger`` (and ``import kvledger.kernels``) stays light:
-torch and the reference implementation are imported only when one of their names is asked for.
+torch and the reference implementation are imported only when one of their names is asked for, and
+``__version__`` is read from the installed metadata when it is asked for.
 """
 
 from __future__ import annotations
 
 import importlib
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
-
-try:
-    __version__ = version("kvledger")
-except PackageNotFoundError:  # running from a source tree that was not installed
-    __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
     # pools
@@ -105,7 +100,21 @@ _EXPORTS: dict[str, str] = {
 __all__ = ["__version__", *_EXPORTS]
 
 
+def _version() -> str:
+    """The installed distribution's version (importlib.metadata costs tens of milliseconds: asked for, not
+    paid by every ``kvledger`` command at start-up)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kvledger")
+    except PackageNotFoundError:  # running from a source tree that was not installed
+        return "0.1.0"
+
+
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        value = globals()["__version__"] = _version()
+        return value
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'kvledger' has no attribute {name!r}")
@@ -115,10 +124,11 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+    return sorted({*globals(), *_EXPORTS, "__version__"})
 
 
 if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see
+    __version__: str
     from kvledger.audit import Auditor as Auditor
     from kvledger.audit import AuditReport as AuditReport
     from kvledger.audit import AuditViolation as AuditViolation

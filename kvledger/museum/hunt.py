@@ -295,19 +295,22 @@ if __name__ == "__main__":
 
 
 def write_repro(path: Path, result: HuntResult, exhibit: Exhibit | None) -> None:
+    """Write the repro script whole or not at all (Ctrl-C mid-write leaves no half script)."""
+    from kvledger.cli.output import staged
+
     base = machine_class(result.machine)
     body = "\n".join("    " + line.replace("\n", "\n    ") for line in result.steps)
-    path.write_text(
-        REPRO_TEMPLATE.format(
-            title=(f"exhibit {exhibit.id} ({exhibit.title})" if exhibit else "a clean run's failure"),
-            machine_name=base.__name__,
-            module=base.__module__,
-            expected=f"a violation naming {result.invariant}",
-            filename=path.name,
-            exhibit_id=exhibit.id if exhibit else None,
-            body=body or "    pass",
-        )
+    text = REPRO_TEMPLATE.format(
+        title=(f"exhibit {exhibit.id} ({exhibit.title})" if exhibit else "a clean run's failure"),
+        machine_name=base.__name__,
+        module=base.__module__,
+        expected=f"a violation naming {result.invariant}",
+        filename=path.name,
+        exhibit_id=exhibit.id if exhibit else None,
+        body=body or "    pass",
     )
+    with staged(path) as (temp,):
+        temp.write_text(text)
 
 
 def verify_repro(path: Path, invariant: str, timeout: float = 120.0) -> bool:

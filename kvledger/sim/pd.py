@@ -104,6 +104,7 @@ class PDSimResult:
     violation: str | None
     timelines: dict[str, list[dict[str, dict[str, int]]]] = field(repr=False)
     timeline_steps: dict[str, list[int]] = field(default_factory=dict, repr=False)  # the step of each snapshot
+    units: dict[str, dict[str, str]] = field(default_factory=dict)  # per instance, per pool: what its terms count
 
     def summary(self) -> dict[str, Any]:
         out = asdict(self)
@@ -179,6 +180,7 @@ def run_pd_simulation(opts: PDSimOptions, progress: Callable[[int, int], None] |
         violation=violation,
         timelines={side: t.snapshots for side, t in timelines.items()},
         timeline_steps={side: t.steps for side, t in timelines.items()},
+        units={PREFILL: system.prefill.accounting.units(), DECODE: system.decode.accounting.units()},
     )
 
 

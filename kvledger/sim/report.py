@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -107,9 +108,11 @@ def print_summary(result: SimResult, console: Console | None = None) -> None:
 def plot_timeline(result: SimResult, path: Path) -> Path:
     """Per pool, stacked areas of the identity's terms over the steps; the stack reaches the pool size.
 
-    Each pool's axis is in its own unit (tokens, rows, slots); ``pending_free`` (freed inside an open free
-    group) is its own area; the step a check failed at is marked on every axis with a red line. Written
-    whether or not the run stopped on a violation: the timeline then ends at the failing step.
+    Each pool's axis is in its own unit (tokens, rows, slots). An account is drawn when it holds ids at
+    some sampled step: ``pending_free`` (freed inside an open free group) would be its own area, but the
+    reference scheduler closes every free group within the step, so a simulate timeline never shows it.
+    The step a check failed at is marked on every axis with a red line. Written whether or not the run
+    stopped on a violation: the timeline then ends at the failing step.
     """
     failure = None
     if result.failed_at_step is not None:
@@ -155,7 +158,7 @@ def _plot_timeline(
         )
         size = timeline[0][pool]["size"]
         ax.axhline(size, color="black", linewidth=0.8, linestyle="--")
-        ax.set_ylabel(f"{pool} ({(units or {}).get(pool, 'ids')})")
+        ax.set_ylabel(f"{pool} ({(units or {}).get(pool, 'ids')})")  # "ids" only for a pool of unknown unit
         ax.set_ylim(0, size * 1.03)
         if failure is not None:
             ax.axvline(failure[0], color="#d00000", linewidth=1.4, label=f"{failure[1]} (step {failure[0]})")
@@ -233,14 +236,21 @@ def print_pd_summary(result: PDSimResult, console: Console | None = None) -> Non
         console.print(result.violation, markup=False, highlight=False)
 
 
-def plot_pd_timelines(result: PDSimResult, path: Path) -> list[Path]:
-    """One timeline per instance: ``NAME.prefill.png`` and ``NAME.decode.png`` beside ``path``."""
+def pd_timeline_paths(path: Path) -> dict[str, Path]:
+    """Where ``--pd`` writes its timelines: ``NAME.prefill.SUFFIX`` and ``NAME.decode.SUFFIX`` beside ``path``."""
+    return {side: path.with_name(f"{path.stem}.{side}{path.suffix}") for side in ("prefill", "decode")}
+
+
+def plot_pd_timelines(result: PDSimResult, paths: Mapping[str, Path]) -> list[Path]:
+    """One timeline per instance, to ``paths[side]`` (:func:`pd_timeline_paths`), each axis in its pool's
+    unit (tokens, rows, slots; the metadata pool's slots)."""
     return [
         _plot_timeline(
             timeline,
-            path.with_name(f"{path.stem}.{side}{path.suffix}"),
+            paths[side],
             f"{side} instance",
             result.timeline_steps.get(side),
+            units=result.units.get(side),
         )
         for side, timeline in result.timelines.items()
     ]

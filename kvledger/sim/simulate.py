@@ -205,9 +205,10 @@ def run_simulation(
         identity_failure, failed_at = str(exc), sched.step_no
     except ContractViolation as exc:
         violation, failed_at = str(exc), sched.step_no
-    finally:
-        if recorder is not None:
-            recorder.close()
+    # Closed (the log's end written) only when the run ended or stopped on what it found: on any other
+    # exception (Ctrl-C, bad input) the log is cut off, and the caller discards it (kvledger.cli.output).
+    if recorder is not None:
+        recorder.close()
     if failed_at is not None:
         _last_snapshot(timeline, sched)
     wall = time.perf_counter() - start

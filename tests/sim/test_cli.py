@@ -121,15 +121,15 @@ def test_help_shows_defaults_and_units(
     assert exc.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
     for fragment in (
-        "--kv-pool-tokens TOKENS KV pool size in tokens",
-        "(default: 5120)",
+        "--kv-pool-tokens TOKENS KV pool size in tokens, a multiple of --page-size (1 to 33,554,432; default: 5120)",
         "--mamba-slots SLOTS Mamba state pool size in slots; SGLang sizes it as max running requests x 3,",
-        "(default: 64)",
+        "(1 to 65,536; default: 64)",
         "--mamba-strategy {no_buffer,extra_buffer}",
         "--mamba-track-interval TOKENS extra_buffer: decoding captures a state every TOKENS tokens",
-        "--req-pool-rows ROWS request-to-token pool size in rows (default: --max-running-requests + 4)",
-        "--gsp-output-len TOKENS new tokens per request (default: 96)",
-        "--chunked-prefill-size TOKENS tokens per prefill chunk, 0 disables chunking (default: 256)",
+        "--req-pool-rows ROWS request-to-token pool size in rows (1 to 65,536; default: --max-running-requests + 4)",
+        "--gsp-output-len TOKENS new tokens per request (1 to 1,048,576; default: 96)",
+        "--gsp-num-groups N groups sharing a system prompt (1 to 1,048,576; default: 8)",
+        "--chunked-prefill-size TOKENS tokens per prefill chunk, 0 disables chunking (0 to 1,048,576; default: 256)",
         "(default: out/ledger_timeline.png)",
     ):
         assert fragment in text, fragment

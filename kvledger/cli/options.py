@@ -1,0 +1,128 @@
+"""What every subcommand's options share: the one-line usage error, bounded value types, and which
+options the user actually set.
+
+The bounds are part of the interface: each size option says its range in ``--help`` and a value outside
+it is refused while the arguments are parsed, before anything is allocated (a pool of 10^14 tokens would
+otherwise be a ``MemoryError`` minutes later). Knowing which options were set lets a conflict blame the
+option the user typed, not a default they never saw.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+USAGE_ERROR = 2
+INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
+BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a command whose reader went away
+
+_EXPLICIT = "_explicit_options"  # namespace attribute: the dests of the options given on the command line
+
+
+def _tracking(base: type[argparse.Action]) -> type[argparse.Action]:
+    """``base``, recording its ``dest`` as given on the command line whenever argparse calls it."""
+
+    class Tracked(base):  # type: ignore[valid-type, misc]
+        def __call__(
+            self,
+            parser: argparse.ArgumentParser,
+            namespace: argparse.Namespace,
+            values: str | Sequence[Any] | None,
+            option_string: str | None = None,
+        ) -> None:
+            super().__call__(parser, namespace, values, option_string)
+            if option_string is not None:
+                vars(namespace).setdefault(_EXPLICIT, set()).add(self.dest)
+
+    Tracked.__name__ = f"Tracked{base.__name__}"
+    return Tracked
+
+
+_TRACKED = {
+    None: _tracking(argparse._StoreAction),
+    "store": _tracking(argparse._StoreAction),
+    "store_true": _tracking(argparse._StoreTrueAction),
+    "store_false": _tracking(argparse._StoreFalseAction),
+    "append": _tracking(argparse._AppendAction),
+}
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (argparse prints the whole usage block first) that records which
+    options were given (:func:`given`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for name, action in _TRACKED.items():
+            self.register("action", name, action)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(USAGE_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class UsageError(Exception):
+    """Raised by a command for a one-line usage error (exit status 2) found after its checks began: the
+    dispatcher prints it, and whatever the command had staged is discarded on the way out."""
+
+
+def given(ns: argparse.Namespace) -> frozenset[str]:
+    """The dests of the options set on the command line (defaults the user never typed are not in it)."""
+    return frozenset(getattr(ns, _EXPLICIT, ()))
+
+
+def usage_error(command: str, message: str) -> int:
+    """Print ``message`` as the command's one-line error; the exit status of a usage error."""
+    import sys
+
+    print(f"kvledger {command}: error: {message}", file=sys.stderr)
+    return USAGE_ERROR
+
+
+# --------------------------------------------------------------------------------------- value types
+def _plain(n: int) -> str:
+    return f"{n:,}"
+
+
+def int_in(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An integer in ``low .. high`` (``high`` None: no upper bound, for seeds)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"must be <= {_plain(high)}, got {_plain(value)}")
+        return value
+
+    parse.__name__ = f"integer >= {low}" if high is None else f"integer in {low}..{high}"
+    return parse
+
+
+def seconds(text: str) -> float:
+    """A positive number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
+def probability(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a probability in [0, 1], got {value}")
+    return value
+
+
+def bounded_help(text: str, low: int, high: int, default: object = "%(default)s") -> str:
+    """``text`` followed by the option's range and default, as every size option states them."""
+    return f"{text} ({low} to {_plain(high)}; default: {default})"
