@@ -196,9 +196,15 @@ def mermaid_copy(major: str, given: Path | None) -> Path:
         raise SystemExit("site check: no npm to fetch the Mermaid runtime: install npm, or pass --mermaid FILE")
     print(f"site check: fetching mermaid@{major} (npm pack, about 3 MB) into .cache/mermaid/", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        run = subprocess.run([npm, "pack", f"mermaid@{major}", "--silent"], cwd=tmp, capture_output=True, text=True)
+        run = subprocess.run(  # one retry: without the registry, fail in seconds rather than a minute
+            [npm, "pack", f"mermaid@{major}", "--loglevel=error", "--fetch-retries=1"],
+            cwd=tmp,
+            capture_output=True,
+            text=True,
+        )
         if run.returncode != 0:
-            last = (run.stderr.strip().splitlines() or ["no message"])[-1]
+            said = [line for line in run.stderr.splitlines() if line.strip() and "complete log" not in line]
+            last = (said or ["no message"])[-1]
             raise SystemExit(f"site check: npm pack mermaid@{major} failed (no access to the npm registry?): {last}")
         tarball = next(Path(tmp).glob("mermaid-*.tgz"))
         with tarfile.open(tarball) as tar:

@@ -28,8 +28,6 @@ log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 last_line() { tail -n 1 "$log" | tr -s '[:space:]' ' '; }
 
-[ -x "$PY" ] || fail "no .venv: run bash scripts/setup.sh first"
-
 if [ ! -x "$CHROMIUM" ]; then
     command -v "$APT_GET" >/dev/null 2>&1 \
         || fail "cannot install Chromium: no $APT_GET on this machine (install a Chromium at $CHROMIUM)"
@@ -40,6 +38,7 @@ if [ ! -x "$CHROMIUM" ]; then
     [ -x "$CHROMIUM" ] || fail "apt-get installed chromium, but there is no $CHROMIUM"
 fi
 
+[ -x "$PY" ] || fail "no .venv: run bash scripts/setup.sh first"
 if ! "$PY" -c "import playwright.sync_api" 2>/dev/null; then
     echo "site check: installing playwright into .venv (the site-check extra, about 40 s and 170 MB, once)"
     "$PY" -m pip install -q -e ".[site-check]" >"$log" 2>&1 \
