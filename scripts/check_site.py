@@ -315,8 +315,10 @@ def check_page(
         page.screenshot(path=str(out / f"{name}.full.png"), full_page=True)
         report.screenshot = f"{name}.png"
         tables = page.locator("article table")
-        if tables.count():  # one screen from the table's top: a long table's whole picture is unreadable
-            tables.first.evaluate("el => el.scrollIntoView({block: 'start'})")
+        # One screen from the table's head, below the theme's fixed header: a long table's whole picture
+        # is unreadable.
+        if tables.count():
+            tables.first.evaluate("el => { el.scrollIntoView({block: 'start'}); window.scrollBy(0, -64); }")
             page.wait_for_timeout(400)  # the theme's header swaps the site name for the page title on scroll
             page.screenshot(path=str(out / f"{name}.table-1.png"))
         for i, host in enumerate(page.locator("div.mermaid").all()):
