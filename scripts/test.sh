@@ -33,6 +33,9 @@ stage "mypy (strict on kvledger/contracts and kvledger/audit, the project's conf
 # into site/ (ignored by git)
 stage "docs (mkdocs build --strict: spec pages from spec/, the invariant table, diagrams, API reference)" \
   env NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet
+# Debian's Chromium and playwright are installed when missing (about 1.5 min and 560 MB the first time)
+stage "site in a real browser (every page: links, anchors, console errors, diagrams; scripts/site_check.sh)" \
+  bash scripts/site_check.sh --no-build
 stage "crosshair (the registry's proof targets: every postcondition declared proved must be confirmed; timeouts retried)" \
   "$PY" scripts/crosshair_gate.py
 stage "kernels under the Triton interpreter (own process: TRITON_INTERPRET is read at import)" \

@@ -24,7 +24,8 @@ def add_parser(sub: Any) -> None:
             "Replay an event log (JSON lines, spec/event-log.md: `kvledger simulate --record FILE`, or an"
             " engine's debug build) through the ownership ledger and the identities. Stops at the first"
             " violation and names the event, the ids, their owner and their last moves. Exit status 0: the"
-            " log is clean; 1: a violation; 2: the file cannot be read or is not a valid log."
+            " log is clean; 1: a violation, or an incomplete log (no end marker: a cut-off run); 2: the file"
+            " cannot be read or is not a valid log."
         ),
     )
     a.add_argument("log", metavar="FILE", type=Path, help="the event log")
@@ -32,7 +33,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(ns: argparse.Namespace) -> int:
-    """0 clean, 1 a violation (printed with its evidence), 2 not a readable log."""
+    """0 clean, 1 a violation (printed with its evidence) or an incomplete log, 2 not a readable log."""
     from kvledger.audit import audit_file
     from kvledger.contracts.errors import EventLogError
 
@@ -48,6 +49,9 @@ def run(ns: argparse.Namespace) -> int:
         print(f"  pools {report.pools}, {report.requests} requests, {report.steps} steps")
         if report.clean:
             print("  clean: every event keeps every invariant the log determines")
+        elif report.verdict == "incomplete":
+            print(f"  INCOMPLETE after event {report.violation_event}: the log has no end marker (a cut-off run)")
+            print(report.violation)
         else:
             print(f"  VIOLATION at event {report.violation_event}:")
             print(report.violation)

@@ -208,7 +208,7 @@ def run_simulation(
     # Closed (the log's end written) only when the run ended or stopped on what it found: on any other
     # exception (Ctrl-C, bad input) the log is cut off, and the caller discards it (kvledger.cli.output).
     if recorder is not None:
-        recorder.close()
+        recorder.close("violation" if failed_at is not None else None)  # None: completed, or stopped
     if failed_at is not None:
         _last_snapshot(timeline, sched)
     wall = time.perf_counter() - start

@@ -32,6 +32,7 @@ def scratch_tree(tmp: Path) -> Path:
     for tool in ("python", "mkdocs"):
         (bin_dir / tool).write_text(FAKE_TOOL)
         (bin_dir / tool).chmod(0o755)
+    (tmp / "scripts" / "site_check.sh").write_text(FAKE_TOOL)  # run with bash: the same stand-in
     return tmp
 
 
@@ -47,14 +48,14 @@ def run_test_sh(tree: Path, fail_when: str = "") -> tuple[subprocess.CompletedPr
 def test_every_stage_runs_and_the_suite_line_comes_last(tmp_path: Path) -> None:
     done, calls = run_test_sh(scratch_tree(tmp_path))
     assert done.returncode == 0, done.stdout + done.stderr
-    assert len(calls) == 8  # ruff, registry, mypy, docs, crosshair, kernels, sweep, suite
+    assert len(calls) == 9  # ruff, registry, mypy, docs, site, crosshair, kernels, sweep, suite
     assert done.stdout.strip().splitlines()[-1] == "1 passed in 0.01s"  # what CI reads
 
 
 def test_a_failed_stage_does_not_stop_the_rest_and_is_named_at_the_end(tmp_path: Path) -> None:
     done, calls = run_test_sh(scratch_tree(tmp_path), fail_when="crosshair_gate.py")
     assert done.returncode == 1
-    assert len(calls) == 8, calls  # the kernels, the sweep and the suite still ran
+    assert len(calls) == 9, calls  # the kernels, the sweep and the suite still ran
     assert "-m pytest -q -m not interp and not gpu and not deep" in calls[-1]
     tail = done.stdout.strip().splitlines()[-2:]
     assert tail[0] == "== 1 stage(s) failed:"
@@ -63,7 +64,7 @@ def test_a_failed_stage_does_not_stop_the_rest_and_is_named_at_the_end(tmp_path:
 
 def test_every_failed_stage_is_listed(tmp_path: Path) -> None:
     done, calls = run_test_sh(scratch_tree(tmp_path), fail_when="-m pytest")
-    assert done.returncode == 1 and len(calls) == 8
+    assert done.returncode == 1 and len(calls) == 9
     summary = done.stdout[done.stdout.index("== 3 stage(s) failed:") :].splitlines()[1:]
     assert [line.split(" (")[0].strip() for line in summary] == [
         "kernels under the Triton interpreter",
