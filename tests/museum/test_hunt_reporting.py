@@ -7,13 +7,20 @@ failure that names a registered invariant (the cause), never a plain ``assert`` 
 
 from __future__ import annotations
 
+import sys
+
 from kvledger.contracts.errors import ContractViolation
 from kvledger.museum.hunt import invariant_of, primary_failure
 
+if sys.version_info >= (3, 11):
+    from builtins import ExceptionGroup
+else:  # Hypothesis raises the backport's on Python 3.10 (its own dependency)
+    from exceptiongroup import ExceptionGroup
+
 
 def failure(exc: BaseException, statements: int) -> BaseException:
-    for i in range(statements):
-        exc.add_note(f"state.step(n={i})")
+    """``exc`` as Hypothesis leaves it: the failing example's statements in its notes."""
+    exc.__notes__ = [f"state.step(n={i})" for i in range(statements)]
     return exc
 
 
