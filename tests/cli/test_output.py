@@ -15,7 +15,7 @@ from tests.cli.process import kvledger
 
 
 def test_museum_table_keeps_every_id_and_name_whole_in_a_pipe() -> None:
-    """Piped (stdout is not a terminal), a narrow COLUMNS must not cut the key columns to ``I-HAN…``."""
+    """Piped (stdout is not a terminal), a narrow COLUMNS must not cut an invariant ID short with an ellipsis."""
     done = kvledger("museum", env={"COLUMNS": "40"})
     assert done.returncode == 0, done.stderr
     assert "…" not in done.stdout
@@ -53,10 +53,10 @@ def test_hunt_table_keeps_invariant_ids_and_repro_paths_whole_in_a_pipe(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("COLUMNS", "40")
-    hunt_cli._summary([_result(), _result(exhibit="#16067", invariant="I-TREE-LOCK-ACCOUNT", repro=None)])
+    hunt_cli._summary([_result(), _result(exhibit="#16067", invariant="I-ROW-EXCLUSIVE-WHILE-IN-FLIGHT", repro=None)])
     out = capsys.readouterr().out
     assert "…" not in out
-    for whole in ("I-HANDLE-OWNED", "I-TREE-LOCK-ACCOUNT", "#16067", str(_result().repro)):
+    for whole in ("I-HANDLE-OWNED", "I-ROW-EXCLUSIVE-WHILE-IN-FLIGHT", "#16067", str(_result().repro)):
         assert whole in out, whole
 
 
