@@ -15,14 +15,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
 
 from kvledger.contracts.errors import INVARIANT_ID, ContractViolation
 from kvledger.contracts.invariants import by_id
 from kvledger.museum.hunt import invariant_of
+from kvledger.museum.machines import pd as pd_machine
 from kvledger.museum.machines.cache import CacheMachine
 from kvledger.museum.machines.cache_model import CacheModel
 from kvledger.museum.machines.cache_support import new_owner, write_tag
 from kvledger.museum.machines.checks import model_check, violation
+from kvledger.museum.machines.scheduler import SchedulerMachine
 
 MACHINES_DIR = Path(__file__).resolve().parents[2] / "kvledger" / "museum" / "machines"
 KINDS = {kind: i for i, kind in enumerate(CacheMachine.KINDS)}
@@ -200,3 +204,35 @@ def test_every_violation_a_machine_raises_names_a_registered_id() -> None:
             if path.name != "checks.py" and (first is None or first.group(0) not in known):
                 unnamed.append(f"{path.name}:{node.lineno}: {ast.unparse(node)[:80]}")
     assert not unnamed, "violations without a registered ID:\n" + "\n".join(unnamed)
+
+
+# ---------------------------------------------------------------------- the scheduler and PD machines
+# Their checks were written as ``ContractViolation("I-...")`` from the start (the static test above keeps
+# it so); here each machine runs against a wrong oracle, and what the hunt would report is a registered ID.
+FEW = settings(
+    max_examples=10,
+    stateful_step_count=8,
+    phases=[Phase.generate],
+    deadline=None,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
+
+
+def wrong_output(*_: Any) -> list[int]:
+    return [-1]  # no model generates a negative token id
+
+
+@pytest.mark.fires("I-OUTPUT-ORACLE")
+def test_the_scheduler_machine_names_what_it_finds() -> None:
+    class WrongOracle(SchedulerMachine):
+        def expected(self, prompt: list[int], max_new_tokens: int) -> list[int]:
+            return wrong_output()
+
+    assert reported(lambda: run_state_machine_as_test(WrongOracle, settings=FEW)) == "I-OUTPUT-ORACLE"
+
+
+@pytest.mark.fires("I-OUTPUT-ORACLE")
+def test_the_pd_machine_names_what_it_finds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pd_machine, "expected", wrong_output)
+    assert reported(lambda: run_state_machine_as_test(pd_machine.PDMachine, settings=FEW)) == "I-OUTPUT-ORACLE"
