@@ -24,7 +24,7 @@ from kvledger.museum.hunt import invariant_of
 from kvledger.museum.machines import pd as pd_machine
 from kvledger.museum.machines.cache import CacheMachine
 from kvledger.museum.machines.cache_model import CacheModel
-from kvledger.museum.machines.cache_support import new_owner, write_tag
+from kvledger.museum.machines.cache_support import new_owner, nodes_of, write_tag
 from kvledger.museum.machines.checks import model_check, violation
 from kvledger.museum.machines.scheduler import SchedulerMachine
 
@@ -236,3 +236,29 @@ def test_the_scheduler_machine_names_what_it_finds() -> None:
 def test_the_pd_machine_names_what_it_finds(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pd_machine, "expected", wrong_output)
     assert reported(lambda: run_state_machine_as_test(pd_machine.PDMachine, settings=FEW)) == "I-OUTPUT-ORACLE"
+
+
+# ---------------------------------------------------------------------- I-UNLOCK-PATH (issue 25, item 2)
+@pytest.mark.parametrize("kind", ["plain", "mamba"])
+@pytest.mark.fires("I-UNLOCK-PATH")
+def test_a_release_that_misses_part_of_the_locked_path_is_named(kind: str) -> None:
+    """The lock's node is unlocked (its own postcondition holds) but not the nodes above it."""
+    m = machine(kind)
+    m.serve(KEY, cow=False)  # one node (1, 2)
+    m.serve(([0], 0, 1), cow=False)  # (1, 0): splits it into (1) -> (2) and (1) -> (0)
+    m.admit(([], 0, 2), cow=False)  # matches (1, 2): the lock takes (2) and (1)
+    req = m.reqs[0]
+    assert len(req.lock_path) == 2 and req.lock.node.parent is not m.cache.root
+    m.cache._unlock_path = lambda node: setattr(node, "lock_ref", node.lock_ref - 1)
+    assert reported(lambda: m.finish(0, 0)) == "I-UNLOCK-PATH"
+
+
+def test_a_release_after_a_split_of_the_locked_path_passes() -> None:
+    """A node split off the locked path after the lock carries it, and the release takes it off too."""
+    m = machine("plain")
+    m.serve(KEY, cow=False)
+    m.admit(([], 0, 2), cow=False)  # locks the single node (1, 2)
+    m.serve(([0], 0, 1), cow=False)  # splits it: (1) now carries the lock as well
+    assert m.cache.root.children and next(iter(m.cache.root.children.values())).lock_ref == 1
+    m.finish(0, 0)
+    assert all(node.lock_ref == 0 for node in nodes_of(m.cache))

@@ -86,7 +86,7 @@ class MambaCacheMachine(RadixCacheMachine):
 
     def hand_over(self, req: Req, m: Any, end: int) -> None:
         """The request's lock moves to the node just cached; its own KV shrinks to what is past ``end``."""
-        new_lock = self.cache.inc_lock_ref(m.last_node)
+        new_lock = self.acquire(m.last_node)
         self.release(req.lock)
         req.lock, req.lock_path = new_lock, req.key[:end]
         req.own = req.own[end - req.protected :]
@@ -98,7 +98,7 @@ class MambaCacheMachine(RadixCacheMachine):
         """A holder locks a node while it is a tombstone (no state lock taken)."""
         candidates = self.tombstones()
         node = candidates[pick % len(candidates)]
-        lock = self.cache.inc_lock_ref(node)
+        lock = self.acquire(node)
         model_check(not lock.took_mamba, "I-MAMBA-LOCK", "a lock on a tombstone took a state lock")
         self.extra.append((lock, path_tokens(node)))
         event("tombstone locked")

@@ -125,6 +125,7 @@ class RadixCacheMachine(RuleBasedStateMachine):
         self.reqs: list[Req] = []
         self.extra: list[tuple[LockRef, Prefix]] = []
         self.released: list[LockRef] = []
+        self.lock_paths: dict[LockRef, Prefix] = {}  # each live lock -> the path it took (I-UNLOCK-PATH)
         self.seen: list[Prefix] = []
         self.dead_nodes: list[Any] = []
         event(f"cache={self.kind} page={self.ps}")
@@ -228,10 +229,34 @@ class RadixCacheMachine(RuleBasedStateMachine):
                 event("branching point")
         return expect
 
+    def acquire(self, node: Any) -> LockRef:
+        """``inc_lock_ref(node)``, recording the path the lock took (what its release must undo)."""
+        lock = self.cache.inc_lock_ref(node)
+        self.lock_paths[lock] = path_tokens(node)
+        return lock
+
     def release(self, lock: LockRef) -> None:
+        path = self.lock_paths.pop(lock)
+        before = [(node, node.lock_ref) for node in nodes_of(self.cache)]
         self.cache.dec_lock_ref(lock)
+        self.check_unlocked(path, before)
         self.released.append(lock)
         self.sync_shrink()  # a released tombstone leaf is pruned (Mamba)
+
+    def check_unlocked(self, path: Prefix, before: list[tuple[Any, int]]) -> None:
+        """I-UNLOCK-PATH: the release took one lock off exactly the nodes on the path its lock was taken on
+        (recorded at acquire; a node split off that path since carries the lock too) and off no other."""
+        alive = {id(node) for node in nodes_of(self.cache)}  # a released tombstone leaf may be pruned
+        wrong = []
+        for node, lock_ref in before:
+            if id(node) not in alive:
+                continue
+            on_path = path_tokens(node)
+            want = 1 if path[: len(on_path)] == on_path else 0
+            if lock_ref - node.lock_ref != want:
+                wrong.append(f"{on_path}: lock_ref {lock_ref} -> {node.lock_ref}")
+        if wrong:
+            raise violation("I-UNLOCK-PATH", f"the release of a lock taken on {path} changed {wrong}")
 
     def insert(self, req_owner: Any, key: Prefix, value: torch.Tensor, protected: int, slot: Any) -> Any:
         expect_prefix = self.model.longest(key)
@@ -324,7 +349,7 @@ class RadixCacheMachine(RuleBasedStateMachine):
                 model_check(
                     m.cow_slot is None, "I-MODEL-COW", lambda: f"a match without COW returned slot {m.cow_slot}"
                 )
-        lock = self.cache.inc_lock_ref(m.last_node)  # before anything that may evict (as add_one_req does)
+        lock = self.acquire(m.last_node)  # before anything that may evict (as add_one_req does)
         model_check(
             lock.took_mamba == (self.mamba and matched > 0),
             "I-MAMBA-LOCK",
@@ -428,7 +453,7 @@ class RadixCacheMachine(RuleBasedStateMachine):
         tokens = self.key(key)
         m = self.cache.match_prefix(tokens)
         matched = self.check_match(tokens, m)
-        self.extra.append((self.cache.inc_lock_ref(m.last_node), tokens[:matched]))
+        self.extra.append((self.acquire(m.last_node), tokens[:matched]))
 
     @precondition(lambda self: self.extra)
     @rule(pick=picks)

@@ -120,6 +120,28 @@ AREA = Area(
             exercised_by=ALL_MACHINES,
         ),
         Invariant(
+            id="I-UNLOCK-PATH",
+            title="a release unlocks exactly the nodes its lock locked",
+            statement=(
+                "`dec_lock_ref` takes one lock off exactly the nodes on the path from the root to the node"
+                " the lock was taken on (the path recorded at `inc_lock_ref`; a node split off that path"
+                " since carries the lock too) and changes no other node's lock count."
+            ),
+            severity=Severity.BUG,
+            origin=Origin.KVLEDGER,
+            parts=BOTH,
+            upstream=("issue 25: a lock taken on one node and released on another, found only at the next insert",),
+            checks=(
+                oracle(f"{BASE}:RadixCacheMachine.check_unlocked", "lock counts before and after each release"),
+            ),
+            exercised_by=ALL_MACHINES,
+            notes=(
+                "Checked by the machines, not the caches: the lock's own postcondition (I-LOCK-TREE) sees only"
+                " the node the handle names, and the recount in `audit()` (I-LOCK-TREE) only at the next audit,"
+                " after other rules may have moved the damage."
+            ),
+        ),
+        Invariant(
             id="I-MODEL-COW",
             title="copy-on-write happens when it can, never when not asked",
             statement=(
