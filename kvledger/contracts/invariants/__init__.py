@@ -4,7 +4,8 @@ checks that enforce it. ``spec/invariants.md`` is generated from it, and the tra
 
 Layout: ``model.py`` says what an entry is; ``areas/`` has one module per area of the system (pools,
 caches, scheduler, data plane, ...), each defining ``AREA``; ``proofs.py`` lists the CrossHair targets;
-``trace.py`` is the traceability check; ``render.py`` writes the spec.
+``trace.py`` is the traceability check (with ``unnamed.py``: no contract in ``kvledger/`` without an
+ID, beyond a listed per-file debt); ``render.py`` writes the spec.
 
 How to add an invariant: add an ``Invariant(...)`` to the ``AREA`` of the area module it belongs to (a
 new area is a new module in ``areas/`` with its own ``AREA``), with at least one check location

@@ -10,7 +10,10 @@ It fails on
 * an ID written anywhere in the code, tests, scripts, benchmarks, spec or README that the registry does
   not know, or a ``fires`` marker naming one;
 * a ``proof`` check that ``proofs.PROOFS`` does not list, or a proof target that does not resolve;
-* a committed ``spec/invariants.md`` that differs from what ``render`` generates.
+* a committed ``spec/invariants.md`` that differs from what ``render`` generates;
+* a contract in ``kvledger/`` whose message names no invariant ID (an icontract condition without an ID
+  in its description, a ``ContractViolation`` without one in its text), beyond the per-file allowance of
+  ``unnamed.KNOWN_UNNAMED`` (see ``unnamed.py``).
 
 Everything is read with ``ast`` and plain text: nothing under ``kvledger/reference`` or ``tests`` is
 imported, so the check is fast and keeps ``contracts/`` independent of the implementation.
@@ -27,6 +30,7 @@ from pathlib import Path
 from kvledger.contracts.errors import INVARIANT_ID
 from kvledger.contracts.invariants.model import CheckKind, Invariant
 from kvledger.contracts.invariants.proofs import Proof
+from kvledger.contracts.invariants.unnamed import unnamed_problems
 
 SCANNED_DIRS = ("kvledger", "tests", "scripts", "benchmarks", "spec", "docs")
 SCANNED_FILES = ("README.md",)
@@ -297,6 +301,8 @@ def check(
         if i not in known:
             shown = ", ".join(places[:3]) + (f" and {len(places) - 3} more" if len(places) > 3 else "")
             problems.append(f"{i}: used in {shown} but not registered")
+
+    problems += unnamed_problems(root)
 
     if rendered_spec is not None:
         spec = root / SPEC_PATH

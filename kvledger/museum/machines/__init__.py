@@ -10,6 +10,10 @@ draws per example, a swarm of fault kinds per example, aborts of requests in eve
 ended ones, forced retraction, overlap, ``hypothesis.target`` toward pressure, requests in flight and
 retractions). The tests (``tests/scheduler/test_scheduler_machine.py``, ``tests/disagg/test_pd_machine.py``,
 ``tests/caches/test_stateful.py``) run them under the ``ci``/``dev``/``deep`` profiles.
+
+Every check a machine makes raises a ``ContractViolation`` naming a registered invariant
+(:mod:`.checks`), so every failure ``kvledger hunt`` reports carries an ID; a plain ``assert`` is kept
+only to narrow a type (``tests/museum/test_machine_checks.py`` holds the machines to that).
 """
 
 MACHINES = ("scheduler", "pd", "cache")

@@ -30,6 +30,7 @@ from kvledger.museum.machines.cache_base import (
     picks,
 )
 from kvledger.museum.machines.cache_support import new_owner, path_tokens, read_tag, write_tag
+from kvledger.museum.machines.checks import model_check
 from kvledger.museum.machines.notes import event
 
 
@@ -68,14 +69,24 @@ class MambaCacheMachine(RadixCacheMachine):
         value = torch.cat((req.prefix_ids, req.own))
         self.insert(req.owner, req.key[:end], value[:end], req.protected, fork)
         m = self.cache.match_prefix(req.key[:end])
-        assert self.check_match(req.key[:end], m) == end, "the chunk just cached must match with its state"
-        assert torch.equal(m.device_indices[: req.protected], req.prefix_ids), "the locked prefix moved"
+        matched = self.check_match(req.key[:end], m)
+        model_check(
+            matched == end,
+            "I-MODEL-MATCH",
+            lambda: f"the chunk just cached ({end} tokens) matches only {matched} with its state",
+        )
+        model_check(
+            torch.equal(m.device_indices[: req.protected], req.prefix_ids),
+            "I-MODEL-MATCH",
+            lambda: f"the locked prefix moved: {req.prefix_ids.tolist()} ->"
+            f" {m.device_indices[: req.protected].tolist()}",
+        )
         self.hand_over(req, m, end)
         event("checkpoint")
 
     def hand_over(self, req: Req, m: Any, end: int) -> None:
         """The request's lock moves to the node just cached; its own KV shrinks to what is past ``end``."""
-        new_lock = self.cache.inc_lock_ref(m.last_node)
+        new_lock = self.acquire(m.last_node)
         self.release(req.lock)
         req.lock, req.lock_path = new_lock, req.key[:end]
         req.own = req.own[end - req.protected :]
@@ -87,8 +98,8 @@ class MambaCacheMachine(RadixCacheMachine):
         """A holder locks a node while it is a tombstone (no state lock taken)."""
         candidates = self.tombstones()
         node = candidates[pick % len(candidates)]
-        lock = self.cache.inc_lock_ref(node)
-        assert not lock.took_mamba
+        lock = self.acquire(node)
+        model_check(not lock.took_mamba, "I-MAMBA-LOCK", "a lock on a tombstone took a state lock")
         self.extra.append((lock, path_tokens(node)))
         event("tombstone locked")
 
@@ -124,9 +135,16 @@ class MambaCacheMachine(RadixCacheMachine):
         m = self.cache.match_prefix(tokens, cow_owner=owner, cow_slot=slot)
         self.check_match(tokens, m)
         if expect_len:
-            assert m.cow_slot is not None and read_tag(self.pool, slot) == expect_tag
+            model_check(m.cow_slot is not None, "I-MODEL-COW", lambda: f"a match of {expect_len} tokens made no COW")
+            got_tag = read_tag(self.pool, slot)
+            model_check(
+                got_tag == expect_tag,
+                "I-COPY",
+                lambda: f"COW into the held slot {int(slot)} copied state {got_tag},"
+                f" the matched node's is {expect_tag}",
+            )
         else:
-            assert m.cow_slot is None
+            model_check(m.cow_slot is None, "I-MODEL-COW", lambda: f"an empty match returned COW slot {m.cow_slot}")
         self.pool.free(slot, owner)
 
 
@@ -151,7 +169,10 @@ class CacheMachine(MambaCacheMachine):
         candidates = self.donors()
         req = candidates[pick % len(candidates)]
         cut = self.v2_cut(req)
-        assert cut is not None and cut % self.ps == 0
+        assert cut is not None
+        model_check(
+            cut % self.ps == 0, "I-TRACK-POINT", lambda: f"V2 capture at {cut}, not a page multiple of {self.ps}"
+        )
         if cut == req.branching:
             event("captured at the branching point")
         tracked = self.alloc_slot(req.owner)  # the tracking slot the forward captured into
@@ -174,16 +195,30 @@ class CacheMachine(MambaCacheMachine):
             state_op="donate",
         )
         expect_adopt = req.key[:cut] not in self.model.states
-        assert res.mamba_adopted == expect_adopt and path_tokens(res.node) == req.key[:cut]
+        model_check(
+            res.mamba_adopted == expect_adopt and path_tokens(res.node) == req.key[:cut],
+            "I-MODEL-INSERT",
+            lambda: f"donating insert of {req.key[:cut]}: adopted={res.mamba_adopted} (the model's {expect_adopt}),"
+            f" node {path_tokens(res.node)}",
+        )
         self.model.insert(req.key[:cut], value[:cut].tolist(), res.prefix_len)
         if res.mamba_adopted:
             self.model.states[req.key[:cut]] = read_tag(self.pool, tracked)
             if self.pool.ledger.enabled:
-                assert self.pool.ledger.owner_of(int(tracked)) is res.node.mamba_owner
+                holder = self.pool.ledger.owner_of(int(tracked))
+                model_check(
+                    holder is res.node.mamba_owner,
+                    "I-DONATION",
+                    lambda: f"donated slot {int(tracked)} is held by {holder!r},"
+                    f" not the node's {res.node.mamba_owner!r}",
+                )
             event("V2 donation adopted")
         else:
             self.pool.free(tracked, req.owner)
         req.tracking.append(replacement)
         m = self.cache.match_prefix(req.key[:cut])
-        assert self.check_match(req.key[:cut], m) == cut
+        matched = self.check_match(req.key[:cut], m)
+        model_check(
+            matched == cut, "I-MODEL-MATCH", lambda: f"the state just donated at {cut} matches only {matched}"
+        )
         self.hand_over(req, m, cut)

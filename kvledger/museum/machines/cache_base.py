@@ -28,7 +28,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from kvledger.contracts.owners import FREE_LIST
 from kvledger.museum.machines.cache_bad_input import BAD_INPUT_CASES, reject_bad_input
-from kvledger.museum.machines.cache_model import CacheModel, Prefix
+from kvledger.museum.machines.cache_model import CacheModel, Prefix, diff
 from kvledger.museum.machines.cache_support import (
     audit_all,
     extract,
@@ -40,6 +40,7 @@ from kvledger.museum.machines.cache_support import (
     read_tag,
     write_tag,
 )
+from kvledger.museum.machines.checks import model_check, violation
 from kvledger.museum.machines.notes import event, target
 from kvledger.reference.radix import LockRef, MambaRadixCache, RadixCache
 
@@ -124,6 +125,7 @@ class RadixCacheMachine(RuleBasedStateMachine):
         self.reqs: list[Req] = []
         self.extra: list[tuple[LockRef, Prefix]] = []
         self.released: list[LockRef] = []
+        self.lock_paths: dict[LockRef, Prefix] = {}  # each live lock -> the path it took (I-UNLOCK-PATH)
         self.seen: list[Prefix] = []
         self.dead_nodes: list[Any] = []
         event(f"cache={self.kind} page={self.ps}")
@@ -164,8 +166,16 @@ class RadixCacheMachine(RuleBasedStateMachine):
         evictable = self.cache.evictable_size()
         freed = self.cache.evict(n)
         lost_pages, _ = self.sync_shrink()
-        assert freed == lost_pages * self.ps, "evict reports what left the tree"
-        assert freed >= min(n, evictable), "evict frees what was asked whenever enough is unlocked"
+        model_check(
+            freed == lost_pages * self.ps,
+            "I-MODEL-EVICT",
+            lambda: f"evict reports {freed} tokens freed, but {lost_pages} pages of {self.ps} left the tree",
+        )
+        model_check(
+            freed >= min(n, evictable),
+            "I-MODEL-EVICT",
+            lambda: f"evict({n}) freed {freed} although {evictable} tokens were evictable",
+        )
         if freed:
             event("evicted KV")
         return freed
@@ -174,7 +184,12 @@ class RadixCacheMachine(RuleBasedStateMachine):
         evictable = self.cache.mamba_evictable_size()
         freed = self.cache.evict_mamba(n)
         _, lost_states = self.sync_shrink()
-        assert freed == lost_states and freed >= min(n, evictable)
+        model_check(
+            freed == lost_states and freed >= min(n, evictable),
+            "I-MODEL-EVICT",
+            lambda: f"evict_mamba({n}) reports {freed} states freed; {lost_states} left the tree,"
+            f" {evictable} were evictable",
+        )
         return freed
 
     def alloc_kv(self, need: int, owner: Any) -> torch.Tensor | None:
@@ -192,22 +207,56 @@ class RadixCacheMachine(RuleBasedStateMachine):
 
     def check_match(self, key: Prefix, m: Any) -> int:
         expect = self.model.longest_state(key) if self.mamba else self.model.longest(key)
-        assert m.device_indices.numel() == expect, (
-            f"match of {key} returned {m.device_indices.numel()}, not {expect}"
+        got = m.device_indices.tolist()
+        model_check(len(got) == expect, "I-MODEL-MATCH", lambda: f"match of {key} returned {len(got)}, not {expect}")
+        model_check(
+            got == self.model.ids(key, expect),
+            "I-MODEL-MATCH",
+            lambda: f"match of {key} returned ids {got}, the model's are {self.model.ids(key, expect)}",
         )
-        assert m.device_indices.tolist() == self.model.ids(key, expect)
-        assert tuple(path_tokens(m.last_node)) == key[:expect]
+        last = tuple(path_tokens(m.last_node))
+        model_check(
+            last == key[:expect], "I-MODEL-MATCH", lambda: f"match of {key} ended at the node of {last}"
+        )
         if self.mamba:
             want = None if self.chunk is None else self.model.branching(key, self.chunk)
-            assert m.mamba_branching_seqlen == want, f"branching point {m.mamba_branching_seqlen} != {want}"
+            model_check(
+                m.mamba_branching_seqlen == want,
+                "I-BRANCHING",
+                lambda: f"match of {key}: branching point {m.mamba_branching_seqlen}, the model's is {want}",
+            )
             if want is not None:
                 event("branching point")
         return expect
 
+    def acquire(self, node: Any) -> LockRef:
+        """``inc_lock_ref(node)``, recording the path the lock took (what its release must undo)."""
+        lock = self.cache.inc_lock_ref(node)
+        self.lock_paths[lock] = path_tokens(node)
+        return lock
+
     def release(self, lock: LockRef) -> None:
+        path = self.lock_paths.pop(lock)
+        before = [(node, node.lock_ref) for node in nodes_of(self.cache)]
         self.cache.dec_lock_ref(lock)
+        self.check_unlocked(path, before)
         self.released.append(lock)
         self.sync_shrink()  # a released tombstone leaf is pruned (Mamba)
+
+    def check_unlocked(self, path: Prefix, before: list[tuple[Any, int]]) -> None:
+        """I-UNLOCK-PATH: the release took one lock off exactly the nodes on the path its lock was taken on
+        (recorded at acquire; a node split off that path since carries the lock too) and off no other."""
+        alive = {id(node) for node in nodes_of(self.cache)}  # a released tombstone leaf may be pruned
+        wrong = []
+        for node, lock_ref in before:
+            if id(node) not in alive:
+                continue
+            on_path = path_tokens(node)
+            want = 1 if path[: len(on_path)] == on_path else 0
+            if lock_ref - node.lock_ref != want:
+                wrong.append(f"{on_path}: lock_ref {lock_ref} -> {node.lock_ref}")
+        if wrong:
+            raise violation("I-UNLOCK-PATH", f"the release of a lock taken on {path} changed {wrong}")
 
     def insert(self, req_owner: Any, key: Prefix, value: torch.Tensor, protected: int, slot: Any) -> Any:
         expect_prefix = self.model.longest(key)
@@ -216,7 +265,12 @@ class RadixCacheMachine(RuleBasedStateMachine):
         if self.mamba:
             expect_adopt = bool(key) and key not in self.model.states
             res = self.cache.insert(key, value, req_owner, mamba_slot=slot, protected_len=protected)
-            assert (res.prefix_len, res.mamba_adopted) == (expect_prefix, expect_adopt)
+            model_check(
+                (res.prefix_len, res.mamba_adopted) == (expect_prefix, expect_adopt),
+                "I-MODEL-INSERT",
+                lambda: f"insert of {key} reported (prefix_len, adopted) = {(res.prefix_len, res.mamba_adopted)},"
+                f" the model's are {(expect_prefix, expect_adopt)}",
+            )
             self.model.insert(key, value.tolist(), res.prefix_len)
             if res.mamba_adopted:
                 self.model.states[key] = read_tag(self.pool, slot)
@@ -225,7 +279,11 @@ class RadixCacheMachine(RuleBasedStateMachine):
                 self.pool.free(slot, req_owner)
             return res
         prefix = self.cache.insert(key, value, req_owner, protected_len=protected)
-        assert prefix == expect_prefix
+        model_check(
+            prefix == expect_prefix,
+            "I-MODEL-INSERT",
+            lambda: f"insert of {key} reported prefix_len {prefix}, the model's is {expect_prefix}",
+        )
         self.model.insert(key, value.tolist(), prefix)
         return prefix
 
@@ -272,17 +330,31 @@ class RadixCacheMachine(RuleBasedStateMachine):
             if cow and matched:
                 if m.cow_slot is None:
                     src_evictable = int(m.last_node.mamba_lock_ref == 0)  # pinned during the retry only
-                    assert slots_free == 0 and self.cache.mamba_evictable_size() == src_evictable, (
-                        "COW gave up although another state could have been evicted"
+                    model_check(
+                        slots_free == 0 and self.cache.mamba_evictable_size() == src_evictable,
+                        "I-MODEL-COW",
+                        lambda: f"COW gave up with {slots_free} free slots and"
+                        f" {self.cache.mamba_evictable_size()} evictable states (the source's {src_evictable})",
                     )
                     event("COW impossible")
                 else:
-                    assert read_tag(self.pool, m.cow_slot) == expect_tag, "COW copied the wrong state"
+                    got_tag = read_tag(self.pool, m.cow_slot)
+                    model_check(
+                        got_tag == expect_tag,
+                        "I-COPY",
+                        lambda: f"COW copied state {got_tag} into {m.cow_slot}, the matched node's is {expect_tag}",
+                    )
                     event("COW")
             else:
-                assert m.cow_slot is None
-        lock = self.cache.inc_lock_ref(m.last_node)  # before anything that may evict (as add_one_req does)
-        assert lock.took_mamba == (self.mamba and matched > 0)
+                model_check(
+                    m.cow_slot is None, "I-MODEL-COW", lambda: f"a match without COW returned slot {m.cow_slot}"
+                )
+        lock = self.acquire(m.last_node)  # before anything that may evict (as add_one_req does)
+        model_check(
+            lock.took_mamba == (self.mamba and matched > 0),
+            "I-MAMBA-LOCK",
+            lambda: f"a lock on a match of {matched} tokens took_mamba={lock.took_mamba}",
+        )
         if self.mamba:
             working = m.cow_slot if m.cow_slot is not None else self.alloc_slot(owner)
             if working is None:
@@ -314,7 +386,11 @@ class RadixCacheMachine(RuleBasedStateMachine):
             self.pool.free(slot, req.owner)
         self.release(req.lock)
         if self.alloc.ledger.enabled:
-            assert self.alloc.ledger.held_count(req.owner) == 0, "a finished request still holds KV"
+            model_check(
+                self.alloc.ledger.held_count(req.owner) == 0,
+                "I-OWNER-RELEASE",
+                lambda: f"finished {req.owner!r} still holds {self.alloc.ledger.held_count(req.owner)} KV ids",
+            )
 
     @precondition(lambda self: self.reqs)
     @rule(pick=picks)
@@ -352,9 +428,19 @@ class RadixCacheMachine(RuleBasedStateMachine):
         free_before = self.alloc.available_size()
         res = self.insert(owner, tokens, kv, 0, slot)
         prefix = res.prefix_len if self.mamba else res
-        assert self.alloc.available_size() - free_before == prefix, "each duplicate freed exactly once"
+        model_check(
+            self.alloc.available_size() - free_before == prefix,
+            "I-MODEL-INSERT",
+            lambda: f"insert of {len(tokens)} tokens with {prefix} duplicates freed"
+            f" {self.alloc.available_size() - free_before}: each duplicate is freed exactly once",
+        )
         if self.alloc.ledger.enabled:
-            assert self.alloc.ledger.held_count(owner) == 0, "duplicates not freed, or the rest not adopted"
+            model_check(
+                self.alloc.ledger.held_count(owner) == 0,
+                "I-MODEL-INSERT",
+                lambda: f"{owner!r} still holds {self.alloc.ledger.held_count(owner)} KV ids after insert:"
+                " duplicates not freed, or the rest not adopted",
+            )
 
     @rule(key=key_draws, tail=st.integers(0, 15))
     def match_only(self, key: KeyDraw, tail: int) -> None:
@@ -367,7 +453,7 @@ class RadixCacheMachine(RuleBasedStateMachine):
         tokens = self.key(key)
         m = self.cache.match_prefix(tokens)
         matched = self.check_match(tokens, m)
-        self.extra.append((self.cache.inc_lock_ref(m.last_node), tokens[:matched]))
+        self.extra.append((self.acquire(m.last_node), tokens[:matched]))
 
     @precondition(lambda self: self.extra)
     @rule(pick=picks)
@@ -405,21 +491,35 @@ class RadixCacheMachine(RuleBasedStateMachine):
             return
         audit_all(self.cache)
         pages, states = self.extract()
-        assert pages == self.model.pages, "the tree's cached prefixes differ from the model's"
-        assert states == self.model.states, "the tree's states differ from the model's"
+        if pages != self.model.pages:
+            why = diff(pages, self.model.pages)
+            raise violation("I-MODEL-TREE", f"the tree's cached prefixes differ from the model's: {why}")
+        if states != self.model.states:
+            why = diff(states, self.model.states)
+            raise violation("I-MODEL-TREE", f"the tree's states differ from the model's: {why}")
         held = sum(r.own.numel() for r in self.reqs)
-        assert self.alloc.available_size() + self.cache.total_size() + held == self.alloc.size, (
-            "KV ids leaked"
+        free, cached = self.alloc.available_size(), self.cache.total_size()
+        model_check(
+            free + cached + held == self.alloc.size,
+            "I-COUNT",
+            lambda: f"KV: free {free} + cached {cached} + held by requests {held} != size {self.alloc.size}",
         )
         if self.mamba:
             slots = sum((r.working is not None) + len(r.tracking) for r in self.reqs)
-            assert self.pool.available_size() + self.cache.mamba_total_size() + slots == self.pool.size
+            free_slots, cached_slots = self.pool.available_size(), self.cache.mamba_total_size()
+            model_check(
+                free_slots + cached_slots + slots == self.pool.size,
+                "I-COUNT",
+                lambda: f"state slots: free {free_slots} + cached {cached_slots} + held by requests {slots}"
+                f" != size {self.pool.size}",
+            )
             self.max_tombstones = max(self.max_tombstones, len(self.tombstones()))
         for r in self.reqs:
             if self.alloc.ledger.enabled:
                 pages_of_req = self.cache._kv.ledger_ids(r.own).tolist()
-                assert all(self.alloc.ledger.owner_of(p) is r.owner for p in pages_of_req)
-                assert all(self.alloc.ledger.owner_of(p) is not FREE_LIST for p in pages_of_req)
+                owners = [self.alloc.ledger.owner_of(p) for p in pages_of_req]
+                if not all(o is r.owner and o is not FREE_LIST for o in owners):
+                    raise violation("I-HANDLE-OWNED", f"{r.owner!r}'s own KV ids {pages_of_req} are owned by {owners}")
         self.max_locks = max(self.max_locks, len(self.reqs) + len(self.extra))
         self.max_pressure = max(self.max_pressure, 1.0 - self.alloc.available_size() / self.alloc.size)
 
@@ -435,9 +535,22 @@ class RadixCacheMachine(RuleBasedStateMachine):
         for lock, _ in self.extra:
             self.cache.dec_lock_ref(lock)
         audit_all(self.cache)
-        assert self.cache.protected_size() == 0, "every lock released: nothing protected"
+        model_check(
+            self.cache.protected_size() == 0,
+            "I-IDLE-IDENTITY",
+            lambda: f"every lock released, yet {self.cache.protected_size()} tokens protected",
+        )
         self.cache.evict(self.cache.evictable_size())
-        assert self.cache.total_size() == 0 and self.alloc.available_size() == self.alloc.size
+        model_check(
+            self.cache.total_size() == 0 and self.alloc.available_size() == self.alloc.size,
+            "I-IDLE-IDENTITY",
+            lambda: f"evicted to empty, yet the tree holds {self.cache.total_size()} tokens and the pool has"
+            f" {self.alloc.available_size()} of {self.alloc.size} free",
+        )
         if self.mamba:
-            assert self.pool.available_size() == self.pool.size
+            model_check(
+                self.pool.available_size() == self.pool.size,
+                "I-IDLE-IDENTITY",
+                lambda: f"evicted to empty, yet {self.pool.available_size()} of {self.pool.size} state slots free",
+            )
         audit_all(self.cache)

@@ -9,8 +9,10 @@ caches against it after every step.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+from kvledger.museum.machines.checks import violation
 
 Prefix = tuple[int, ...]
 
@@ -80,15 +82,29 @@ class CacheModel:
         Kept prefixes keep their ids, kept states their tags, no state appears, and every locked path
         (with its state, when the lock took it) survives (I-EVICT-LOCKED at the level of the model).
         """
-        assert set(pages) <= set(self.pages), (
-            f"eviction added prefixes {sorted(set(pages) - set(self.pages))[:3]}"
-        )
+        added = set(pages) - set(self.pages)
+        if added:
+            raise violation("I-MODEL-SHRINK", f"eviction added prefixes {sorted(added)[:3]}")
         for p, ids in pages.items():
-            assert ids == self.pages[p], f"prefix {p} changed ids {self.pages[p]} -> {ids}"
+            if ids != self.pages[p]:
+                raise violation("I-MODEL-SHRINK", f"prefix {p} changed ids {self.pages[p]} -> {ids}")
         for p, tag in states.items():
-            assert self.states.get(p) == tag, f"state at {p} changed {self.states.get(p)} -> {tag}"
+            if self.states.get(p) != tag:
+                raise violation("I-MODEL-SHRINK", f"state at {p} changed {self.states.get(p)} -> {tag}")
         for path, took_state in locked:
             for p in self.prefixes_of(path):
-                assert p in pages, f"locked prefix {p} was evicted"
-            if took_state and path:
-                assert path in states, f"locked state at {path} was evicted"
+                if p not in pages:
+                    raise violation("I-EVICT-LOCKED", f"locked prefix {p} was evicted")
+            if took_state and path and path not in states:
+                raise violation("I-EVICT-LOCKED", f"locked state at {path} was evicted")
+
+
+def diff(tree: Mapping[Prefix, object], model: Mapping[Prefix, object]) -> str:
+    """Where the tree's view and the model's differ, briefly: the evidence of an I-MODEL-TREE violation."""
+    only_tree = sorted(set(tree) - set(model))[:3]
+    only_model = sorted(set(model) - set(tree))[:3]
+    changed = sorted(p for p in set(tree) & set(model) if tree[p] != model[p])[:3]
+    return (
+        f"only in the tree {only_tree}, only in the model {only_model},"
+        f" different {[(p, tree[p], model[p]) for p in changed]}"
+    )

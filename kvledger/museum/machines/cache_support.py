@@ -15,6 +15,7 @@ import torch
 
 from kvledger.contracts.errors import KVLedgerError
 from kvledger.contracts.owners import REQ_RUNNING, Owner
+from kvledger.museum.machines.checks import violation
 from kvledger.reference.pools import MambaPool, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvledger.reference.radix import MambaRadixCache, TreeNode
 
@@ -46,7 +47,8 @@ def write_tag(pool: MambaPool, slot: torch.Tensor, tag: int) -> None:
 def read_tag(pool: MambaPool, slot: Any) -> int:
     idx = int(slot) if not isinstance(slot, torch.Tensor) else int(slot.reshape(-1)[0])
     values = {float(v) for s in pool.states for v in s[:, idx].reshape(-1).tolist()}
-    assert len(values) == 1, f"slot {idx} holds a mixed state {sorted(values)[:4]}"
+    if len(values) != 1:
+        raise violation("I-COPY", f"slot {idx} holds no one whole state but a mix {sorted(values)[:4]}")
     return int(values.pop())
 
 
@@ -105,7 +107,7 @@ def _free_list(pool: Any) -> Any:
         found = getattr(pool, attr, None)
         if found is not None:
             return found
-    raise AssertionError(pool)
+    raise TypeError(f"{type(pool).__name__} has no free list the snapshot knows")
 
 
 def _ledger_state(ledger: Any) -> Any:
@@ -174,8 +176,9 @@ def assert_rejected(cache: Any, error: type[KVLedgerError], call: Callable[[], A
     except error:
         pass
     else:
-        raise AssertionError(f"bad input was not rejected with {error.__name__}")
-    assert snapshots_equal(before, snapshot(cache)), "a rejected call changed the cache, a pool or a ledger"
+        raise violation("I-TYPED-INPUT", f"bad input was not rejected with {error.__name__}")
+    if not snapshots_equal(before, snapshot(cache)):
+        raise violation("I-NO-PARTIAL", "a rejected call changed the cache, a pool or a ledger")
     cache.audit()
 
 

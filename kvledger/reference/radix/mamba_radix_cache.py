@@ -112,7 +112,7 @@ def _cow_slot_is_callers(cache: Any, cow_owner: Any, result: MatchResult) -> boo
     "I-CAP: counters are non-negative",
 )
 @invariant(
-    lambda self: self.root.lock_ref == 1 and self.root.mamba_value is None, "the root: locked, no state"
+    lambda self: self.root.lock_ref == 1 and self.root.mamba_value is None, "I-LOCK-TREE: the root: locked, no state"
 )
 class MambaRadixCache(RadixTreeBase):
     """Prefix cache of KV ids plus Mamba state slots at node ends."""
@@ -299,19 +299,20 @@ class MambaRadixCache(RadixTreeBase):
     @ensure(
         lambda self, key, result: (
             0 <= result.prefix_len <= len(key) and result.prefix_len % self.page_size == 0
-        )
+        ),
+        "I-PAGE-UNIT: insert reports a page-aligned prefix length within the key",
     )
     @ensure(
         lambda self, key, OLD, result: self._evictable == OLD.evictable + len(key) - result.prefix_len,
-        "the tree grows by exactly the tokens that were not cached yet",
+        "I-PROTECTED-DEF: the tree grows by exactly the tokens that were not cached yet",
     )
     @ensure(
         lambda self, OLD, result: self._m_evictable == OLD.m_evictable + int(result.mamba_adopted),
-        "the tree gains a state only by adopting the caller's slot",
+        "I-MAMBA-DEF: the tree gains a state only by adopting the caller's slot",
     )
     @ensure(
         lambda self, OLD: self._protected == OLD.protected and self._m_protected == OLD.m_protected,
-        "insert never changes what is locked",
+        "I-LOCK-TREE: insert never changes what is locked",
     )
     def insert(
         self,
@@ -370,8 +371,14 @@ class MambaRadixCache(RadixTreeBase):
     # ------------------------------------------------------------------ locks
     @snapshot(lambda self, node: _attr_of_node(node, "lock_ref"), name="lock_ref")
     @snapshot(lambda self, node: _attr_of_node(node, "mamba_lock_ref"), name="mamba_lock_ref")
-    @ensure(lambda self, node, result: result.node is node and not result.released and result in self._locks)
-    @ensure(lambda self, node, OLD: node is self.root or node.lock_ref == OLD.lock_ref + 1)
+    @ensure(
+        lambda self, node, result: result.node is node and not result.released and result in self._locks,
+        "I-LOCK-SYMMETRY: inc returns a live handle on the node, recorded by the tree",
+    )
+    @ensure(
+        lambda self, node, OLD: node is self.root or node.lock_ref == OLD.lock_ref + 1,
+        "I-LOCK-TREE: inc adds one lock to the node",
+    )
     @ensure(
         lambda node, OLD, result: (
             node.mamba_lock_ref == OLD.mamba_lock_ref + int(result.took_mamba)
@@ -396,8 +403,14 @@ class MambaRadixCache(RadixTreeBase):
 
     @snapshot(lambda self, lock: _attr_of_node(lock, "lock_ref"), name="lock_ref")
     @snapshot(lambda self, lock: _attr_of_node(lock, "mamba_lock_ref"), name="mamba_lock_ref")
-    @ensure(lambda self, lock: lock.released and lock not in self._locks)
-    @ensure(lambda self, lock, OLD: lock.node is self.root or lock.node.lock_ref == OLD.lock_ref - 1)
+    @ensure(
+        lambda self, lock: lock.released and lock not in self._locks,
+        "I-LOCK-SYMMETRY: dec marks the handle released and the tree forgets it",
+    )
+    @ensure(
+        lambda self, lock, OLD: lock.node is self.root or lock.node.lock_ref == OLD.lock_ref - 1,
+        "I-LOCK-TREE: dec removes one lock from the node",
+    )
     @ensure(
         lambda lock, OLD: lock.node.mamba_lock_ref == OLD.mamba_lock_ref - int(lock.took_mamba),
         "I-LOCK-SYMMETRY: dec undoes exactly the state lock inc took (B14), whatever mamba_value is now",
@@ -427,9 +440,12 @@ class MambaRadixCache(RadixTreeBase):
     @snapshot(lambda self: (self._protected, self._m_protected), name="protected")
     @ensure(
         lambda self, num_tokens, OLD, result: result >= min(num_tokens, OLD.evictable),
-        "evict frees what was asked whenever enough is unlocked",
+        "I-MODEL-EVICT: evict frees what was asked whenever enough is unlocked",
     )
-    @ensure(lambda self, OLD, result: self._evictable == OLD.evictable - result)
+    @ensure(
+        lambda self, OLD, result: self._evictable == OLD.evictable - result,
+        "I-PROTECTED-DEF: the evictable count drops by what evict reports",
+    )
     @ensure(
         lambda self, OLD: (self._protected, self._m_protected) == OLD.protected,
         "I-EVICT-LOCKED: eviction never frees locked KV or a locked state",
@@ -461,9 +477,12 @@ class MambaRadixCache(RadixTreeBase):
     @snapshot(lambda self: (self._protected, self._m_protected), name="protected")
     @ensure(
         lambda self, num_slots, OLD, result: result >= min(num_slots, OLD.m_evictable),
-        "evict_mamba frees what was asked whenever enough states are unlocked",
+        "I-MODEL-EVICT: evict_mamba frees what was asked whenever enough states are unlocked",
     )
-    @ensure(lambda self, OLD, result: self._m_evictable == OLD.m_evictable - result)
+    @ensure(
+        lambda self, OLD, result: self._m_evictable == OLD.m_evictable - result,
+        "I-MAMBA-DEF: the evictable state count drops by what evict_mamba reports",
+    )
     @ensure(
         lambda self, OLD: (self._protected, self._m_protected) == OLD.protected,
         "I-EVICT-LOCKED: eviction never frees locked KV or a locked state",
@@ -510,7 +529,7 @@ class MambaRadixCache(RadixTreeBase):
         lambda node: node.lock_ref == 0 and node.mamba_lock_ref == 0,
         "I-EVICT-LOCKED: eviction never touches a locked node",
     )
-    @require(lambda node: not node.children, "only leaves are evicted")
+    @require(lambda node: not node.children, "I-MODEL-SHRINK: only leaves are evicted")
     def _evict_leaf(self, node: TreeNode) -> int:
         """Delete an unlocked leaf: its state (if any) and its KV go back to their pools. Returns tokens."""
         if node.mamba_value is not None:
