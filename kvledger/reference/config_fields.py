@@ -9,10 +9,11 @@ later is checked without touching this module.
 Sizes. Every size, length, count and step count of a configuration is annotated :data:`Size` (an int in
 ``[1, MAX_SIZE]``) or :data:`Count` (``[0, MAX_SIZE]``), so its bound is stated where the field is
 declared and checked before anything is allocated: a value above :data:`MAX_SIZE` is refused with
-:class:`SizeOutOfRange`, one below the low bound with :class:`InvalidArgument`. Pools that take a size
-directly use :func:`check_size`, and wrap their tensor allocations in :func:`allocating`, so that a size
-within the bound that the machine cannot hold is a typed error too, not a ``RuntimeError``. Rules that
-relate fields (``chunk >= page_size``) stay with each class (they are its own business).
+:class:`SizeOutOfRange`, one below the low bound with :class:`InvalidArgument`. The metadata pool and the
+KV buffer, which take their sizes directly, use :func:`check_size` and wrap their tensor allocations in
+:func:`allocating` (as ``build_parts`` wraps an engine's), so that a size within the bound that the
+machine cannot hold is a typed error too, not a ``RuntimeError``. Rules that relate fields
+(``chunk >= page_size``) stay with each class (they are its own business).
 """
 
 from __future__ import annotations

@@ -482,6 +482,18 @@ CHANNEL_ROWS: dict[str, list[Row]] = {
             lambda s: _ch(s).init_receiver(3, _dst(3, mamba_slot=10**6)),
         ),
         Row(WRONG_TYPE, "a float row", "InvalidArgument", lambda s: _ch(s).init_receiver(3, _dst(3, row=1.0))),
+        Row(
+            WRONG_TYPE,
+            "an int for the KV slots",
+            "InvalidArgument",
+            lambda s: _ch(s).init_receiver(3, _dst(3, kv_slots=3)),
+        ),
+        Row(
+            WRONG_TYPE,
+            "a list metadata slot",
+            "InvalidArgument",
+            lambda s: _ch(s).init_receiver(3, _dst(3, meta_idx=[0])),
+        ),
     ],
     "send_chunk": [
         Row(
@@ -509,6 +521,12 @@ CHANNEL_ROWS: dict[str, list[Row]] = {
             "fewer source slots than positions",
             "InvalidArgument",
             lambda s: _ch(s).send_chunk(3, _send(0, 2, src_slots=[1]), last=False),
+        ),
+        Row(
+            WRONG_TYPE,
+            "an int for the source slots",
+            "InvalidArgument",
+            lambda s: _ch(s).send_chunk(3, _send(0, 1, src_slots=1), last=False),
         ),
         Row(
             NEGATIVE,

@@ -107,14 +107,20 @@ def _member(enum: Any, value: Any, what: str) -> Any:
     )
 
 
-def _check_ids(values: Any, what: str, *, allow_none: bool = False) -> None:
-    """A list of ints >= 0 (or, for one id, an int >= 0; None where ``allow_none``)."""
-    items = values if isinstance(values, list) else [values]
-    if not isinstance(values, list) and allow_none and values is None:
+def _check_ids(values: Any, what: str) -> None:
+    """A list of ints >= 0 (ids of a pool)."""
+    if not isinstance(values, list):
+        raise InvalidArgument(f"{what} must be a list of ints >= 0, got {type(values).__name__}")
+    for v in values:
+        _check_id(v, what)
+
+
+def _check_id(value: Any, what: str, *, allow_none: bool = False) -> None:
+    """One id: an int >= 0 (or None where ``allow_none``)."""
+    if value is None and allow_none:
         return
-    for v in items:
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise InvalidArgument(f"{what} must hold ints >= 0, got {type(v).__name__} {v!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidArgument(f"{what} must be an int >= 0, got {type(value).__name__} {value!r}")
 
 
 class TransferChannel:
@@ -344,9 +350,9 @@ class TransferChannel:
     def _check_dst(self, dst: DstInfo) -> None:
         """Ids of the decode's pools: ints >= 0, inside the pools when the instances are attached."""
         _check_ids(dst.kv_slots, "init_receiver: dst.kv_slots")
-        _check_ids(dst.mamba_slot, "init_receiver: dst.mamba_slot", allow_none=True)
-        _check_ids(dst.meta_idx, "init_receiver: dst.meta_idx")
-        _check_ids(dst.row, "init_receiver: dst.row")
+        _check_id(dst.mamba_slot, "init_receiver: dst.mamba_slot", allow_none=True)
+        _check_id(dst.meta_idx, "init_receiver: dst.meta_idx")
+        _check_id(dst.row, "init_receiver: dst.row")
         d = self.decode
         if d is None:
             return
@@ -577,7 +583,8 @@ class TransferChannel:
 
 def _check_send(send: Send) -> None:
     """A chunk's fields: ``0 <= start <= end``, one source slot and one token per position, ids >= 0."""
-    _check_ids([send.start, send.end], "send_chunk: send.start/end")
+    _check_id(send.start, "send_chunk: send.start")
+    _check_id(send.end, "send_chunk: send.end")
     if send.start > send.end:
         raise InvalidArgument(f"send_chunk: chunk [{send.start}, {send.end}) runs backwards")
     _check_ids(send.src_slots, "send_chunk: send.src_slots")
@@ -588,5 +595,5 @@ def _check_send(send: Send) -> None:
             f"send_chunk: chunk [{send.start}, {send.end}) with {len(send.src_slots)} source slots and"
             f" {len(send.tokens)} tokens"
         )
-    _check_ids(send.state_src, "send_chunk: send.state_src", allow_none=True)
-    _check_ids(send.meta_src, "send_chunk: send.meta_src", allow_none=True)
+    _check_id(send.state_src, "send_chunk: send.state_src", allow_none=True)
+    _check_id(send.meta_src, "send_chunk: send.meta_src", allow_none=True)
