@@ -7,10 +7,11 @@ means the same thing everywhere.
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from kvledger.contracts.errors import InvalidArgument
+from kvledger.contracts.errors import InvalidArgument, SizeOutOfRange
 from kvledger.contracts.mamba_track import FLA_CHUNK_SIZE
 from kvledger.reference.config_fields import Count, Size, allocating, check_fields
 from kvledger.reference.model import TinyHybridConfig, TinyHybridRunner, TinyHybridWeights
@@ -141,12 +142,49 @@ class EngineParts:
         }
 
 
+ID_BYTES = 25
+"""Host bytes per id of a pool's free list (ring, positions, scratch: int64; state: one byte), ledger aside."""
+
+MAMBA_STATE_BYTES = 16
+"""Host bytes per Mamba slot and layer, at least (conv and temporal state, the hash runner's shapes)."""
+
+
+def _estimated_bytes(spec: EngineSpec) -> int:
+    """A lower estimate of the host memory ``spec``'s pools take: the free lists, the request-to-token
+    table and the Mamba states (the ledgers, the KV buffer and the cache come on top)."""
+    ids = spec.kv_tokens // spec.page_size + spec.rows + (spec.mamba_slots if spec.hybrid else 0)
+    table = (spec.reserved_rows + spec.rows) * spec.max_context_len * 4  # int32
+    states = (spec.mamba_slots + 1) * spec.mamba_layers * MAMBA_STATE_BYTES if spec.hybrid else 0
+    return ids * ID_BYTES + table + states
+
+
+def _physical_memory() -> int | None:
+    """The machine's physical memory in bytes (None where the platform does not say)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _check_memory(spec: EngineSpec) -> None:
+    """Refuse, before anything is allocated, an engine whose pools need more than the machine's physical
+    memory even by :func:`_estimated_bytes`' lower estimate (it could only fail or be killed half-built)."""
+    need, have = _estimated_bytes(spec), _physical_memory()
+    if have is not None and need > have:
+        raise SizeOutOfRange(
+            f"EngineSpec: the pools need at least {need / 2**30:.1f} GiB (kv_tokens={spec.kv_tokens},"
+            f" rows={spec.rows} x max_context_len={spec.max_context_len}, mamba_slots={spec.mamba_slots} x"
+            f" mamba_layers={spec.mamba_layers}); this machine has {have / 2**30:.1f} GiB"
+        )
+
+
 def build_parts(spec: EngineSpec) -> EngineParts:
     """Pools, cache, runner and scheduler config for ``spec`` (the PD builder reuses this per instance); an
     :class:`EngineSpec` was checked when it was made."""
     if not isinstance(spec, EngineSpec):
         raise InvalidArgument(f"build_parts: expected an EngineSpec, got {type(spec).__name__}")
     config = _scheduler_config(spec)
+    _check_memory(spec)
     with allocating(
         f"engine {spec.name_prefix or ''}(kv_tokens={spec.kv_tokens}, rows={spec.rows},"
         f" max_context_len={spec.max_context_len}, mamba_slots={spec.mamba_slots})"

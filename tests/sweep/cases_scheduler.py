@@ -471,6 +471,20 @@ BUILD: list[Row] = [
     Row(WRONG_TYPE, "None", "InvalidArgument", lambda s: build(None)),
     Row(WRONG_TYPE, "a dict", "InvalidArgument", lambda s: build({"page_size": 1})),
     Row(WRONG_TYPE, "a SchedulerConfig", "InvalidArgument", lambda s: build(SchedulerConfig())),
+    # Sizes within MAX_SIZE whose pools no machine holds: refused before anything is allocated (the free
+    # list of MAX_SIZE Mamba slots alone is 50 GiB, the states exabytes; built, it would be killed half-way).
+    Row(
+        OUT_OF_RANGE,
+        "Mamba slots x layers no machine holds",
+        "SizeOutOfRange",
+        lambda s: build(Spec(tree="none", mamba_slots=MAX_SIZE, mamba_layers=MAX_SIZE)),
+    ),
+    Row(
+        OUT_OF_RANGE,
+        "rows x max_context_len no machine holds",
+        "SizeOutOfRange",
+        lambda s: build(Spec(tree="none", hybrid=False, rows=MAX_SIZE, max_context_len=MAX_SIZE)),
+    ),
 ]
 
 WEIGHTS: list[Row] = [
