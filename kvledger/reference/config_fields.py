@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 import types
 import typing
 from collections.abc import Iterator
@@ -134,6 +135,24 @@ def check_size(value: Any, what: str, low: int = 1) -> int:
     if value > MAX_SIZE:
         raise SizeOutOfRange(f"{what} must be at most {MAX_SIZE} (MAX_SIZE), got {value}")
     return value
+
+
+def physical_memory() -> int | None:
+    """The machine's physical memory in bytes (None where the platform does not say)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_fits_memory(need: int, what: str) -> None:
+    """Refuse, before anything is allocated, what needs more than the machine's physical memory (``need``:
+    a lower estimate in bytes): built, it could only fail half-way or be killed by the OOM killer."""
+    have = physical_memory()
+    if have is not None and need > have:
+        raise SizeOutOfRange(
+            f"{what} needs at least {need / 2**30:.1f} GiB; this machine has {have / 2**30:.1f} GiB"
+        )
 
 
 @contextlib.contextmanager

@@ -7,13 +7,12 @@ means the same thing everywhere.
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from kvledger.contracts.errors import InvalidArgument, SizeOutOfRange
+from kvledger.contracts.errors import InvalidArgument
 from kvledger.contracts.mamba_track import FLA_CHUNK_SIZE
-from kvledger.reference.config_fields import Count, Size, allocating, check_fields
+from kvledger.reference.config_fields import Count, Size, allocating, check_fields, check_fits_memory
 from kvledger.reference.model import TinyHybridConfig, TinyHybridRunner, TinyHybridWeights
 from kvledger.reference.pools import (
     KVBufferPool,
@@ -158,24 +157,13 @@ def _estimated_bytes(spec: EngineSpec) -> int:
     return ids * ID_BYTES + table + states
 
 
-def _physical_memory() -> int | None:
-    """The machine's physical memory in bytes (None where the platform does not say)."""
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
 def _check_memory(spec: EngineSpec) -> None:
-    """Refuse, before anything is allocated, an engine whose pools need more than the machine's physical
-    memory even by :func:`_estimated_bytes`' lower estimate (it could only fail or be killed half-built)."""
-    need, have = _estimated_bytes(spec), _physical_memory()
-    if have is not None and need > have:
-        raise SizeOutOfRange(
-            f"EngineSpec: the pools need at least {need / 2**30:.1f} GiB (kv_tokens={spec.kv_tokens},"
-            f" rows={spec.rows} x max_context_len={spec.max_context_len}, mamba_slots={spec.mamba_slots} x"
-            f" mamba_layers={spec.mamba_layers}); this machine has {have / 2**30:.1f} GiB"
-        )
+    need = _estimated_bytes(spec)
+    check_fits_memory(
+        need,
+        f"EngineSpec: the pools (kv_tokens={spec.kv_tokens}, rows={spec.rows} x max_context_len="
+        f"{spec.max_context_len}, mamba_slots={spec.mamba_slots} x mamba_layers={spec.mamba_layers})",
+    )
 
 
 def build_parts(spec: EngineSpec) -> EngineParts:

@@ -14,7 +14,7 @@ import torch
 from kvledger import kernels
 from kvledger.contracts.errors import InvalidArgument
 from kvledger.contracts.switch import ensure
-from kvledger.reference.config_fields import allocating, check_size
+from kvledger.reference.config_fields import allocating, check_fits_memory, check_size
 from kvledger.reference.pools.validate import (
     as_index_tensor,
     check_count,
@@ -66,6 +66,8 @@ class KVBufferPool:
         ):
             check_size(v, f"KVBufferPool: {what}")  # an int in [1, MAX_SIZE], before any allocation
         check_float_dtype(dtype, "KVBufferPool: dtype")
+        elements = num_layers * num_slots * num_kv_heads * head_dim
+        check_fits_memory(2 * elements * dtype.itemsize, f"KVBufferPool: {num_slots} slots x {num_layers} layers")
         self.num_slots = num_slots
         self.num_layers = num_layers
         self.device = resolve_device(device)

@@ -21,7 +21,7 @@ from kvledger import kernels
 from kvledger.contracts.errors import InvalidArgument, SlotOutOfRange
 from kvledger.contracts.owners import FREE, Owner
 from kvledger.contracts.switch import ensure, invariant, snapshot
-from kvledger.reference.config_fields import allocating, check_size
+from kvledger.reference.config_fields import allocating, check_fits_memory, check_size
 from kvledger.reference.pools.id_free_list import HELD, IdFreeList
 from kvledger.reference.pools.validate import (
     as_index_tensor,
@@ -36,6 +36,9 @@ from kvledger.reference.pools.validate import (
 INT64_MAX = 2**63 - 1
 """Rooms and output ids are stored as int64."""
 
+SLOT_BYTES = 2 * 8 + 25
+"""Host bytes per slot at least: room and output id (int64 each), the free list's arrays."""
+
 
 @invariant(
     lambda self: not self._slots.ledger.enabled or self._slots.ledger.count(FREE) == self._slots.available(),
@@ -47,6 +50,7 @@ class MetadataBufferPool:
 
     def __init__(self, size: int, *, device: str | torch.device = "cpu", name: str = "metadata") -> None:
         check_size(size, "MetadataBufferPool: size")  # an int in [1, MAX_SIZE], before any allocation
+        check_fits_memory(size * SLOT_BYTES, f"MetadataBufferPool: size {size}")
         self.size = size
         self.name = check_name(name)
         self.device = resolve_device(device)
