@@ -39,6 +39,11 @@ class InvalidArgument(KVLedgerError, ValueError):
     """An argument has the wrong type, dtype, device, shape or value (e.g. a negative count)."""
 
 
+class SizeOutOfRange(InvalidArgument):
+    """A size, count, length or step count beyond its stated bound (a configuration field, a pool size,
+    a fault count), or one whose tensors cannot be allocated: refused before anything is allocated."""
+
+
 class SlotOutOfRange(KVLedgerError, IndexError):
     """An id lies outside the pool's domain, or is a reserved id (slot 0, page 0)."""
 
@@ -93,6 +98,11 @@ class LockNotHeld(KVLedgerError):
 
 class ForeignNode(KVLedgerError):
     """A node or lock handle from another tree, or a node that is no longer in its tree."""
+
+
+class UnknownRoom(KVLedgerError):
+    """A bootstrap room the transfer channel never opened (a room that was opened and has closed since is
+    known: calls about it are answered as for a closed room)."""
 
 
 class ContractViolation(AssertionError):

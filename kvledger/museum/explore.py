@@ -48,7 +48,8 @@ class Scope:
 
 def _spec(**kw: Any) -> EngineSpec:
     base: dict[str, Any] = dict(
-        kv_tokens=8, rows=2, mamba_slots=2, max_running=2, chunk=2, max_prefill=8, max_context_len=16
+        kv_tokens=8, rows=2, mamba_slots=2, max_running=2, chunk=2, max_prefill=8, max_context_len=16,
+        mamba_strategy="no_buffer",  # the scopes explore Mamba V1 (EngineSpec's default is V2)
     )
     base.update(kw)
     return EngineSpec(**base)

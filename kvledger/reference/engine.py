@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from kvledger.contracts.errors import InvalidArgument
-from kvledger.reference.config_fields import check_fields
+from kvledger.contracts.mamba_track import FLA_CHUNK_SIZE
+from kvledger.reference.config_fields import Count, Size, allocating, check_fields, check_fits_memory
 from kvledger.reference.model import TinyHybridConfig, TinyHybridRunner, TinyHybridWeights
 from kvledger.reference.pools import (
     KVBufferPool,
@@ -30,44 +31,40 @@ ModelKind = Literal["hash", "tiny-hybrid"]
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """Pool sizes, cache, model and scheduler knobs of one engine (CPU tensors)."""
+    """Pool sizes, cache, model and scheduler knobs of one engine (CPU tensors).
 
-    page_size: int = 1
+    The defaults are a small engine with the Mamba radix cache in SGLang's ``extra_buffer`` mode (Mamba
+    V2), as ``kvledger simulate`` runs by default: the kernel's chunk of 64 tokens (the capture grid) and
+    a chunked prefill of one grid. ``mamba_strategy="no_buffer"`` selects V1 (page size 1). The strategy
+    is the Mamba radix cache's: with another tree (or none) there is nothing to track, and the engine runs
+    as with ``no_buffer``. Every size is an int in ``[1, MAX_SIZE]`` (``reserved_rows`` may be 0), checked
+    here, before anything is allocated (``kvledger.reference.config_fields``).
+    """
+
+    page_size: Size = 1
     tree: TreeKind = "mamba_radix"
     hybrid: bool = True  # a Mamba pool; required by the Mamba radix cache and the tiny hybrid model
-    kv_tokens: int = 128
-    rows: int = 4
-    mamba_slots: int = 4
-    mamba_layers: int = 1
-    max_running: int = 4
-    chunk: int | None = 16
-    max_prefill: int = 64
+    kv_tokens: Size = 128
+    rows: Size = 4
+    mamba_slots: Size = 4
+    mamba_layers: Size = 1
+    max_running: Size = 4
+    chunk: Size | None = FLA_CHUNK_SIZE  # V2 needs at least one capture grid per chunk
+    max_prefill: Size = 64
     overlap: bool = False
     cow_release_policy: CowReleasePolicy = "if_not_appended"
-    max_context_len: int = 256
+    max_context_len: Size = 256
     eos_token_id: int | None = None
     model: ModelKind = "hash"
-    vocab_size: int = 32000
-    reserved_rows: int = 0  # padding rows before the usable ones (1 on a PD decode instance)
+    vocab_size: Size = 32000
+    reserved_rows: Count = 0  # padding rows before the usable ones (1 on a PD decode instance)
     name_prefix: str = ""  # prefixes the pools' names (``prefill.kv``): ledger reports name the instance
-    mamba_strategy: MambaSchedulerStrategy = "no_buffer"  # the Mamba radix cache: V1, or V2 "extra_buffer"
-    mamba_track_interval: int = 256
-    mamba_chunk_size: int | None = None  # V2's kernel chunk (None: 64); the capture grid is max(it, page)
+    mamba_strategy: MambaSchedulerStrategy = "extra_buffer"  # the Mamba radix cache: V2, or V1 "no_buffer"
+    mamba_track_interval: Size = 256
+    mamba_chunk_size: Size | None = None  # V2's kernel chunk (None: 64); the capture grid is max(it, page)
 
     def __post_init__(self) -> None:
-        check_fields(self)  # every field of its annotated type (ints are not bools or floats)
-        sizes = (
-            "page_size",
-            "kv_tokens",
-            "rows",
-            "mamba_slots",
-            "mamba_layers",
-            "max_running",
-            "max_prefill",
-        )
-        for name in (*sizes, "max_context_len", "vocab_size"):
-            if getattr(self, name) < 1:
-                raise InvalidArgument(f"EngineSpec.{name} must be >= 1, got {getattr(self, name)}")
+        check_fields(self)  # every field of its annotated type and within its bounds (MAX_SIZE)
         if self.kv_tokens < self.page_size:
             raise InvalidArgument(
                 f"EngineSpec: kv_tokens {self.kv_tokens} is less than one page of {self.page_size}"
@@ -88,6 +85,26 @@ class EngineSpec:
             raise InvalidArgument("the Mamba radix cache needs a Mamba pool (hybrid=True)")
         if self.model == "tiny-hybrid" and not self.hybrid:
             raise InvalidArgument("the tiny hybrid model needs a Mamba pool (hybrid=True)")
+        _scheduler_config(self)  # the scheduler's own rules (V2's capture grid), before anything is built
+
+
+def _scheduler_config(spec: EngineSpec) -> SchedulerConfig:
+    """The scheduler's configuration for ``spec``. The strategy is the Mamba radix cache's: with another
+    tree (or none) no state is tracked, so the engine runs as with ``no_buffer`` and V2's rules (a chunk of
+    at least one capture grid) do not apply."""
+    return SchedulerConfig(
+        page_size=spec.page_size,
+        max_running_requests=spec.max_running,
+        max_prefill_tokens=spec.max_prefill,
+        chunked_prefill_size=spec.chunk,
+        max_context_len=spec.max_context_len,
+        overlap=spec.overlap,
+        cow_release_policy=spec.cow_release_policy,
+        eos_token_id=spec.eos_token_id,
+        mamba_scheduler_strategy=spec.mamba_strategy if spec.tree == "mamba_radix" else "no_buffer",
+        mamba_track_interval=spec.mamba_track_interval,
+        mamba_chunk_size=spec.mamba_chunk_size,
+    )
 
 
 def model_weights(vocab_size: int) -> TinyHybridWeights:
@@ -124,11 +141,46 @@ class EngineParts:
         }
 
 
+ID_BYTES = 25
+"""Host bytes per id of a pool's free list (ring, positions, scratch: int64; state: one byte), ledger aside."""
+
+MAMBA_STATE_BYTES = 16
+"""Host bytes per Mamba slot and layer, at least (conv and temporal state, the hash runner's shapes)."""
+
+
+def _estimated_bytes(spec: EngineSpec) -> int:
+    """A lower estimate of the host memory ``spec``'s pools take: the free lists, the request-to-token
+    table and the Mamba states (the ledgers, the KV buffer and the cache come on top)."""
+    ids = spec.kv_tokens // spec.page_size + spec.rows + (spec.mamba_slots if spec.hybrid else 0)
+    table = (spec.reserved_rows + spec.rows) * spec.max_context_len * 4  # int32
+    states = (spec.mamba_slots + 1) * spec.mamba_layers * MAMBA_STATE_BYTES if spec.hybrid else 0
+    return ids * ID_BYTES + table + states
+
+
+def _check_memory(spec: EngineSpec) -> None:
+    need = _estimated_bytes(spec)
+    check_fits_memory(
+        need,
+        f"EngineSpec: the pools (kv_tokens={spec.kv_tokens}, rows={spec.rows} x max_context_len="
+        f"{spec.max_context_len}, mamba_slots={spec.mamba_slots} x mamba_layers={spec.mamba_layers})",
+    )
+
+
 def build_parts(spec: EngineSpec) -> EngineParts:
     """Pools, cache, runner and scheduler config for ``spec`` (the PD builder reuses this per instance); an
     :class:`EngineSpec` was checked when it was made."""
     if not isinstance(spec, EngineSpec):
         raise InvalidArgument(f"build_parts: expected an EngineSpec, got {type(spec).__name__}")
+    config = _scheduler_config(spec)
+    _check_memory(spec)
+    with allocating(
+        f"engine {spec.name_prefix or ''}(kv_tokens={spec.kv_tokens}, rows={spec.rows},"
+        f" max_context_len={spec.max_context_len}, mamba_slots={spec.mamba_slots})"
+    ):
+        return _build_parts(spec, config)
+
+
+def _build_parts(spec: EngineSpec, config: SchedulerConfig) -> EngineParts:
     kv: Any
     prefix = spec.name_prefix
     if spec.page_size == 1:
@@ -151,19 +203,6 @@ def build_parts(spec: EngineSpec) -> EngineParts:
             temporal_state_shape=temporal,
             name=f"{prefix}mamba",
         )
-    config = SchedulerConfig(
-        page_size=spec.page_size,
-        max_running_requests=spec.max_running,
-        max_prefill_tokens=spec.max_prefill,
-        chunked_prefill_size=spec.chunk,
-        max_context_len=spec.max_context_len,
-        overlap=spec.overlap,
-        cow_release_policy=spec.cow_release_policy,
-        eos_token_id=spec.eos_token_id,
-        mamba_scheduler_strategy=spec.mamba_strategy,
-        mamba_track_interval=spec.mamba_track_interval,
-        mamba_chunk_size=spec.mamba_chunk_size,
-    )
     tree: Any = None
     if spec.tree == "mamba_radix":
         assert mamba is not None  # EngineSpec refuses the Mamba radix cache without a Mamba pool

@@ -10,7 +10,9 @@ from kvledger.audit import Auditor, Recorder
 from kvledger.contracts.switch import override_ledgers
 from tests.scheduler.harness import Setup, build
 
-MAMBA = Setup(tree="mamba_radix", kv_tokens=256, rows=3, mamba_slots=6, chunk=8)
+MAMBA = Setup(
+    tree="mamba_radix", kv_tokens=256, rows=3, mamba_slots=6, chunk=8, mamba_strategy="no_buffer"
+)  # V1
 PAGED = Setup(tree="radix", hybrid=False, page_size=4, kv_tokens=256, rows=3, chunk=8, overlap=True)
 PLAIN = Setup(tree="none", kv_tokens=160, rows=2, mamba_slots=3, chunk=None)
 PROMPTS = {rid: [5, 5, 5, 5, 5, 5, 5, 5, rid % 3, rid, rid + 1] for rid in range(8)}

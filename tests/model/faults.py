@@ -76,6 +76,7 @@ def run_fault(fault: str, *, check_integrity: bool = True) -> dict[str, Any]:
                 chunk=8,
                 max_prefill=32,
                 max_context_len=96,
+                mamba_strategy="no_buffer",  # Mamba V1 (EngineSpec's default is V2)
             )
         )
         sched.runner.check_integrity = check_integrity  # type: ignore[attr-defined]

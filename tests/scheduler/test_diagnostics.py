@@ -24,7 +24,11 @@ needs_contracts = pytest.mark.skipif(not switch.ENABLED, reason="contracts are o
 # pool under test -> (the leak injected, the engine, the pool attribute)
 CASES = {
     "rows": ("row", Setup(tree="none", hybrid=False, kv_tokens=256, rows=3), "req_to_token_pool"),
-    "mamba": ("mamba", Setup(tree="mamba_radix", kv_tokens=256, rows=3, mamba_slots=6), "mamba_pool"),
+    "mamba": (
+        "mamba",
+        Setup(tree="mamba_radix", kv_tokens=256, rows=3, mamba_slots=6, mamba_strategy="no_buffer"),
+        "mamba_pool",
+    ),
     "kv-token": ("kv", Setup(tree="radix", hybrid=False, kv_tokens=256, rows=3), "kv_allocator"),
     "kv-paged": (
         "kv",

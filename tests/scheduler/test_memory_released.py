@@ -30,7 +30,9 @@ HISTORY = 64
 def _serve(n: int, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, list[tuple[Any, int]]]:
     """Serve ``n`` requests sharing a prefix (cache hits, evictions, copy-on-write) to quiescence."""
     monkeypatch.setattr(ledger_module, "DEFAULT_HISTORY", HISTORY)
-    spec = EngineSpec(kv_tokens=96, rows=4, mamba_slots=6, max_running=3, chunk=8, max_prefill=32)
+    spec = EngineSpec(
+        kv_tokens=96, rows=4, mamba_slots=6, max_running=3, chunk=8, max_prefill=32, mamba_strategy="no_buffer"
+    )  # Mamba V1
     with override_ledgers(True):
         sched = build_engine(spec)
     sched.config = dataclasses.replace(sched.config, finished_window=WINDOW)

@@ -31,7 +31,14 @@ def _pool_state(sched) -> dict[str, object]:
 def test_requests_finish_with_the_outputs_they_would_have_alone(tree: str, overlap: bool) -> None:
     sched = build(
         Setup(
-            tree=tree, hybrid=tree != "radix", kv_tokens=160, rows=3, mamba_slots=5, chunk=8, overlap=overlap
+            tree=tree,
+            hybrid=tree != "radix",
+            kv_tokens=160,
+            rows=3,
+            mamba_slots=5,
+            chunk=8,
+            overlap=overlap,
+            mamba_strategy="no_buffer",  # Mamba V1 (EngineSpec's default is V2)
         )
     )
     prompts = {rid: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, rid, rid + 1] for rid in range(6)}
@@ -65,7 +72,17 @@ def test_a_chunked_and_retracted_prompt_counts_once_and_whole() -> None:
 
 
 def test_chunked_request_keeps_row_and_working_slot_across_chunks() -> None:
-    sched = build(Setup(tree="mamba_radix", kv_tokens=200, rows=2, mamba_slots=4, chunk=8, max_prefill=8))
+    sched = build(
+        Setup(
+            tree="mamba_radix",
+            kv_tokens=200,
+            rows=2,
+            mamba_slots=4,
+            chunk=8,
+            max_prefill=8,
+            mamba_strategy="no_buffer",
+        )
+    )
     req = sched.add_request(0, list(range(30)), 2)
     sched.step()
     assert req.state is ReqState.CHUNKED and req.owner.account is REQ_CHUNKED
@@ -90,6 +107,7 @@ def test_abort_from_every_state_releases_everything(state: str, overlap: bool) -
             max_prefill=8,
             overlap=overlap,
             cow_release_policy="keep",
+            mamba_strategy="no_buffer",  # Mamba V1 (EngineSpec's default is V2)
         )
     )
     sched.add_request(0, list(range(10)), 2)
@@ -207,7 +225,11 @@ def test_overlap_page4_extra_token_is_freed_exactly_once() -> None:
 @needs_contracts
 def test_atomic_admission_rolls_back_on_an_injected_failure() -> None:
     """I-ATOMIC-ADMISSION (B17): row and Mamba slot taken, then KV fails: nothing is left behind."""
-    sched = build(Setup(tree="mamba_radix", kv_tokens=128, rows=3, mamba_slots=4, chunk=None))
+    sched = build(
+        Setup(
+            tree="mamba_radix", kv_tokens=128, rows=3, mamba_slots=4, chunk=None, mamba_strategy="no_buffer"
+        )
+    )
     req = sched.add_request(0, [1, 2, 3, 4], 3)
     before = _pool_state(sched)
     sched.faults.fail_next("kv")
@@ -223,7 +245,11 @@ def test_atomic_admission_rolls_back_on_an_injected_failure() -> None:
 @pytest.mark.fires("I-ATOMIC-ADMISSION")
 def test_a_rollback_that_forgets_an_allocation_is_caught() -> None:
     """B17 (museum exhibit): the row and Mamba slot taken before the KV failure are not undone."""
-    sched = build(Setup(tree="mamba_radix", kv_tokens=128, rows=3, mamba_slots=4, chunk=None))
+    sched = build(
+        Setup(
+            tree="mamba_radix", kv_tokens=128, rows=3, mamba_slots=4, chunk=None, mamba_strategy="no_buffer"
+        )
+    )
     sched.add_request(0, [1, 2, 3, 4], 3)
     sched.faults.fail_next("kv")
     with exhibit("B17").installed(), pytest.raises(ContractViolation, match="I-ATOMIC-ADMISSION"):
@@ -348,6 +374,7 @@ def test_cow_of_a_later_request_cannot_starve_an_earlier_reservation() -> None:
             chunk=None,
             max_prefill=64,
             max_context_len=64,
+            mamba_strategy="no_buffer",  # Mamba V1 (EngineSpec's default is V2)
         )
     )
     warm = list(range(1, 9))

@@ -130,6 +130,7 @@ def _appended_then_other_setup(policy: str) -> tuple[Scheduler, list[int]]:
             max_prefill=16,
             cow_release_policy=policy,
             max_context_len=128,
+            mamba_strategy="no_buffer",  # Mamba V1 (EngineSpec's default is V2)
         )
     )
     warm = list(range(100, 110))
@@ -171,6 +172,7 @@ def test_not_appended_stopper_gives_its_cow_slot_back() -> None:
             chunk=None,
             max_prefill=64,
             max_context_len=128,
+            mamba_strategy="no_buffer",  # Mamba V1 (EngineSpec's default is V2)
         )
     )
     warm = list(range(100, 110))

@@ -15,12 +15,13 @@ import torch
 import kvledger.reference.radix.mamba_radix_cache as mamba_module
 from kvledger.contracts import switch
 from kvledger.contracts.errors import ContractViolation, InvalidArgument
-from kvledger.reference.engine import EngineSpec
+from kvledger.reference.engine import EngineSpec, TreeKind
 from kvledger.reference.radix import MambaRadixCache
 from kvledger.reference.scheduler import ReqState, Scheduler, SchedulerConfig
 from kvledger.reference.scheduler.memory import ReqMemory
 from kvledger.reference.scheduler.request import Req
 from kvledger.reference.scheduler.tracking import MambaTracking
+from kvledger.sim.simulate import SimOptions
 from tests.scheduler.harness import Setup, build, expected_output
 
 needs_contracts = pytest.mark.skipif(not switch.ENABLED, reason="contracts are off (KVLEDGER_CONTRACTS=0)")
@@ -224,9 +225,34 @@ def test_the_tree_must_branch_on_the_schedulers_grid() -> None:
         )
 
 
-def test_engine_spec_defaults_stay_v1() -> None:
-    assert EngineSpec().mamba_strategy == "no_buffer"
-    assert build(Setup()).memory.tracking is None
+def test_engine_spec_defaults_to_v2_as_simulate_does() -> None:
+    """The library's default is the one ``kvledger simulate`` and the README use: Mamba V2
+    (``extra_buffer``), with a chunked prefill of at least one capture grid; V1 is asked for by name."""
+    spec = EngineSpec()
+    assert spec.mamba_strategy == SimOptions().mamba_strategy == "extra_buffer"
+    assert spec.mamba_track_interval == SimOptions().mamba_track_interval
+    assert spec.mamba_chunk_size == SimOptions().mamba_chunk_size
+    sched = build(spec)
+    assert sched.config.extra_buffer and sched.memory.tracking is not None
+    assert spec.chunk is not None and spec.chunk >= sched.config.mamba_cache_chunk_size
+    sched.add_request(0, list(range(1, 70)), 3)  # one grid of 64: the prefill captures a state
+    sched.run_until_idle(50)
+    assert sched.requests[0].output_ids == expected_output(list(range(1, 70)), 3)
+    assert sched.tree is not None
+    assert sched.tree.match_prefix(list(range(1, 70))).device_indices.numel() == 64
+    sched.accounting.check_quiescent()
+    v1 = build(Setup(mamba_strategy="no_buffer"))
+    assert not v1.config.extra_buffer and v1.memory.tracking is None
+
+
+def test_v2_rules_apply_only_with_the_mamba_radix_cache() -> None:
+    """Without the Mamba radix cache nothing is tracked: the default strategy does not impose V2's chunk rule."""
+    trees: tuple[TreeKind, ...] = ("radix", "none")
+    for tree in trees:
+        sched = build(Setup(tree=tree, hybrid=tree == "none", chunk=8))
+        assert not sched.config.extra_buffer and sched.memory.tracking is None
+    with pytest.raises(InvalidArgument, match="mamba_cache_chunk_size 64"):
+        Setup(chunk=8)  # the Mamba radix cache under V2: refused when the spec is made, before any pool
 
 
 # ---------------------------------------------------------------------- contracts broken on purpose

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 from kvledger.reference.pools import (
@@ -786,6 +787,30 @@ KV_BUFFER: dict[str, list[Row]] = {
             "InvalidArgument",
             lambda s: KVBufferPool(4, num_layers=1, num_kv_heads=1, head_dim=1, device="meta"),
         ),
+        Row(
+            OUT_OF_RANGE,
+            "num_slots 2**40 (beyond MAX_SIZE)",
+            "SizeOutOfRange",
+            lambda s: KVBufferPool(2**40, num_layers=1, num_kv_heads=1, head_dim=1),
+        ),
+        Row(
+            OUT_OF_RANGE,
+            "sizes within MAX_SIZE whose tensors cannot be allocated",
+            "SizeOutOfRange",
+            lambda s: KVBufferPool(2**31 - 1, num_layers=2**31 - 1, num_kv_heads=1, head_dim=1),
+        ),
+        Row(
+            WRONG_TYPE,
+            "a numpy int num_slots",
+            "InvalidArgument",
+            lambda s: KVBuffer(np.int64(4), num_layers=1, num_kv_heads=1, head_dim=1),
+        ),
+        Row(
+            WRONG_TYPE,
+            "a bool num_layers",
+            "InvalidArgument",
+            lambda s: KVBuffer(4, num_layers=True, num_kv_heads=1, head_dim=1),
+        ),
     ],
     "for_allocator": [
         Row(
@@ -863,6 +888,48 @@ KV_BUFFER: dict[str, list[Row]] = {
             "a float slot",
             "InvalidArgument",
             lambda s: s.pool.set_kv_buffer(0, [1.0, 2.0], s.kv, s.kv),
+        ),
+        Row(
+            WRONG_TYPE,
+            "NaN in k (the freed-slot poison)",
+            "InvalidArgument",
+            lambda s: s.pool.set_kv_buffer(0, s.slots, torch.full_like(s.kv, float("nan")), s.kv),
+        ),
+        Row(
+            WRONG_TYPE,
+            "an infinite value in v",
+            "InvalidArgument",
+            lambda s: s.pool.set_kv_buffer(0, s.slots, s.kv, torch.full_like(s.kv, float("inf"))),
+        ),
+        Row(
+            WRONG_TYPE,
+            "k on another device",
+            "InvalidArgument",
+            lambda s: s.pool.set_kv_buffer(0, s.slots, s.kv.to("meta"), s.kv),
+        ),
+        Row(
+            WRONG_TYPE,
+            "slots on another device",
+            "InvalidArgument",
+            lambda s: s.pool.set_kv_buffer(0, torch.tensor([1, 2], device="meta"), s.kv, s.kv),
+        ),
+        Row(
+            WRONG_TYPE,
+            "a numpy int layer",
+            "InvalidArgument",
+            lambda s: s.pool.set_kv_buffer(np.int64(0), s.slots, s.kv, s.kv),
+        ),
+        Row(
+            WRONG_TYPE,
+            "a bool layer",
+            "InvalidArgument",
+            lambda s: s.pool.set_kv_buffer(True, s.slots, s.kv, s.kv),
+        ),
+        Row(
+            OUT_OF_RANGE,
+            "a slot beyond int64",
+            "SlotOutOfRange",
+            lambda s: s.pool.set_kv_buffer(0, [1, 2**70], s.kv, s.kv),
         ),
     ],
     "zero_slots": [

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
+from kvledger.reference.config_fields import MAX_SIZE
 from kvledger.reference.engine import EngineSpec, build_engine, model_weights
 from kvledger.reference.pools import MambaPool, ReqToTokenPool, TokenToKVPoolAllocator
 from kvledger.reference.radix import MambaRadixCache, RadixCache
@@ -107,6 +109,22 @@ ADD: list[Row] = [
     Row(WRONG_TYPE, "a float rid", "InvalidArgument", lambda s: s.sched.add_request(9.0, [1, 2], 2)),
     Row(WRONG_TYPE, "a str rid", "InvalidArgument", lambda s: s.sched.add_request("9", [1, 2], 2)),
     Row(
+        WRONG_TYPE,
+        "a numpy int rid",
+        "InvalidArgument",
+        lambda s: s.sched.add_request(np.int64(9), [1, 2], 2),
+    ),
+    Row(NEGATIVE, "a negative rid", "InvalidArgument", lambda s: s.sched.add_request(-1, [1, 2], 2)),
+    Row(
+        OUT_OF_RANGE, "a rid beyond int64", "InvalidArgument", lambda s: s.sched.add_request(2**70, [1, 2], 2)
+    ),
+    Row(
+        OUT_OF_RANGE,
+        "a rid whose PD room would not fit int64",
+        "InvalidArgument",
+        lambda s: s.sched.add_request(2**63 - 1, [1, 2], 2),
+    ),
+    Row(
         DUPLICATE, "the rid of a running request", "InvalidArgument", lambda s: s.sched.add_request(1, [1], 2)
     ),
     Row(
@@ -171,7 +189,8 @@ ABORT: list[Row] = [
         lambda s: s.sched.abort(s.running),
     ),
     Row(FOREIGN, "an unknown rid", "UnknownRequest", lambda s: s.sched.abort(99)),
-    Row(NEGATIVE, "a negative rid", "UnknownRequest", lambda s: s.sched.abort(-1)),
+    Row(NEGATIVE, "a negative rid", "InvalidArgument", lambda s: s.sched.abort(-1)),
+    Row(OUT_OF_RANGE, "a rid beyond int64", "InvalidArgument", lambda s: s.sched.abort(2**70)),
 ]
 
 
@@ -273,6 +292,33 @@ FAULTS: list[Row] = [
 ]
 
 # ---------------------------------------------------------------------- configuration and the builder
+# every size field of the configurations: an int in [1 (or 0), MAX_SIZE], refused beyond it
+CONFIG_SIZES = (
+    "page_size",
+    "max_running_requests",
+    "max_prefill_tokens",
+    "chunked_prefill_size",
+    "max_context_len",
+    "clip_max_new_tokens",
+    "retract_decode_steps",
+    "finished_window",
+    "mamba_track_interval",
+    "mamba_chunk_size",
+)
+SPEC_SIZES = (
+    "page_size",
+    "kv_tokens",
+    "rows",
+    "mamba_slots",
+    "mamba_layers",
+    "max_running",
+    "chunk",
+    "max_prefill",
+    "max_context_len",
+    "vocab_size",
+    "reserved_rows",
+)  # and the V2 sizes, in SPEC_V2
+
 CONFIG: list[Row] = [
     Row(WRONG_TYPE, "a float page_size", "InvalidArgument", lambda s: Config(page_size=1.5)),
     Row(DEGENERATE, "page_size 0", "InvalidArgument", lambda s: Config(page_size=0)),
@@ -303,6 +349,11 @@ CONFIG: list[Row] = [
     Row(WRONG_TYPE, "a bool eos_token_id", "InvalidArgument", lambda s: Config(eos_token_id=True)),
     Row(NEGATIVE, "a negative eos_token_id", "InvalidArgument", lambda s: Config(eos_token_id=-1)),
     Row(DEGENERATE, "clip_max_new_tokens 0", "InvalidArgument", lambda s: Config(clip_max_new_tokens=0)),
+    *(
+        Row(OUT_OF_RANGE, f"{name} 2**70", "SizeOutOfRange", lambda s, n=name: Config(**{n: 2**70}))
+        for name in CONFIG_SIZES
+    ),
+    Row(WRONG_TYPE, "a numpy int page_size", "InvalidArgument", lambda s: Config(page_size=np.int64(1))),
 ]
 
 SPEC_V2: list[Row] = [
@@ -318,8 +369,22 @@ SPEC_V2: list[Row] = [
         DEGENERATE,
         "V1 Mamba radix cache with pages",
         "InvalidArgument",
-        lambda s: Spec(page_size=4, kv_tokens=64, chunk=8),
+        lambda s: Spec(page_size=4, kv_tokens=64, chunk=8, mamba_strategy="no_buffer"),
     ),
+    Row(
+        DEGENERATE,
+        "V2 (the default) with a chunked prefill below the capture grid",
+        "InvalidArgument",
+        lambda s: Spec(chunk=16),
+    ),
+    Row(OUT_OF_RANGE, "a V2 kernel chunk of 2**70", "SizeOutOfRange", lambda s: Spec(mamba_chunk_size=2**70)),
+    Row(
+        OUT_OF_RANGE,
+        "a track interval of 2**70",
+        "SizeOutOfRange",
+        lambda s: Spec(mamba_track_interval=2**70),
+    ),
+    Row(DEGENERATE, "a track interval of 0", "InvalidArgument", lambda s: Spec(mamba_track_interval=0)),
 ]
 
 CONFIG_V2: list[Row] = [
@@ -371,9 +436,9 @@ SPEC: list[Row] = [
     ),
     Row(
         OUT_OF_RANGE,
-        "a Mamba tree at page size 4",
+        "a V1 Mamba tree at page size 4",
         "InvalidArgument",
-        lambda s: Spec(page_size=4, kv_tokens=64),
+        lambda s: Spec(page_size=4, kv_tokens=64, mamba_strategy="no_buffer"),
     ),
     Row(DEGENERATE, "chunk 0", "InvalidArgument", lambda s: Spec(chunk=0)),
     Row(
@@ -384,6 +449,16 @@ SPEC: list[Row] = [
     ),
     Row(DEGENERATE, "vocab_size 0", "InvalidArgument", lambda s: Spec(vocab_size=0)),
     Row(WRONG_TYPE, "a str overlap", "InvalidArgument", lambda s: Spec(overlap="yes")),
+    *(
+        Row(OUT_OF_RANGE, f"{name} 2**70", "SizeOutOfRange", lambda s, n=name: Spec(**{n: 2**70}))
+        for name in SPEC_SIZES
+    ),
+    Row(
+        OUT_OF_RANGE, "kv_tokens one above MAX_SIZE", "SizeOutOfRange", lambda s: Spec(kv_tokens=MAX_SIZE + 1)
+    ),
+    Row(NEGATIVE, "negative reserved_rows", "InvalidArgument", lambda s: Spec(reserved_rows=-1)),
+    Row(WRONG_TYPE, "a numpy int kv_tokens", "InvalidArgument", lambda s: Spec(kv_tokens=np.int64(128))),
+    Row(WRONG_TYPE, "a bool rows", "InvalidArgument", lambda s: Spec(rows=True)),
     Row(
         DEGENERATE,
         "fewer KV tokens than a page",
@@ -396,6 +471,20 @@ BUILD: list[Row] = [
     Row(WRONG_TYPE, "None", "InvalidArgument", lambda s: build(None)),
     Row(WRONG_TYPE, "a dict", "InvalidArgument", lambda s: build({"page_size": 1})),
     Row(WRONG_TYPE, "a SchedulerConfig", "InvalidArgument", lambda s: build(SchedulerConfig())),
+    # Sizes within MAX_SIZE whose pools no machine holds: refused before anything is allocated (the free
+    # list of MAX_SIZE Mamba slots alone is 50 GiB, the states exabytes; built, it would be killed half-way).
+    Row(
+        OUT_OF_RANGE,
+        "Mamba slots x layers no machine holds",
+        "SizeOutOfRange",
+        lambda s: build(Spec(tree="none", mamba_slots=MAX_SIZE, mamba_layers=MAX_SIZE)),
+    ),
+    Row(
+        OUT_OF_RANGE,
+        "rows x max_context_len no machine holds",
+        "SizeOutOfRange",
+        lambda s: build(Spec(tree="none", hybrid=False, rows=MAX_SIZE, max_context_len=MAX_SIZE)),
+    ),
 ]
 
 WEIGHTS: list[Row] = [

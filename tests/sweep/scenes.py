@@ -197,9 +197,10 @@ def with_foreign(build: Callable[[], Scene]) -> Callable[[], Scene]:
 
 
 # ---------------------------------------------------------------------- schedulers
+# Mamba V1 (no_buffer), said explicitly: EngineSpec's default is V2
 SCHED_SPEC = dict(
     page_size=1, tree="mamba_radix", hybrid=True, kv_tokens=256, rows=6, mamba_slots=8, max_running=2,
-    chunk=8, max_prefill=32, max_context_len=128,
+    chunk=8, max_prefill=32, max_context_len=128, mamba_strategy="no_buffer",
 )  # fmt: skip
 
 

@@ -186,6 +186,8 @@ def _channel(channel: Any) -> dict[str, Any]:
         "rooms": tuple(sorted((k, repr(v)) for k, v in channel.rooms.items())),
         "events": repr(channel._events),
         "clock": (channel.now, channel._seq, repr(channel.stats), repr(channel._injected)),
+        "closed": tuple(sorted(channel._closed)),
+        "attached": (id(channel.prefill), id(channel.decode)),
     }
 
 

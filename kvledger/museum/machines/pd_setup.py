@@ -9,6 +9,7 @@ from typing import Any
 from kvledger.museum.machines.oracles import expected_output, model_expected_output
 from kvledger.reference.disagg import ChannelConfig, PDSpec, PDSystem, build_pd
 from kvledger.reference.engine import EngineSpec, ModelKind, TreeKind
+from kvledger.reference.scheduler.config import MambaSchedulerStrategy
 
 FAST_CHANNEL = ChannelConfig(latency=1, delay_steps=2, bootstrap_timeout=8, transfer_timeout=16, message_timeout=4)
 
@@ -32,8 +33,11 @@ def pd_spec(
     channel: ChannelConfig = FAST_CHANNEL,
     vocab_size: int = 128,
     max_context_len: int = 96,
+    mamba_strategy: MambaSchedulerStrategy = "no_buffer",
     **extra: Any,
 ) -> PDSpec:
+    """Small PD pools; the prefill's Mamba radix cache in V1 (``no_buffer``, page size 1) unless asked for
+    V2 (these set-ups were written for V1; ``EngineSpec``'s own default is V2)."""
     shared = dict(
         page_size=page_size,
         hybrid=hybrid,
@@ -51,6 +55,7 @@ def pd_spec(
         chunk=chunk,
         max_prefill=64,
         overlap=overlap,
+        mamba_strategy=mamba_strategy,
         **shared,  # type: ignore[arg-type]
     )
     decode = EngineSpec(

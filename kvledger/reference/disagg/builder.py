@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from kvledger.contracts.errors import InvalidArgument
+from kvledger.contracts.errors import InvalidArgument, SizeOutOfRange
 from kvledger.contracts.sizing import decode_mamba_slots, decode_rows, default_pre_alloc_size
-from kvledger.reference.config_fields import check_fields
+from kvledger.reference.config_fields import MAX_SIZE, Count, Size, check_fields
 from kvledger.reference.disagg.channel import ChannelConfig, InstanceData, TransferChannel
 from kvledger.reference.disagg.decode import DecodeScheduler
 from kvledger.reference.disagg.prefill import PrefillScheduler
@@ -30,14 +30,14 @@ class PDSpec:
 
     prefill: EngineSpec = field(default_factory=EngineSpec)
     decode: EngineSpec = field(default_factory=lambda: EngineSpec(tree="none"))
-    pre_alloc_size: int | None = None  # None: SGLang's default (2 x max_running when <= 32)
-    prefill_metadata_slots: int | None = None  # None: 2 x the prefill's max_running
-    decode_metadata_slots: int | None = None  # None: one per decode row
-    reserved_decode_tokens: int = 4
+    pre_alloc_size: Count | None = None  # None: SGLang's default (2 x max_running when <= 32)
+    prefill_metadata_slots: Size | None = None  # None: 2 x the prefill's max_running
+    decode_metadata_slots: Size | None = None  # None: one per decode row
+    reserved_decode_tokens: Count = 4
     channel: ChannelConfig = field(default_factory=ChannelConfig)
 
     def __post_init__(self) -> None:
-        check_fields(self)  # engine specs, channel config, ints (not bools or floats) by their annotations
+        check_fields(self)  # engine specs, channel config, sizes (ints within their bounds) by annotation
         for name in _SHARED:
             if getattr(self.prefill, name) != getattr(self.decode, name):
                 raise InvalidArgument(
@@ -46,12 +46,24 @@ class PDSpec:
                 )
         if self.decode.tree != "none":
             raise InvalidArgument("PD: the decode instance has no radix cache (tree='none')")
-        for name in ("pre_alloc_size", "prefill_metadata_slots", "decode_metadata_slots"):
-            value = getattr(self, name)
-            if value is not None and value < (0 if name == "pre_alloc_size" else 1):
-                raise InvalidArgument(f"PD: {name} must be positive, got {value}")
-        if self.reserved_decode_tokens < 0:
-            raise InvalidArgument("PD: reserved_decode_tokens must be >= 0")
+        sizes = self.derived_sizes()
+        for name, value in sizes.items():
+            if value > MAX_SIZE:
+                raise SizeOutOfRange(f"PD: the {name} ({value}) would exceed MAX_SIZE {MAX_SIZE}")
+
+    def derived_sizes(self) -> dict[str, int]:
+        """The sizes the builder derives (I-SIZING): decode rows, decode Mamba slots, metadata slots."""
+        d = self.decode
+        pre_alloc = (
+            default_pre_alloc_size(d.max_running) if self.pre_alloc_size is None else self.pre_alloc_size
+        )
+        rows = decode_rows(d.max_running, pre_alloc)
+        return {
+            "decode rows (max_running + pre_alloc_size)": rows,
+            "decode Mamba slots": decode_mamba_slots(d.mamba_slots, rows, 1) if d.hybrid else d.mamba_slots,
+            "prefill metadata slots": self.prefill_metadata_slots or 2 * self.prefill.max_running,
+            "decode metadata slots": self.decode_metadata_slots or rows,
+        }
 
 
 def build_pd(spec: PDSpec) -> PDSystem:
@@ -60,14 +72,11 @@ def build_pd(spec: PDSpec) -> PDSystem:
     if not isinstance(spec, PDSpec):
         raise InvalidArgument(f"build_pd: expected a PDSpec, got {type(spec).__name__}")
     channel = TransferChannel(spec.channel)
+    rows, mamba, p_slots, d_slots = spec.derived_sizes().values()
     p = build_parts(replace(spec.prefill, name_prefix="prefill."))
-    d_in = spec.decode
-    pre_alloc = default_pre_alloc_size(d_in.max_running) if spec.pre_alloc_size is None else spec.pre_alloc_size
-    rows = decode_rows(d_in.max_running, pre_alloc)
-    mamba = decode_mamba_slots(d_in.mamba_slots, rows, 1) if d_in.hybrid else d_in.mamba_slots
-    d = build_parts(replace(d_in, rows=rows, mamba_slots=mamba, reserved_rows=1, name_prefix="decode."))
-    p_meta = MetadataBufferPool(spec.prefill_metadata_slots or 2 * spec.prefill.max_running, name="prefill.metadata")
-    d_meta = MetadataBufferPool(spec.decode_metadata_slots or rows, name="decode.metadata")
+    d = build_parts(replace(spec.decode, rows=rows, mamba_slots=mamba, reserved_rows=1, name_prefix="decode."))
+    p_meta = MetadataBufferPool(p_slots, name="prefill.metadata")
+    d_meta = MetadataBufferPool(d_slots, name="decode.metadata")
     note = getattr(d.runner, "note_external_writes", None)
     prefill = PrefillScheduler(
         p.config, metadata_pool=p_meta, channel=channel, kv_buffer=p.kv_buffer, **p.scheduler_kwargs()

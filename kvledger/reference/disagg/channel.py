@@ -24,6 +24,12 @@ out. ``missing_components`` is the ground truth the decode's commit checks (I-TR
 Leases: ``reads_drained`` (prefill: no dispatched message of the room may still read its ids) and
 ``writes_drained`` (decode: the sender acknowledged the abort and no message may still write its ids).
 An instance releases an ended request's ids only when these say so (I-WRITER-LEASE).
+
+Bad calls are typed errors that change nothing: a room is an int in ``[1, MAX_ROOM]`` (``check_room``),
+a side is ``"prefill"`` or ``"decode"``, a room the channel never opened is :class:`UnknownRoom`. A room
+that was opened and has closed since is known: its late calls (an abort after the commit, a status poll)
+are answered as for a closed room, and its id is never opened again (a late control message of the old
+room would otherwise reach the new one).
 """
 
 from __future__ import annotations
@@ -33,8 +39,8 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from kvledger.contracts.errors import ContractViolation, InvalidArgument
-from kvledger.contracts.switch import require
+from kvledger.contracts.errors import ContractViolation, InvalidArgument, InvalidState, UnknownRoom
+from kvledger.reference.config_fields import check_size
 from kvledger.reference.disagg import landing
 from kvledger.reference.disagg.messages import (
     ChannelConfig,
@@ -49,6 +55,7 @@ from kvledger.reference.disagg.messages import (
     Room,
     Send,
 )
+from kvledger.reference.disagg.request import DECODE, PREFILL
 
 __all__ = [
     "ChannelConfig",
@@ -66,6 +73,56 @@ __all__ = [
 ]
 
 
+MAX_ROOM = 2**63 - 1
+"""Bootstrap rooms are stored as int64 (the metadata slots); room 0 marks an empty slot."""
+
+
+def check_room(room_id: Any, what: str = "bootstrap room") -> int:
+    """A bootstrap room id: an int (not a bool) in ``[1, MAX_ROOM]``."""
+    if isinstance(room_id, bool) or not isinstance(room_id, int) or not 1 <= room_id <= MAX_ROOM:
+        raise InvalidArgument(
+            f"{what} must be an int in [1, {MAX_ROOM}], got {type(room_id).__name__} {room_id!r}"
+        )
+    return room_id
+
+
+def check_side(side: Any, op: str) -> str:
+    if not isinstance(side, str) or side not in (PREFILL, DECODE):
+        raise InvalidArgument(f"{op}: side must be {PREFILL!r} or {DECODE!r}, got {side!r}")
+    return side
+
+
+def _member(enum: Any, value: Any, what: str) -> Any:
+    """An enum member, or the value of one (``"kv"``); anything else is refused."""
+    if isinstance(value, enum):
+        return value
+    if isinstance(value, str):
+        try:
+            return enum(value)
+        except ValueError:
+            pass
+    names = ", ".join(repr(m.value) for m in enum)
+    raise InvalidArgument(
+        f"inject: {what} must be a {enum.__name__} ({names}), got {type(value).__name__} {value!r}"
+    )
+
+
+def _check_ids(values: Any, what: str) -> None:
+    """A list of ints >= 0 (ids of a pool)."""
+    if not isinstance(values, list):
+        raise InvalidArgument(f"{what} must be a list of ints >= 0, got {type(values).__name__}")
+    for v in values:
+        _check_id(v, what)
+
+
+def _check_id(value: Any, what: str, *, allow_none: bool = False) -> None:
+    """One id: an int >= 0 (or None where ``allow_none``)."""
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidArgument(f"{what} must be an int >= 0, got {type(value).__name__} {value!r}")
+
+
 class TransferChannel:
     """One prefill-decode pair's transfer engine. ``advance(now)`` runs every event due at ``now``."""
 
@@ -79,27 +136,56 @@ class TransferChannel:
         self._events: list[tuple[int, int, str, int, Any]] = []  # (step, seq, kind, room, payload)
         self._seq = 0
         self._rng = random.Random(self.config.seed)
-        self._injected: list[tuple[Component, Fault, int | None]] = []
+        self._injected: list[list[Any]] = []  # [component, fault, room or None, times left], in order
+        self._closed: set[int] = set()  # rooms opened and closed since: known, never opened again
         self.prefill: InstanceData | None = None
         self.decode: InstanceData | None = None
         # Called before a message's data is written (the system's lease check: I-WRITER-LEASE).
         self.before_land: Callable[[Message], None] | None = None
 
     def attach(self, prefill: InstanceData, decode: InstanceData) -> None:
+        for what, data in (("prefill", prefill), ("decode", decode)):
+            if not isinstance(data, InstanceData):
+                raise InvalidArgument(f"attach: {what} must be an InstanceData, got {type(data).__name__}")
         self.prefill, self.decode = prefill, decode
+
+    def _known(self, room_id: Any, op: str) -> Room | None:
+        """The open room, None for a room that has closed; UnknownRoom for one never opened."""
+        check_room(room_id, f"{op}: bootstrap room")
+        room = self.rooms.get(room_id)
+        if room is None and room_id not in self._closed:
+            raise UnknownRoom(f"{op}: bootstrap room {room_id} was never opened on this channel")
+        return room
+
+    def _open_room(self, room_id: Any, op: str) -> Room:
+        room = self._known(room_id, op)
+        if room is None:
+            raise InvalidState(f"{op}: bootstrap room {room_id} has closed")
+        return room
 
     # ------------------------------------------------------------------ faults
     def inject(self, component: Component, fault: Fault, *, room: int | None = None, times: int = 1) -> None:
-        """The next ``times`` messages of ``component`` (of ``room``, if given) get ``fault``."""
-        self._injected.extend([(Component(component), Fault(fault), room)] * times)
+        """The next ``times`` messages of ``component`` (of ``room``, an open room, if given) get ``fault``.
+
+        ``times`` is an int in ``[1, MAX_SIZE]``; a room that is not open is refused (its fault could
+        never fire)."""
+        c = _member(Component, component, "component")
+        f = _member(Fault, fault, "fault")
+        if room is not None:
+            self._open_room(room, "inject")
+        check_size(times, "inject: times")
+        self._injected.append([c, f, room, times])
 
     def clear_faults(self) -> None:
         self._injected.clear()
 
     def _draw_fault(self, component: Component, room: int) -> Fault | None:
-        for i, (c, f, r) in enumerate(self._injected):
+        for i, (c, f, r, left) in enumerate(self._injected):
             if c is component and (r is None or r == room):
-                del self._injected[i]
+                if left == 1:
+                    del self._injected[i]
+                else:
+                    self._injected[i][3] = left - 1
                 self.stats.faults[(component.value, f.value)] += 1
                 return f
         if self.config.fault_rate and self._rng.random() < self.config.fault_rate:
@@ -113,9 +199,12 @@ class TransferChannel:
         self._seq += 1
         heapq.heappush(self._events, (step, self._seq, kind, room, payload))
 
-    @require(lambda self, now: now >= self.now, "time does not run backwards")
     def advance(self, now: int) -> None:
-        """Run every event due at or before ``now``, then the timeouts."""
+        """Run every event due at or before ``now``, then the timeouts (time does not run backwards)."""
+        if isinstance(now, bool) or not isinstance(now, int) or now < self.now:
+            raise InvalidArgument(
+                f"advance: now must be an int >= the channel's time {self.now}, got {now!r}"
+            )
         self.now = now
         while self._events and self._events[0][0] <= now:
             _, _, kind, room_id, payload = heapq.heappop(self._events)
@@ -142,8 +231,14 @@ class TransferChannel:
     # ------------------------------------------------------------------ rooms
     def open(self, room_id: int, plan_len: int, *, expects_state: bool) -> None:
         """Both sides register ``room_id``; the handshake starts now."""
+        check_room(room_id, "open: bootstrap room")
         if room_id in self.rooms:
             raise InvalidArgument(f"bootstrap room {room_id} is already open")
+        if room_id in self._closed:
+            raise InvalidArgument(f"bootstrap room {room_id} was used before (a room is opened once)")
+        check_size(plan_len, "open: plan_len")
+        if not isinstance(expects_state, bool):
+            raise InvalidArgument(f"open: expects_state must be a bool, got {type(expects_state).__name__}")
         room = Room(room_id, plan_len, self.now, expects_state=expects_state)
         room.landed_positions = bytearray(plan_len)
         self.rooms[room_id] = room
@@ -163,7 +258,8 @@ class TransferChannel:
 
     def close(self, room_id: int, side: str) -> None:
         """One side is done with the room (its request released); the room goes once both are."""
-        room = self.rooms.get(room_id)
+        check_side(side, "close")
+        room = self._known(room_id, "close")
         if room is None:
             return
         if side == "prefill":
@@ -177,6 +273,7 @@ class TransferChannel:
     def _maybe_delete(self, room: Room) -> None:
         if room.closed:
             del self.rooms[room.room]
+            self._closed.add(room.room)
 
     def _fail_both(self, room: Room, reason: str) -> None:
         room.sender_failure = room.sender_failure or reason
@@ -184,7 +281,7 @@ class TransferChannel:
 
     # ------------------------------------------------------------------ status (SGLang KVPoll)
     def sender_status(self, room_id: int) -> Poll:
-        room = self.rooms.get(room_id)
+        room = self._known(room_id, "sender_status")
         if room is None or room.sender_failure is not None:
             return Poll.FAILED
         if not room.bootstrapped:
@@ -196,7 +293,7 @@ class TransferChannel:
         return Poll.WAITING_FOR_INPUT
 
     def receiver_status(self, room_id: int) -> Poll:
-        room = self.rooms.get(room_id)
+        room = self._known(room_id, "receiver_status")
         if room is None or room.receiver_failure is not None:
             return Poll.FAILED
         if not room.bootstrapped:
@@ -212,15 +309,16 @@ class TransferChannel:
         return not self.missing_components(room.room)
 
     def failure_reason(self, room_id: int, side: str) -> str:
-        room = self.rooms.get(room_id)
+        check_side(side, "failure_reason")
+        room = self._known(room_id, "failure_reason")
         if room is None:
             return "room closed"
         reason = room.sender_failure if side == "prefill" else room.receiver_failure
         return reason or "no failure"
 
     def missing_components(self, room_id: int) -> list[str]:
-        """What the receiver still lacks (I-TRANSFER-ATOMIC: commit only when this is empty)."""
-        room = self.rooms[room_id]
+        """What the receiver still lacks (I-TRANSFER-ATOMIC: commit only when this is empty); open rooms."""
+        room = self._open_room(room_id, "missing_components")
         missing = []
         if room.kv_landed < room.plan_len:
             missing.append(f"kv {room.plan_len - room.kv_landed}/{room.plan_len} positions")
@@ -235,16 +333,38 @@ class TransferChannel:
     # ------------------------------------------------------------------ decode side
     def init_receiver(self, room_id: int, dst: DstInfo) -> None:
         """The decode pre-allocated: tell the sender where to write (lands ``latency`` steps later)."""
-        room = self.rooms[room_id]
+        room = self._open_room(room_id, "init_receiver")
+        if not isinstance(dst, DstInfo):
+            raise InvalidArgument(f"init_receiver: dst must be a DstInfo, got {type(dst).__name__}")
         if room.init_step is not None:
-            raise ContractViolation(f"room {room_id}: the receiver was initialised twice")
+            raise InvalidState(f"room {room_id}: the receiver was already initialised")
+        self._check_dst(dst)
         if len(dst.kv_slots) != room.plan_len:
-            raise ContractViolation(
+            raise InvalidArgument(
                 f"room {room_id}: the decode pre-allocated {len(dst.kv_slots)} KV slots for a plan of"
                 f" {room.plan_len} positions"
             )
         room.init_step = room.last_progress = self.now
         self._schedule(self.now + self.config.latency, "init", room_id, dst)
+
+    def _check_dst(self, dst: DstInfo) -> None:
+        """Ids of the decode's pools: ints >= 0, inside the pools when the instances are attached."""
+        _check_ids(dst.kv_slots, "init_receiver: dst.kv_slots")
+        _check_id(dst.mamba_slot, "init_receiver: dst.mamba_slot", allow_none=True)
+        _check_id(dst.meta_idx, "init_receiver: dst.meta_idx")
+        _check_id(dst.row, "init_receiver: dst.row")
+        d = self.decode
+        if d is None:
+            return
+        limits = [("meta_idx", [dst.meta_idx], d.metadata_pool)]
+        if dst.mamba_slot is not None:
+            limits.append(("mamba_slot", [dst.mamba_slot], d.mamba_pool))
+        if d.kv_buffer is not None:
+            limits.append(("kv_slots", dst.kv_slots, d.kv_buffer))
+        for what, ids, pool in limits:
+            size = None if pool is None else getattr(pool, "num_slots", getattr(pool, "size", None))
+            if ids and (size is None or max(ids) >= size + (what == "mamba_slot")):
+                raise InvalidArgument(f"init_receiver: dst.{what} {max(ids)} outside the decode's pool")
 
     def _on_init(self, room: Room, dst: DstInfo) -> None:
         if room.sender_aborted:
@@ -255,7 +375,7 @@ class TransferChannel:
     def request_drain(self, room_id: int) -> None:
         """The decode ended the request (its abort is on its way to the sender) while writes may come:
         the sender acknowledges once it dispatches nothing more and nothing of the room is in flight."""
-        room = self.rooms.get(room_id)
+        room = self._known(room_id, "request_drain")
         if room is None or room.drain_requested:
             return
         room.drain_requested = True
@@ -263,26 +383,32 @@ class TransferChannel:
 
     def writes_may_land(self, room_id: int) -> bool:
         """The receiver told the sender where to write, has not committed, and has no acknowledgement."""
-        room = self.rooms.get(room_id)
+        room = self._known(room_id, "writes_may_land")
         return room is not None and room.init_step is not None and not room.receiver_closed and not room.ack_received
 
     def writes_drained(self, room_id: int) -> bool:
         """The sender acknowledged: no message of the room is in flight or will be dispatched."""
-        room = self.rooms.get(room_id)
+        room = self._known(room_id, "writes_drained")
         return room is None or room.ack_received
 
     # ------------------------------------------------------------------ prefill side
     def send_chunk(self, room_id: int, send: Send, *, last: bool) -> bool:
-        """Hand a chunk to the engine; False when the room has failed or was aborted (nothing queued)."""
-        room = self.rooms.get(room_id)
+        """Hand a chunk to the engine; False when the room has failed, was aborted or has closed (nothing
+        queued). The chunk must continue the positions already handed over and stay within the plan."""
+        if not isinstance(send, Send):
+            raise InvalidArgument(f"send_chunk: send must be a Send, got {type(send).__name__}")
+        if not isinstance(last, bool):
+            raise InvalidArgument(f"send_chunk: last must be a bool, got {type(last).__name__}")
+        room = self._known(room_id, "send_chunk")
         if room is None or room.sender_failure is not None or room.sender_aborted or room.last_handed:
             return False
+        _check_send(send)
         if send.start != room.dispatched_kv + sum(s.end - s.start for s in room.pending):
-            raise ContractViolation(
+            raise InvalidArgument(
                 f"room {room_id}: chunk [{send.start}, {send.end}) does not continue the positions already sent"
             )
         if send.end > room.plan_len or (last and send.end != room.plan_len):
-            raise ContractViolation(
+            raise InvalidArgument(
                 f"room {room_id}: chunk [{send.start}, {send.end}) (last={last}) disagrees with the"
                 f" receiver's plan of {room.plan_len} positions"
             )
@@ -293,7 +419,10 @@ class TransferChannel:
 
     def abort(self, room_id: int, side: str, reason: str) -> None:
         """One side aborted the request: tell the other side (a control message, ``latency`` steps)."""
-        room = self.rooms.get(room_id)
+        check_side(side, "abort")
+        if not isinstance(reason, str):
+            raise InvalidArgument(f"abort: reason must be a str, got {type(reason).__name__}")
+        room = self._known(room_id, "abort")
         if room is None:
             return
         if side == "prefill":
@@ -328,7 +457,7 @@ class TransferChannel:
 
     def reads_drained(self, room_id: int) -> bool:
         """No dispatched message of the room may still read the prefill's ids, and none will be dispatched."""
-        room = self.rooms.get(room_id)
+        room = self._known(room_id, "reads_drained")
         return room is None or (room.sender_aborted and not room.unresolved)
 
     # ------------------------------------------------------------------ data messages
@@ -439,7 +568,7 @@ class TransferChannel:
         return not self.rooms
 
     def describe_room(self, room_id: int) -> str:
-        room = self.rooms.get(room_id)
+        room = self._known(room_id, "describe_room")
         if room is None:
             return f"room {room_id}: closed"
         return (
@@ -450,3 +579,21 @@ class TransferChannel:
             f" state={room.state_landed}, meta={room.meta_landed}, drain={room.drain_requested},"
             f" ack={room.ack_received}) in flight={list(room.unresolved.values())}"
         )
+
+
+def _check_send(send: Send) -> None:
+    """A chunk's fields: ``0 <= start <= end``, one source slot and one token per position, ids >= 0."""
+    _check_id(send.start, "send_chunk: send.start")
+    _check_id(send.end, "send_chunk: send.end")
+    if send.start > send.end:
+        raise InvalidArgument(f"send_chunk: chunk [{send.start}, {send.end}) runs backwards")
+    _check_ids(send.src_slots, "send_chunk: send.src_slots")
+    _check_ids(send.tokens, "send_chunk: send.tokens")
+    n = send.end - send.start
+    if len(send.src_slots) != n or len(send.tokens) != n:
+        raise InvalidArgument(
+            f"send_chunk: chunk [{send.start}, {send.end}) with {len(send.src_slots)} source slots and"
+            f" {len(send.tokens)} tokens"
+        )
+    _check_id(send.state_src, "send_chunk: send.state_src", allow_none=True)
+    _check_id(send.meta_src, "send_chunk: send.meta_src", allow_none=True)

@@ -20,11 +20,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvledger.contracts.errors import ContractViolation, InvalidArgument
+from kvledger.contracts.errors import ContractViolation, InvalidArgument, UnknownRoom
 from kvledger.contracts.ledger import Ledger
 from kvledger.contracts.owners import LEASE_ACCOUNTS, Account
 from kvledger.reference.disagg.accounting import PDAccounting
-from kvledger.reference.disagg.channel import TransferChannel
+from kvledger.reference.disagg.channel import TransferChannel, check_room
 from kvledger.reference.disagg.request import PDReq
 from kvledger.reference.scheduler import Scheduler, SchedulerConfig
 from kvledger.reference.scheduler.request import Req, ReqState
@@ -109,8 +109,9 @@ class PDScheduler(Scheduler):
     def add_request(  # type: ignore[override]
         self, rid: int, prompt: Sequence[int], max_new_tokens: int, *, bootstrap_room: int
     ) -> PDReq:
-        if isinstance(bootstrap_room, bool) or not isinstance(bootstrap_room, int) or bootstrap_room < 1:
-            raise InvalidArgument(f"bootstrap_room must be an int >= 1, got {bootstrap_room!r}")
+        check_room(bootstrap_room)
+        if bootstrap_room not in self.channel.rooms:  # PDSystem.add_request opens it first
+            raise UnknownRoom(f"bootstrap room {bootstrap_room} is not open on the channel")
         if bootstrap_room in self.rooms:
             raise InvalidArgument(f"bootstrap room {bootstrap_room} is in use on the {self.side} instance")
         req = super().add_request(rid, prompt, max_new_tokens)

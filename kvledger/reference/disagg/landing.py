@@ -24,7 +24,8 @@ def _index(ids: list[int], device: torch.device) -> torch.Tensor:
 
 
 def copy_kv(src_buffer: Any, src_slots: list[int], dst_buffer: Any, dst_slots: list[int]) -> None:
-    """K/V of ``src_slots`` (every attention layer) into ``dst_slots`` of another buffer."""
+    """K/V of ``src_slots`` (every attention layer) into ``dst_slots`` of another buffer: the raw rows, as
+    an RDMA write copies them (poison included: a source freed too early shows in the data it lands)."""
     if len(src_slots) != len(dst_slots):
         raise ContractViolation(f"KV landing: {len(src_slots)} source slots for {len(dst_slots)} destinations")
     src = _index(src_slots, src_buffer.device)
@@ -32,7 +33,7 @@ def copy_kv(src_buffer: Any, src_slots: list[int], dst_buffer: Any, dst_slots: l
     for layer in range(dst_buffer.num_layers):
         k = src_buffer.k_buffer[layer, src].to(dst_buffer.device)
         v = src_buffer.v_buffer[layer, src].to(dst_buffer.device)
-        dst_buffer.set_kv_buffer(layer, dst, k, v)
+        kernels.store_kv(dst_buffer.k_buffer, dst_buffer.v_buffer, layer, dst, k, v)
 
 
 def _fingerprints(pool: Any, slot: int) -> list[int]:
@@ -56,17 +57,28 @@ def copy_state(src_pool: Any, src_slot: int, dst_pool: Any, dst_slot: int) -> No
 
 
 def copy_metadata(src_pool: Any, src_slot: int, dst_pool: Any, dst_slot: int) -> None:
-    """Room and first output token of ``src_slot`` into ``dst_slot`` of the other side's metadata pool."""
+    """Room and first output token of ``src_slot`` into ``dst_slot`` of the other side's metadata pool: the
+    raw contents (room 0 when the prefill wrote nothing, poison when its slot was freed); the decode's
+    commit reads the room and refuses one that is not its own."""
     rooms, tokens = src_pool.gather(_index([src_slot], src_pool.device))
-    dst_pool.store(_index([dst_slot], dst_pool.device), rooms, tokens)
+    dst = _index([dst_slot], dst_pool.device)
+    kernels.store_kv(
+        dst_pool.bootstrap_room,
+        dst_pool.output_id,
+        0,
+        dst,
+        rooms.to(dst_pool.device),
+        tokens.to(dst_pool.device),
+    )
 
 
 def restore(kv_buffer: Any, slots: torch.Tensor, copy: Any, mamba_pool: Any, mamba_slot: Any) -> None:
-    """Write a retracted request's host copy back: K/V into ``slots``, the state into ``mamba_slot``."""
+    """Write a retracted request's host copy back: K/V into ``slots``, the state into ``mamba_slot`` (the
+    raw bytes, as they were copied out; a copy of poisoned rows shows when the model reads them)."""
     if kv_buffer is not None and copy.k is not None:
         for layer in range(kv_buffer.num_layers):
             k, v = copy.k[layer].to(kv_buffer.device), copy.v[layer].to(kv_buffer.device)
-            kv_buffer.set_kv_buffer(layer, slots, k, v)
+            kernels.store_kv(kv_buffer.k_buffer, kv_buffer.v_buffer, layer, slots, k, v)
     if mamba_pool is not None and copy.conv is not None:
         for layer in range(mamba_pool.num_layers):
             kernels.store_kv(

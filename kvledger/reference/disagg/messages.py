@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvledger.contracts.errors import InvalidArgument
-from kvledger.reference.config_fields import check_fields
+from kvledger.reference.config_fields import Count, Size, check_fields
 
 
 class Component(str, enum.Enum):
@@ -50,21 +50,16 @@ class Outcome(str, enum.Enum):
 class ChannelConfig:
     """Latencies and timeouts in scheduler steps; random faults for ``kvledger simulate --pd``."""
 
-    latency: int = 1
-    delay_steps: int = 3
-    bootstrap_timeout: int = 24
-    transfer_timeout: int = 48  # decode: steps without progress on a pre-allocated room before it fails
-    message_timeout: int = 8  # a hung (TIMEOUT) message fails this many steps after dispatch
+    latency: Size = 1
+    delay_steps: Count = 3
+    bootstrap_timeout: Size = 24
+    transfer_timeout: Size = 48  # decode: steps without progress on a pre-allocated room before it fails
+    message_timeout: Size = 8  # a hung (TIMEOUT) message fails this many steps after dispatch
     fault_rate: float = 0.0  # probability that a message (or handshake) draws a random fault
     seed: int = 0
 
     def __post_init__(self) -> None:
-        check_fields(self)  # ints are not bools or floats; the rate a finite number
-        for name in ("latency", "bootstrap_timeout", "transfer_timeout", "message_timeout"):
-            if getattr(self, name) < 1:
-                raise InvalidArgument(f"ChannelConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.delay_steps < 0:
-            raise InvalidArgument(f"ChannelConfig.delay_steps must be >= 0, got {self.delay_steps}")
+        check_fields(self)  # ints are not bools or floats, steps within [1 or 0, MAX_SIZE]; the rate finite
         if not 0.0 <= self.fault_rate <= 1.0:
             raise InvalidArgument(f"ChannelConfig.fault_rate must be in [0, 1], got {self.fault_rate}")
 

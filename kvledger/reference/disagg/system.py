@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvledger.contracts.errors import ContractViolation, InvalidArgument
+from kvledger.contracts.errors import ContractViolation, InvalidArgument, InvalidState
 from kvledger.contracts.leases import check_lease
 from kvledger.contracts.owners import CACHE_PROTECTED, Owner
 from kvledger.reference.disagg.channel import Component, Message, TransferChannel
@@ -33,6 +33,7 @@ from kvledger.reference.disagg.prefill import PrefillScheduler
 from kvledger.reference.disagg.request import DECODE, PREFILL, PDReq
 from kvledger.reference.pools.validate import check_positive
 from kvledger.reference.scheduler.request import ReqState
+from kvledger.reference.scheduler.validate import check_rid
 
 
 def kv_ledger_ids(allocator: Any, token_slots: Sequence[int]) -> list[int]:
@@ -76,8 +77,9 @@ class PDSystem:
     # ------------------------------------------------------------------ requests
     def add_request(self, rid: int, prompt: Sequence[int], max_new_tokens: int) -> tuple[PDReq, PDReq]:
         """Send a request to both instances (the router's job); its bootstrap room is ``rid + 1``."""
-        if isinstance(rid, bool) or not isinstance(rid, int) or rid < 0 or rid in self.pairs:
-            raise InvalidArgument(f"request id {rid!r} is not a fresh int >= 0")
+        check_rid(rid)  # the one rule for request ids (0 <= rid <= MAX_RID); a system never reuses one
+        if rid in self.pairs:
+            raise InvalidArgument(f"request id {rid} was already used in this system")
         room = rid + 1
         # Validate on both sides before the room opens, so a bad request changes nothing anywhere.
         for inst in self.instances():
@@ -131,9 +133,13 @@ class PDSystem:
         return taken
 
     def check_quiescent(self) -> None:
-        """The strong identities and full audits of both instances; refused outside quiescence."""
+        """The strong identities and full audits of both instances, at quiescence.
+
+        Calling it while the system is busy is the caller's error (:class:`InvalidState`, nothing checked
+        or changed: run it after ``run_until_idle``); a check that fails at quiescence is a bug
+        (:class:`ContractViolation`)."""
         if not self.is_quiescent():
-            raise ContractViolation(f"check_quiescent outside quiescence (I-QUIESCENT): {self.describe()}")
+            raise InvalidState(f"check_quiescent while the system is busy (I-QUIESCENT): {self.describe()}")
         for side, inst in ((PREFILL, self.prefill), (DECODE, self.decode)):
             with self._side(side):
                 inst.accounting.check_quiescent()

@@ -14,6 +14,7 @@ import torch
 from kvledger import kernels
 from kvledger.contracts.errors import InvalidArgument
 from kvledger.contracts.switch import ensure
+from kvledger.reference.config_fields import allocating, check_fits_memory, check_size
 from kvledger.reference.pools.validate import (
     as_index_tensor,
     check_count,
@@ -63,15 +64,17 @@ class KVBufferPool:
             ("num_kv_heads", num_kv_heads),
             ("head_dim", head_dim),
         ):
-            if check_count(v, what) < 1:
-                raise InvalidArgument(f"KVBufferPool: {what} must be >= 1")
+            check_size(v, f"KVBufferPool: {what}")  # an int in [1, MAX_SIZE], before any allocation
         check_float_dtype(dtype, "KVBufferPool: dtype")
+        elements = num_layers * num_slots * num_kv_heads * head_dim
+        check_fits_memory(2 * elements * dtype.itemsize, f"KVBufferPool: {num_slots} slots x {num_layers} layers")
         self.num_slots = num_slots
         self.num_layers = num_layers
         self.device = resolve_device(device)
         shape = (num_layers, num_slots, num_kv_heads, head_dim)
-        self.k_buffer = torch.zeros(shape, dtype=dtype, device=self.device)
-        self.v_buffer = torch.zeros(shape, dtype=dtype, device=self.device)
+        with allocating(f"KVBufferPool: shape {shape}"):
+            self.k_buffer = torch.zeros(shape, dtype=dtype, device=self.device)
+            self.v_buffer = torch.zeros(shape, dtype=dtype, device=self.device)
 
     @classmethod
     def for_allocator(cls, allocator: Any, **kwargs: Any) -> KVBufferPool:
@@ -111,6 +114,11 @@ class KVBufferPool:
             )
         if k.device != self.device or v.device != self.device:
             raise InvalidArgument(f"set_kv_buffer: k/v on {k.device}, buffer on {self.device}")
+        if not (bool(torch.isfinite(k).all()) and bool(torch.isfinite(v).all())):
+            # NaN is the poison that marks a freed slot (I-POISON-ON-FREE): a live slot must never hold it
+            raise InvalidArgument(
+                "set_kv_buffer: k/v hold NaN or infinite values (NaN is the freed-slot poison)"
+            )
         kernels.store_kv(self.k_buffer, self.v_buffer, layer, idx, k, v)
 
     def _check_layer(self, layer: Any) -> int:

@@ -21,6 +21,7 @@ from kvledger import kernels
 from kvledger.contracts.errors import InvalidArgument, SlotOutOfRange
 from kvledger.contracts.owners import FREE, Owner
 from kvledger.contracts.switch import ensure, invariant, snapshot
+from kvledger.reference.config_fields import allocating, check_fits_memory, check_size
 from kvledger.reference.pools.id_free_list import HELD, IdFreeList
 from kvledger.reference.pools.validate import (
     as_index_tensor,
@@ -28,10 +29,15 @@ from kvledger.reference.pools.validate import (
     check_in_range,
     check_name,
     check_owner,
-    check_positive,
     check_unique,
     resolve_device,
 )
+
+INT64_MAX = 2**63 - 1
+"""Rooms and output ids are stored as int64."""
+
+SLOT_BYTES = 2 * 8 + 25
+"""Host bytes per slot at least: room and output id (int64 each), the free list's arrays."""
 
 
 @invariant(
@@ -43,14 +49,16 @@ class MetadataBufferPool:
     """``size`` slots; ``bootstrap_room[1, size, 1]`` and ``output_id[1, size, 1]`` (int64) per slot."""
 
     def __init__(self, size: int, *, device: str | torch.device = "cpu", name: str = "metadata") -> None:
-        check_positive(size, "size")
+        check_size(size, "MetadataBufferPool: size")  # an int in [1, MAX_SIZE], before any allocation
+        check_fits_memory(size * SLOT_BYTES, f"MetadataBufferPool: size {size}")
         self.size = size
         self.name = check_name(name)
         self.device = resolve_device(device)
-        # Layer-major [L=1, S, F=1] so the slot kernels apply (a store writes both buffers at once).
-        self.bootstrap_room = torch.zeros((1, size, 1), dtype=torch.int64, device=self.device)
-        self.output_id = torch.zeros((1, size, 1), dtype=torch.int64, device=self.device)
-        self._slots = IdFreeList(name, 0, size, self.device, reuse="fifo")
+        with allocating(f"MetadataBufferPool: size {size}"):
+            # Layer-major [L=1, S, F=1] so the slot kernels apply (a store writes both buffers at once).
+            self.bootstrap_room = torch.zeros((1, size, 1), dtype=torch.int64, device=self.device)
+            self.output_id = torch.zeros((1, size, 1), dtype=torch.int64, device=self.device)
+            self._slots = IdFreeList(name, 0, size, self.device, reuse="fifo")
         self._slots.on_alloc = self._zero
         if self._slots.ledger.enabled:
             self._slots.on_release = self._poison
@@ -104,24 +112,38 @@ class MetadataBufferPool:
     def set_buf(self, slot: int, room: int, output_id: int) -> None:
         """Write a request's ``bootstrap_room`` and first output token into its (held) slot."""
         idx = self._check_held(slot, "set_buf")
-        if check_count(room, "room") < 1:
-            raise InvalidArgument(f"[{self.name}] set_buf: room must be >= 1 (0 marks an empty slot)")
-        check_count(output_id, "output_id")
+        if not 1 <= check_count(room, "room") <= INT64_MAX:
+            raise InvalidArgument(
+                f"[{self.name}] set_buf: room must be in [1, {INT64_MAX}] (0 marks an empty slot), got {room}"
+            )
+        if check_count(output_id, "output_id") > INT64_MAX:
+            raise InvalidArgument(f"[{self.name}] set_buf: output_id {output_id} does not fit int64")
         self.store(
             idx, torch.tensor([[room]], dtype=torch.int64), torch.tensor([[output_id]], dtype=torch.int64)
         )
 
     def store(self, slots: torch.Tensor, rooms: torch.Tensor, output_ids: torch.Tensor) -> None:
-        """Raw store of ``[n, 1]`` rooms and output ids at ``slots`` (the transfer's landing path): distinct
-        slots some request holds, int tensors of shape ``[n, 1]``; checked before anything is written."""
+        """``set_buf`` for ``n`` slots at once: ``[n, 1]`` rooms (each >= 1: 0 marks an empty slot) and
+        output ids (each >= 0) at distinct slots some request holds, int tensors on the pool's device;
+        checked before anything is written. (A transfer's landing copies the raw contents, poison
+        included, through the kernels: ``kvledger.reference.disagg.landing``.)"""
         idx = self._check_slots(slots, "store", held=True)
         n = idx.numel()
-        for what, values in (("rooms", rooms), ("output_ids", output_ids)):
+        for what, values, low in (("rooms", rooms, 1), ("output_ids", output_ids, 0)):
             if not isinstance(values, torch.Tensor) or values.dtype not in (torch.int32, torch.int64):
                 raise InvalidArgument(f"[{self.name}] store: {what} must be an int32/int64 tensor")
             if tuple(values.shape) != (n, 1):
                 raise InvalidArgument(
                     f"[{self.name}] store: {what} must have shape [{n}, 1], got {tuple(values.shape)}"
+                )
+            if values.device != self.device:
+                raise InvalidArgument(
+                    f"[{self.name}] store: {what} are on {values.device}, the pool on {self.device}"
+                )
+            if n and int(values.min()) < low:
+                raise InvalidArgument(
+                    f"[{self.name}] store: {what} must be >= {low}"
+                    f"{' (0 marks an empty slot)' if low else ''}, got {int(values.min())}"
                 )
         kernels.store_kv(
             self.bootstrap_room,

@@ -7,7 +7,7 @@ from typing import Literal
 
 from kvledger.contracts.errors import InvalidArgument
 from kvledger.contracts.mamba_track import FLA_CHUNK_SIZE, mamba_cache_chunk_size, ping_pong_size
-from kvledger.reference.config_fields import check_fields
+from kvledger.reference.config_fields import Count, Size, check_fields
 
 CowReleasePolicy = Literal["if_not_appended", "keep"]
 """What happens to the copy-on-write Mamba slot of the request that stopped an admission round.
@@ -42,26 +42,28 @@ MambaSchedulerStrategy = Literal["no_buffer", "extra_buffer"]
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    page_size: int = 1
-    max_running_requests: int = 64
-    max_prefill_tokens: int = 16384
-    chunked_prefill_size: int | None = 8192  # None: no chunking
-    max_context_len: int = 4096
+    page_size: Size = 1
+    max_running_requests: Size = 64
+    max_prefill_tokens: Size = 16384
+    chunked_prefill_size: Size | None = 8192  # None: no chunking
+    max_context_len: Size = 4096
     init_new_token_ratio: float = 0.7
     min_new_token_ratio: float = 0.14
     new_token_ratio_decay: float = (0.7 - 0.14) / 600
-    clip_max_new_tokens: int = 4096
-    retract_decode_steps: int = 20
+    clip_max_new_tokens: Size = 4096
+    retract_decode_steps: Count = 20
     overlap: bool = False
     eos_token_id: int | None = None
     cow_release_policy: CowReleasePolicy = "if_not_appended"
     check_every_step: bool = True  # the busy identity after every step (contracts on)
     # Ended requests kept in full in ``Scheduler.requests`` (for inspection, tests and oracles); older
     # ones are dropped so a long run's memory stays flat. Their outcome stays in ``Scheduler.stats``.
-    finished_window: int = 1024
+    finished_window: Count = 1024
     mamba_scheduler_strategy: MambaSchedulerStrategy = "no_buffer"
-    mamba_track_interval: int = 256  # V2: decode captures a state when the length reaches a multiple
-    mamba_chunk_size: int | None = None  # V2: the kernel's chunk (None: FLA's 64); see mamba_cache_chunk_size
+    mamba_track_interval: Size = 256  # V2: decode captures a state when the length reaches a multiple
+    mamba_chunk_size: Size | None = (
+        None  # V2: the kernel's chunk (None: FLA's 64); see mamba_cache_chunk_size
+    )
 
     @property
     def extra_buffer(self) -> bool:
@@ -78,7 +80,7 @@ class SchedulerConfig:
         return ping_pong_size(self.extra_buffer, self.overlap)
 
     def __post_init__(self) -> None:
-        check_fields(self)  # every field of its annotated type (ints are not bools or floats)
+        check_fields(self)  # every field of its annotated type (ints are not bools or floats), sizes bounded
         if self.page_size < 1:
             raise InvalidArgument(f"page_size must be >= 1, got {self.page_size}")
         if self.max_running_requests < 1 or self.max_prefill_tokens < 1 or self.max_context_len < 1:

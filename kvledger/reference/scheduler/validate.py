@@ -68,9 +68,20 @@ def check_collaborators(
         raise InvalidArgument(f"Scheduler: the pools are on different devices {sorted(devices)}")
 
 
+MAX_RID = 2**63 - 2
+"""The largest request id. The rule for request ids, the same for the scheduler, both PD instances and
+the PD system: an int (not a bool) with ``0 <= rid <= MAX_RID``, so that the id and its PD bootstrap
+room ``rid + 1`` fit the int64 tensors and event logs they end up in. An id is unique among the requests
+its holder still keeps: a scheduler refuses one that is live or among the ended requests it keeps
+(``SchedulerConfig.finished_window``); a PD system keeps every request, so its ids never repeat."""
+
+
 def check_rid(rid: Any) -> int:
+    """A request id by the rule of :data:`MAX_RID` (its uniqueness is the caller's table's business)."""
     if isinstance(rid, bool) or not isinstance(rid, int):
         raise InvalidArgument(f"a request id is an int, got {type(rid).__name__} {rid!r}")
+    if not 0 <= rid <= MAX_RID:
+        raise InvalidArgument(f"request id {rid} outside [0, {MAX_RID}]")
     return rid
 
 

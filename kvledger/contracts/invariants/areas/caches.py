@@ -29,9 +29,15 @@ AREA = Area(
     title="Radix caches",
     order=20,
     intro=(
-        "Caches: `RadixCache` (KV only) and `MambaRadixCache` (KV plus one Mamba state slot per node,"
-        " SGLang's V1 semantics). The caches accept any page size; the scheduler currently runs the Mamba"
-        " radix cache with page size 1 only (it caches states at token granularity; see the model, §1)."
+        "Caches: `RadixCache` (KV only) and `MambaRadixCache` (KV plus one Mamba state slot per node)."
+        " Both accept any page size, and the scheduler runs them at any page size. The Mamba radix cache"
+        " runs under either of SGLang's strategies ([mamba-v2.md](mamba-v2.md)): V2, `extra_buffer` (the"
+        " default of `EngineSpec` and `kvledger simulate`), at any page size, the tree built with the"
+        " capture grid `mamba_cache_chunk_size` (which turns on the branching point of `match_prefix`),"
+        " caching only the states the requests' tracking slots captured, taken by donation; or V1,"
+        " `no_buffer`, at page size 1 only (states cached at token granularity: a fork of the working slot"
+        " at the end of each chunk and of the prompt, the working slot itself at finish). The invariants"
+        " below hold in both modes; V2's own are in their area below."
         " Every node owns its KV ids through `node.kv_owner` (ledger account `cache.protected` while"
         " `lock_ref > 0`, `cache.evictable` otherwise) and its state through `node.mamba_owner` (driven by"
         " `mamba_lock_ref`). Cheap identities are class invariants checked around every public call; the"
