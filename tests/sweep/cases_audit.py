@@ -66,6 +66,13 @@ CASES: list[Case] = [
         "EventLogError",
         lambda s: Aud().feed({"ev": "step"}, "1"),
     ),
+    _row(
+        "Recorder.close",
+        WRONG_TYPE,
+        "an unknown outcome",
+        "InvalidArgument",
+        lambda s: _closed_with("finished"),
+    ),
     _row("audit_lines", WRONG_TYPE, "None", "EventLogError", lambda s: lines(None)),
     _row(
         "audit_lines", WRONG_TYPE, "a str (not lines)", "EventLogError", lambda s: lines('{"ev": "header"}')
@@ -81,6 +88,17 @@ CASES: list[Case] = [
         lambda s: file("/nonexistent/kvledger.log"),
     ),
 ]
+
+
+def _closed_with(outcome: object) -> None:
+    """A recorder closed with ``outcome``; a refused close leaves it open, its log without an end."""
+    out = io.StringIO()
+    rec = Rec(build_engine(EngineSpec()), out)
+    try:
+        rec.close(outcome)
+    finally:
+        assert '"ev":"end"' not in out.getvalue().replace(" ", ""), "a refused close wrote the end marker"
+        rec.detach()
 
 
 def _recorder_without_ledgers() -> object:
@@ -105,7 +123,8 @@ QUERIES: list[Query] = [
 ]
 
 NO_BAD_CALL: dict[str, str] = {
-    "Recorder.close": "no argument; detaches the recorder, allowed in every state",
+    "Recorder.detach": "no argument; unhooks the recorder, allowed in every state (a second call does nothing)",
+    "Auditor.unfinished": "no argument; a description of what the replay holds, allowed in every state",
 }
 NOT_ENTRY_POINTS: dict[str, str] = {
     "Recorder.moved": "a ledger observer callback the pools call on every move",
