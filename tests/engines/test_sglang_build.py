@@ -99,7 +99,12 @@ def test_previous_release_builds_mamba_radix_cache() -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["version"] == "0.5.20"
-    assert report["mamba_radix_cache"] == {"matched": 4, "cow_copied": True, "evicted_tokens": 4, "free_after": 32}
+    assert report["mamba_radix_cache"] == {
+        "matched": 4,
+        "cow_copied": True,
+        "evicted_tokens": 4,
+        "free_after": 32,
+    }
 
 
 def test_tensors_are_on_cpu(sgl: Any) -> None:

@@ -106,7 +106,11 @@ def hybrid_req_pool(
 
 def _params(allocator: Any, rows: Any, page_size: int, sgl: SGLangModules, **extra: Any) -> Any:
     return sgl.CacheInitParams(
-        disable=False, req_to_token_pool=rows, token_to_kv_pool_allocator=allocator, page_size=page_size, **extra
+        disable=False,
+        req_to_token_pool=rows,
+        token_to_kv_pool_allocator=allocator,
+        page_size=page_size,
+        **extra,
     )
 
 

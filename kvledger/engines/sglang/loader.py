@@ -67,7 +67,10 @@ class SGLangModules:
 # (module, names) imported from every supported release; then the release-specific ones.
 _COMMON: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("sglang.srt.mem_cache.allocator", ("TokenToKVPoolAllocator", "PagedTokenToKVPoolAllocator")),
-    ("sglang.srt.mem_cache.memory_pool", ("MHATokenToKVPool", "ReqToTokenPool", "HybridReqToTokenPool", "MambaPool")),
+    (
+        "sglang.srt.mem_cache.memory_pool",
+        ("MHATokenToKVPool", "ReqToTokenPool", "HybridReqToTokenPool", "MambaPool"),
+    ),
     ("sglang.srt.mem_cache.radix_cache", ("RadixCache", "RadixKey", "TreeNode")),
     ("sglang.srt.mem_cache.cache_init_params", ("CacheInitParams",)),
     ("sglang.srt.mem_cache.base_prefix_cache", ("MatchPrefixParams", "InsertParams", "EvictParams")),

@@ -34,7 +34,9 @@ def mamba_radix_cache_round() -> dict[str, Any]:
     pool.mamba_cache.temporal[:, slot] = 7.0
     tree.insert(sgl.InsertParams(key=build.radix_key([1, 2, 3, 4]), value=ids, mamba_value=slot))
     req = request_stub()
-    m = tree.match_prefix(sgl.MatchPrefixParams(key=build.radix_key([1, 2, 3, 4, 5]), cow_mamba=True, req=req))
+    m = tree.match_prefix(
+        sgl.MatchPrefixParams(key=build.radix_key([1, 2, 3, 4, 5]), cow_mamba=True, req=req)
+    )
     dst = req.kv.mamba_pool_idx
     pool.copy_from(req.kv.mamba_cow_src_index.reshape(-1), dst.reshape(-1))  # SGLang defers it to the forward
     copied = bool(torch.all(pool.mamba_cache.temporal[:, int(dst)] == 7.0))
