@@ -11,6 +11,7 @@ import torch
 from kvledger.contracts.errors import ContractViolation
 from kvledger.engines.sglang import build
 from kvledger.engines.sglang.attach import Watch, watch
+from kvledger.engines.sglang.workload import serve
 
 TREES = ["radix-p1", "radix-p4", "unified-full", "unified-mamba"]
 
@@ -27,52 +28,6 @@ def setup(kind: str, pages: int = 12) -> tuple[Any, Any, Any, Watch]:
     )
     w = watch(allocator=alloc, req_pool=rows, mamba_pool=rows if mamba else None, tree=tree, audit_each=True)
     return alloc, rows, tree, w
-
-
-def serve(sgl: Any, alloc: Any, rows: Any, tree: Any, w: Watch, rid: int, tokens: list[int]) -> None:
-    """One request the way the scheduler runs it: match, lock, evict the shortfall, alloc, insert, unlock."""
-    ps = alloc.page_size
-    mamba = hasattr(rows, "mamba_allocator")
-    unified = type(tree).__name__ == "UnifiedRadixCache"
-    with w.holder(rid):
-        m = tree.match_prefix(sgl.MatchPrefixParams(key=build.radix_key(tokens)))
-        node = m.last_device_node
-        lock = tree.inc_lock_ref(node)
-        need = len(tokens) - m.device_prefix_len
-        if alloc.available_size() < need:
-            tree.evict(sgl.EvictParams(num_tokens=need - alloc.available_size()))
-        own = alloc.alloc(need)
-        slot = rows.mamba_allocator.alloc(1) if mamba else None
-        if mamba and slot is None:
-            tree.evict(sgl.EvictParams(mamba_num=1))
-            slot = rows.mamba_allocator.alloc(1)
-        if own is not None and (slot is not None or not mamba):
-            prefix = tree.path_device_indices(node)
-            assert prefix.numel() == m.device_prefix_len
-            value = torch.cat((prefix[: m.device_prefix_len].to(torch.int64), own))
-            aligned = len(tokens) - len(tokens) % ps
-            extra = {"mamba_value": slot} if mamba else {}
-            # the locked prefix is the tree's: UnifiedRadixCache frees the duplicates above it itself,
-            # RadixCache leaves them to the caller (SGLang's _insert_cache)
-            params = sgl.InsertParams(
-                key=build.radix_key(tokens), value=value, prev_prefix_len=m.device_prefix_len
-            )
-            for name, v in extra.items():
-                setattr(params, name, v)
-            res = tree.insert(params)
-            dups = own[: max(0, res.prefix_len - m.device_prefix_len)]
-            if dups.numel() and not unified:
-                alloc.free(dups)
-            if own[aligned - m.device_prefix_len :].numel():
-                alloc.free(own[aligned - m.device_prefix_len :])
-            if mamba and res.mamba_exist:
-                rows.mamba_allocator.free(slot)
-        else:
-            if own is not None:
-                alloc.free(own)
-            if slot is not None:
-                rows.mamba_allocator.free(slot)
-        tree.dec_lock_ref(node, lock.to_dec_params())
 
 
 @pytest.mark.parametrize("kind", TREES)
