@@ -85,7 +85,7 @@ def test_bad_geometry_is_rejected(sgl: Any) -> None:
 
 
 @pytest.mark.slow
-def test_previous_release_builds_mamba_radix_cache() -> None:
+def test_previous_release_builds_mamba_radix_cache_and_the_attach_finds_its_lock_asymmetry() -> None:
     """0.5.20's MambaRadixCache, in its own process (one SGLang release per process)."""
     if not (PREVIOUS_DIR / "sglang").is_dir():
         if os.environ.get("CI"):

@@ -97,7 +97,9 @@ class Watch:
         self.page_size = 1
         self._group_open = False
         self.locks: Counter[Any] = Counter()  # live locks taken through inc_lock_ref, per node key
-        self._lock_took_state: dict[Any, list[bool]] = {}
+        self._lock_took_state: dict[
+            tuple[Any, Owner], list[bool]
+        ] = {}  # per (node, holder): took the state lock
         self.calls = 0
 
     # ------------------------------------------------------------------ holders
@@ -422,7 +424,8 @@ class Watch:
             key = self._node_key(node)
             self.locks[key] += 1
             after = getattr(node, "mamba_lock_ref", None)
-            self._lock_took_state.setdefault(key, []).append(before is not None and after != before)
+            took = before is not None and after != before
+            self._lock_took_state.setdefault((key, self._holder), []).append(took)
             return out
 
         return call
@@ -437,13 +440,12 @@ class Watch:
                     f" live locks: {dict(+self.locks)}"
                 )
             self.calls += 1
-            took = self._lock_took_state[key].pop()
+            took = self._took_state(key)
             before = getattr(node, "mamba_lock_ref", None)
             out = original(node, *args, **kwargs)
             self.locks[key] -= 1
             if not self.locks[key]:
                 del self.locks[key]
-                del self._lock_took_state[key]
             after = getattr(node, "mamba_lock_ref", None)
             released = before is not None and after != before
             if before is not None and released != took:
@@ -455,6 +457,17 @@ class Watch:
             return out
 
         return call
+
+    def _took_state(self, key: Any) -> bool:
+        """Whether the lock being released took the node's state lock: the current holder's latest lock on
+        the node (a release by a holder that took no lock there releases some other holder's, the latest)."""
+        mine = self._lock_took_state.get((key, self._holder))
+        if not mine:
+            mine = next(v for (k, _), v in reversed(self._lock_took_state.items()) if k == key and v)
+        took = mine.pop()
+        for k in [k for k, v in self._lock_took_state.items() if not v]:
+            del self._lock_took_state[k]
+        return took
 
     # ------------------------------------------------------------------ audit
     def audit(self) -> None:
@@ -570,6 +583,8 @@ def _lock_ref(node: Any) -> int:
 
 def _full_counters(tree: Any) -> tuple[int, int]:
     """(evictable, protected) KV tokens as the tree counts them (0.5.20's Mamba tree: the full part)."""
+    if hasattr(tree, "full_evictable_size_"):  # 0.5.20's MambaRadixCache (its evictable_size() raises)
+        return int(tree.full_evictable_size()), int(tree.full_protected_size())
     e, p = tree.evictable_size(), tree.protected_size()
     return (int(e[0]) if isinstance(e, tuple) else int(e)), (int(p[0]) if isinstance(p, tuple) else int(p))
 

@@ -50,11 +50,43 @@ def mamba_radix_cache_round() -> dict[str, Any]:
     }
 
 
+def lock_symmetry_round() -> dict[str, Any]:
+    """The steps of :mod:`.repros.mamba_lock_symmetry_0520`, watched: the attach stops at the unlock that
+    releases a state lock its lock never took (I-LOCK-SYMMETRY), before SGLang's eviction asserts."""
+    from kvledger.contracts.errors import ContractViolation
+    from kvledger.engines.sglang.attach import watch
+
+    sgl = load()
+    alloc = build.token_allocator(32)
+    rows = build.hybrid_req_pool(4, 4)
+    tree = build.mamba_radix_cache(alloc, rows)
+    w = watch(allocator=alloc, req_pool=rows, mamba_pool=rows, tree=tree, audit_each=True)
+    with w.holder("writer"):
+        ids, slot = alloc.alloc(4), rows.mamba_allocator.alloc(1)
+        tree.insert(sgl.InsertParams(key=build.radix_key([1, 2, 3, 4]), value=ids, mamba_value=slot))
+    tree.match_prefix(sgl.MatchPrefixParams(key=build.radix_key([1, 2])))
+    upper = next(iter(tree.root_node.children.values()))
+    with w.holder("A"):
+        tree.inc_lock_ref(upper)
+    with w.holder("reviver"):
+        ids, slot = alloc.alloc(2), rows.mamba_allocator.alloc(1)
+        tree.insert(sgl.InsertParams(key=build.radix_key([1, 2]), value=ids, mamba_value=slot))
+    with w.holder("B"):
+        tree.inc_lock_ref(upper)
+    try:
+        with w.holder("A"):
+            tree.dec_lock_ref(upper)
+    except ContractViolation as exc:
+        return {"fired": str(exc).splitlines()[0], "mamba_lock_ref_after": int(upper.mamba_lock_ref)}
+    return {"fired": None}
+
+
 def main() -> None:
     sgl = load()
     report: dict[str, Any] = {"version": sgl.version, "import_seconds": round(sgl.import_seconds, 2)}
     if sgl.has_mamba_radix_cache:
         report["mamba_radix_cache"] = mamba_radix_cache_round()
+        report["lock_symmetry"] = lock_symmetry_round()
     print(json.dumps(report))
 
 
