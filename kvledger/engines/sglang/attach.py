@@ -364,13 +364,13 @@ class Watch:
         self.tree = tree
         w = self._wrapper(tree)
         w.wrap("match_prefix", self._tree_op("match_prefix", frees_from_tree=True))
-        w.wrap("evict", self._tree_op("evict", frees_from_tree=True))
+        w.wrap("evict", self._tree_op("evict", frees_from_tree=True, lock_asserts=True))
         w.wrap("insert", self._insert)
         w.wrap("inc_lock_ref", self._inc_lock)
         w.wrap("dec_lock_ref", self._dec_lock)
 
     def _tree_op(
-        self, op: str, *, frees_from_tree: bool
+        self, op: str, *, frees_from_tree: bool, lock_asserts: bool = False
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
             def call(*args: Any, **kwargs: Any) -> Any:
@@ -379,6 +379,16 @@ class Watch:
                     self._tree_frees += 1
                 try:
                     out = original(*args, **kwargs)
+                except AssertionError as exc:
+                    # SGLang's own check, inside eviction, that the node it took is unlocked: the attach
+                    # cannot see the choice before SGLang makes it, so it reports the assertion under the
+                    # invariant it protects, with the live locks it recorded.
+                    if not lock_asserts or "lock_ref" not in str(exc) or isinstance(exc, ContractViolation):
+                        raise
+                    raise ContractViolation(
+                        f"{op}: SGLang's eviction took a locked node: {exc} (I-EVICT-LOCKED);"
+                        f" live locks: {dict(self.locks)}"
+                    ) from exc
                 finally:
                     if frees_from_tree:
                         self._tree_frees -= 1

@@ -235,9 +235,37 @@ class SGLangMambaMachine(RuleBasedStateMachine):
         self.tree.evict(self.sgl.EvictParams(mamba_num=n))
 
     def teardown(self) -> None:
-        if self.tree is None:
-            return
-        self.w.detach()
+        if getattr(self, "w", None) is not None:
+            self.w.detach()
+
+
+FOUND_0520: tuple[str, ...] = (
+    "state.setup(pool_pages=6, slots=3)",
+    "state.admit(draw=([0, 0], None, 0), keep=False)",
+    "state.lock_extra(draw=([], None, 0))",
+    "state.lock_extra(draw=([0], None, 0))",
+    "state.lock_tombstone(pick=0)",
+    "state.admit(draw=([], None, 0), keep=False)",
+    "state.evict_states(n=2)",
+)
+"""What ``hunt(1500, 30)`` found on 0.5.20 (shrunk; spec/sglang-attach.md, F2): a lock taken on the
+tombstone ``[0]`` (the upper half of a split), the tombstone revived by a request ending there, then
+``evict_mamba`` takes the revived leaf although its KV is locked."""
+
+
+def replay(calls: tuple[str, ...] = FOUND_0520) -> str | None:
+    """Run the rule calls Hypothesis printed; the first line of the violation they hit, or None."""
+    from kvledger.contracts.errors import ContractViolation
+
+    state = SGLangMambaMachine()
+    try:
+        for call in calls:
+            eval(call, {"state": state})  # the machine's own rule calls, as Hypothesis printed them
+    except ContractViolation as exc:
+        return str(exc).splitlines()[0]
+    finally:
+        state.teardown()
+    return None
 
 
 def hunt(examples: int, steps: int = 40) -> dict[str, Any]:

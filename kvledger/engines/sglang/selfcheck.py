@@ -87,6 +87,9 @@ def main() -> None:
     if sgl.has_mamba_radix_cache:
         report["mamba_radix_cache"] = mamba_radix_cache_round()
         report["lock_symmetry"] = lock_symmetry_round()
+        from kvledger.engines.sglang.drive_mamba import replay
+
+        report["machine_found"] = replay()
     print(json.dumps(report))
 
 
