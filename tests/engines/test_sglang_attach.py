@@ -182,3 +182,20 @@ def test_free_groups_are_mirrored_and_nesting_fires(sgl: Any) -> None:
     alloc.free_group_end()
     w.audit()
     assert alloc.available_size() == 28
+
+
+def test_mamba_alloc_groups_are_mirrored(sgl: Any) -> None:
+    """The scheduler's batched pre-allocation for matches: slots reserved, handed out one by one, the rest back."""
+    rows = build.hybrid_req_pool(4, 6)
+    w = watch(mamba_pool=rows)
+    rows.mamba_allocator.alloc_group_begin(3)
+    assert w.slots is not None and w.slots.held_count(w.slot_group) == 3
+    with w.holder("r1"):
+        slot = rows.mamba_allocator.alloc(1)
+    assert w.slots.owner_of(int(slot)) is not w.slot_group
+    rows.mamba_allocator.alloc_group_end()
+    w.audit()
+    assert w.slots.held_count(w.slot_group) == 0 and rows.mamba_allocator.available_size() == 5
+    with w.holder("r1"):
+        rows.mamba_allocator.free(slot)
+    w.audit()

@@ -45,7 +45,7 @@ import numpy as np
 
 from kvledger.contracts.errors import ContractViolation
 from kvledger.contracts.ledger import FREE_CODE, PENDING_CODE, Ledger, as_id_array
-from kvledger.contracts.owners import CACHE_EVICTABLE, FREE_LIST, REQ_RUNNING, Owner
+from kvledger.contracts.owners import CACHE_EVICTABLE, FREE_LIST, REQ_RUNNING, Account, Owner
 
 CALLER = "caller"
 
@@ -83,6 +83,8 @@ class Watch:
         self._holders: dict[Any, Owner] = {}
         self.tree_kv = Owner("tree", "kv", CACHE_EVICTABLE)
         self.tree_state = Owner("tree", "state", CACHE_EVICTABLE)
+        # slots pre-allocated for a batch's matches (MambaSlotAllocator.alloc_group_begin), not yet handed out
+        self.slot_group = Owner("alloc_group", "mamba", Account("mamba.alloc_group"))
         self._tree_frees = 0  # > 0 inside evict / match: frees come from the tree
         self._depth: Counter[str] = Counter()  # reentrancy per pool: only the outermost call is mirrored
         self._wrapped: list[_Wrapped] = []
@@ -301,16 +303,23 @@ class Watch:
 
         def alloc(original: Callable[..., Any]) -> Callable[..., Any]:
             def call(need: int) -> Any:
+                assert self.slots is not None
                 with self._outermost("mamba") as outer:
                     before = mamba_allocator.available_size()
                     out = original(need)
                     if outer and out is not None:
-                        self._record_alloc(
-                            self.slots,
-                            as_id_array(out),
-                            before - mamba_allocator.available_size(),
-                            "mamba alloc",
+                        got = as_id_array(out)
+                        grouped = np.array(
+                            [i for i in got.tolist() if self.slots.owner_of(i) is self.slot_group],
+                            dtype=np.int64,
                         )
+                        if grouped.size:  # handed out of the batch pre-allocated by alloc_group_begin
+                            self.calls += 1
+                            self.slots.transfer(grouped, self.slot_group, self._holder, "mamba alloc (group)")
+                            got = np.setdiff1d(got, grouped)
+                        if got.size:
+                            taken = before - mamba_allocator.available_size()
+                            self._record_alloc(self.slots, got, taken, "mamba alloc")
                     return out
 
             return call
@@ -328,8 +337,40 @@ class Watch:
 
             return call
 
+        def group_begin(original: Callable[..., Any]) -> Callable[..., Any]:
+            def call(num_reqs: int) -> Any:
+                assert self.slots is not None
+                with self._outermost("mamba"):
+                    before = as_id_array(mamba_allocator.free_slots).copy()
+                    out = original(num_reqs)
+                    taken = before.size - mamba_allocator.available_size()
+                    if taken > 0:  # SGLang takes the batch off the front of its free list
+                        self.calls += 1
+                        self.slots.transfer(before[:taken], FREE_LIST, self.slot_group, "alloc_group_begin")
+                    return out
+
+            return call
+
+        def group_end(original: Callable[..., Any]) -> Callable[..., Any]:
+            def call() -> Any:
+                assert self.slots is not None
+                with self._outermost("mamba"):
+                    out = original()
+                    left = sorted(self.slots.holdings(self.slot_group))
+                    if left:  # the unused rest went back to the free list
+                        self.calls += 1
+                        self.slots.transfer(
+                            np.array(left, dtype=np.int64), self.slot_group, FREE_LIST, "alloc_group_end"
+                        )
+                    return out
+
+            return call
+
         w.wrap("alloc", alloc)
         w.wrap("free", free)
+        if hasattr(mamba_allocator, "alloc_group_begin"):
+            w.wrap("alloc_group_begin", group_begin)
+            w.wrap("alloc_group_end", group_end)
         if mamba_pool is not None and hasattr(mamba_pool, "copy_from"):
             self._wrapper(mamba_pool).wrap("copy_from", self._copy_from)
 
