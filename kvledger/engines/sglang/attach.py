@@ -1,0 +1,666 @@
+"""The debug build of SGLang's memory components: kvledger's ledgers attached to the live objects.
+
+:func:`watch` wraps methods of the given SGLang objects *on the instances* (an instance attribute
+shadows the class's method; SGLang's classes and source stay untouched; :meth:`Watch.detach` removes
+the wrappers). Every call that moves an id is mirrored into a :class:`~kvledger.contracts.ledger.Ledger`
+per pool before SGLang's own code runs, so a move the registry calls wrong raises
+:class:`~kvledger.contracts.errors.ContractViolation` naming the invariant, the id, its owner and its
+last moves, and SGLang's state is left as it was before the bad call:
+
+* KV allocator (``alloc``, ``alloc_extend``, ``alloc_decode``; ``free``, ``free_segment``,
+  ``free_page_ids``, ``free_full``; ``free_group_begin``/``end``): pages leave the free list to the
+  current holder and come back from the owner the context names (below). I-NODUP-FREE, I-EXCLUSIVE,
+  I-PENDING (free groups), I-COUNT (an allocation takes exactly the pages it hands out).
+* Request pool (``alloc_rows``, ``free_rows``): rows, the same checks.
+* Mamba slot allocator (``alloc``, ``free``) and ``MambaPool.copy_from``: slots; a copy reads a source
+  someone holds and writes a slot its holder owns (I-COW-SOURCE, I-EXCLUSIVE).
+* Radix tree (``match_prefix``, ``insert``, ``evict``, ``inc_lock_ref``, ``dec_lock_ref``): the pages
+  (and Mamba slots) an insert adopts move from the holder to the tree; frees inside ``evict`` and
+  ``match_prefix`` (its copy-on-write eviction retry) must come from the tree, frees anywhere else
+  from the holder (a free of tree-owned ids outside the tree is a foreign free, I-EXCLUSIVE); an
+  unlock needs a live lock (I-LOCK-TREE); a Mamba unlock releases the state lock its lock took
+  (I-LOCK-SYMMETRY, for trees whose nodes expose ``mamba_lock_ref``).
+
+Holders: SGLang's allocators do not know requests. Ids handed out go to the holder named by
+:meth:`Watch.holder` (a request's owner) or, outside such a block, to one ``caller`` owner. Per-request
+owners make a free of another request's ids a foreign free.
+
+:meth:`Watch.audit` recounts everything (O(pool + tree)): each ledger against SGLang's own free lists
+(I-PARTITION), the tree's values against the tree's holdings (I-PARTITION), the tree's size counters
+(I-PROTECTED-DEF), and, for trees with Python nodes, lock counts against the live locks (I-LOCK-TREE).
+With ``audit_each=True`` it runs after every watched tree call. What the attach cannot observe is
+listed in spec/sglang-attach.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kvledger.contracts.errors import ContractViolation
+from kvledger.contracts.ledger import FREE_CODE, PENDING_CODE, Ledger, as_id_array
+from kvledger.contracts.owners import CACHE_EVICTABLE, FREE_LIST, REQ_RUNNING, Account, Owner
+
+CALLER = "caller"
+
+
+def _pages(ids: Any, page_size: int) -> np.ndarray:
+    """Token ids -> the distinct pages they lie on (SGLang frees whole pages, once per call)."""
+    a = as_id_array(ids)
+    return np.unique(a // page_size) if page_size > 1 else np.unique(a)
+
+
+@dataclass
+class _Wrapped:
+    obj: Any
+    names: list[str] = field(default_factory=list)
+
+    def wrap(self, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        original = getattr(self.obj, name)
+        setattr(self.obj, name, make(original))
+        self.names.append(name)
+
+    def undo(self) -> None:
+        for name in self.names:
+            with contextlib.suppress(AttributeError):
+                delattr(self.obj, name)
+        self.names.clear()
+
+
+class Watch:
+    """Ledgers attached to live SGLang components. Build with :func:`watch`."""
+
+    def __init__(self, *, audit_each: bool = False) -> None:
+        self.audit_each = audit_each
+        self.caller = Owner(CALLER, None, REQ_RUNNING)
+        self._holder = self.caller
+        self._holders: dict[Any, Owner] = {}
+        self.tree_kv = Owner("tree", "kv", CACHE_EVICTABLE)
+        self.tree_state = Owner("tree", "state", CACHE_EVICTABLE)
+        # slots pre-allocated for a batch's matches (MambaSlotAllocator.alloc_group_begin), not yet handed out
+        self.slot_group = Owner("alloc_group", "mamba", Account("mamba.alloc_group"))
+        self._tree_frees = 0  # > 0 inside evict / match: frees come from the tree
+        self._depth: Counter[str] = Counter()  # reentrancy per pool: only the outermost call is mirrored
+        self._wrapped: list[_Wrapped] = []
+        self.kv: Ledger | None = None
+        self.rows: Ledger | None = None
+        self.slots: Ledger | None = None
+        self.allocator: Any = None
+        self.req_pool: Any = None
+        self.mamba_allocator: Any = None
+        self.mamba_pool: Any = None
+        self.tree: Any = None
+        self.page_size = 1
+        self._group_open = False
+        self.locks: Counter[Any] = Counter()  # live locks taken through inc_lock_ref, per node key
+        self._lock_took_state: dict[
+            tuple[Any, Owner], list[bool]
+        ] = {}  # per (node, holder): took the state lock
+        self.calls = 0
+
+    # ------------------------------------------------------------------ holders
+    @contextlib.contextmanager
+    def holder(self, key: Any) -> Iterator[Owner]:
+        """Attribute the ids handed out (and claim the ids freed) inside the block to request ``key``."""
+        owner = self._holders.get(key)
+        if owner is None:
+            owner = self._holders[key] = Owner("req", key, REQ_RUNNING)
+        previous, self._holder = self._holder, owner
+        try:
+            yield owner
+        finally:
+            self._holder = previous
+
+    def _claimant(self, state: bool = False) -> Owner:
+        if self._tree_frees:
+            return self.tree_state if state else self.tree_kv
+        return self._holder
+
+    # ------------------------------------------------------------------ wrapping helpers
+    def _wrapper(self, obj: Any) -> _Wrapped:
+        w = _Wrapped(obj)
+        self._wrapped.append(w)
+        return w
+
+    @contextlib.contextmanager
+    def _outermost(self, pool: str) -> Iterator[bool]:
+        self._depth[pool] += 1
+        try:
+            yield self._depth[pool] == 1
+        finally:
+            self._depth[pool] -= 1
+
+    def detach(self) -> None:
+        """Remove every wrapper: the objects behave exactly as before :func:`watch`."""
+        for w in self._wrapped:
+            w.undo()
+        self._wrapped.clear()
+
+    # ------------------------------------------------------------------ KV allocator
+    def _attach_allocator(self, allocator: Any) -> None:
+        self.allocator = allocator
+        ps = int(allocator.page_size)
+        self.page_size = ps
+        pages = int(allocator.size) // ps
+        self.kv = Ledger("kv", range(1, pages + 1), unit=ps)
+        w = self._wrapper(allocator)
+        for name in ("alloc", "alloc_extend", "alloc_decode"):
+            if hasattr(allocator, name):
+                w.wrap(name, self._kv_alloc)
+        for name in ("free", "free_segment", "free_full"):
+            if hasattr(allocator, name):
+                w.wrap(name, functools.partial(self._kv_free, op=name, pages_given=False))
+        if hasattr(allocator, "free_page_ids"):
+            w.wrap("free_page_ids", functools.partial(self._kv_free, op="free_page_ids", pages_given=True))
+        w.wrap("free_group_begin", self._kv_group_begin)
+        w.wrap("free_group_end", self._kv_group_end)
+
+    def _free_pages_now(self) -> int:
+        return int(self.allocator.available_size()) // self.page_size
+
+    def _kv_alloc(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def alloc(*args: Any, **kwargs: Any) -> Any:
+            with self._outermost("kv") as outer:
+                if not outer:
+                    return original(*args, **kwargs)
+                before = self._free_pages_now()
+                out = original(*args, **kwargs)
+                if out is None:
+                    return out
+                self._record_alloc(
+                    self.kv, _pages(out, self.page_size), before - self._free_pages_now(), "alloc"
+                )
+                return out
+
+        return alloc
+
+    def _record_alloc(self, ledger: Any, pages: np.ndarray, taken: int, op: str) -> None:
+        """``pages`` were handed out; the free list shrank by ``taken``. New ones leave the free list;
+        pages already held (a partial last page an extend continues) must be the holder's own."""
+        self.calls += 1
+        owners = ledger._own[pages] if pages.size and int(pages.max()) < len(ledger._own) else None
+        fresh = pages if owners is None else pages[owners == FREE_CODE]
+        held = np.empty(0, dtype=np.int64) if owners is None else pages[owners != FREE_CODE]
+        if fresh.size != taken:
+            raise ContractViolation(
+                ledger.describe(
+                    fresh.tolist()[:4],
+                    f"{op}: the free list shrank by {taken} but {fresh.size} free id(s) were handed out"
+                    f" (I-COUNT): {fresh.tolist()[:8]}",
+                )
+            )
+        ledger.transfer(fresh, FREE_LIST, self._holder, op)
+        if held.size:
+            ledger.transfer(held, self._holder, self._holder, f"{op} (continues its own page)")
+
+    def _kv_free(self, original: Callable[..., Any], op: str, *, pages_given: bool) -> Callable[..., Any]:
+        def free(ids: Any, *args: Any, **kwargs: Any) -> Any:
+            with self._outermost("kv") as outer:
+                if outer and ids is not None and ids.numel():
+                    self._record_free(ids, op, pages_given)
+                return original(ids, *args, **kwargs)
+
+        return free
+
+    def _record_free(self, ids: Any, op: str, pages_given: bool) -> None:
+        assert self.kv is not None
+        self.calls += 1
+        if pages_given:
+            pages = as_id_array(ids)
+            if pages.size != np.unique(pages).size:
+                dups = sorted(int(i) for i, c in Counter(pages.tolist()).items() if c > 1)
+                raise ContractViolation(
+                    self.kv.describe(dups, f"{op}: page ids repeated (I-NODUP-FREE): {dups[:8]}")
+                )
+        else:
+            pages = _pages(ids, self.page_size)
+        src = self._claimant()
+        if self._group_open:
+            pending = self.kv.pending_owner
+            own = self.kv._own[pages] if int(pages.max()) < len(self.kv._own) else None
+            if own is not None:
+                pages = pages[own != PENDING_CODE]  # SGLang merges a group's frees by page
+            self.kv.transfer(pages, src, pending, f"{op} (free group)")
+            return
+        self.kv.transfer(pages, src, FREE_LIST, op)
+
+    def _kv_group_begin(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def begin(*args: Any, **kwargs: Any) -> Any:
+            if self._group_open:
+                raise ContractViolation("[kv] free_group_begin: a free group is already open (I-PENDING)")
+            out = original(*args, **kwargs)
+            self._group_open = True
+            return out
+
+        return begin
+
+    def _kv_group_end(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def end(*args: Any, **kwargs: Any) -> Any:
+            assert self.kv is not None
+            if not self._group_open:
+                raise ContractViolation("[kv] free_group_end: no free group is open (I-PENDING)")
+            self._group_open = False
+            pending = self.kv.holdings(self.kv.pending_owner)
+            if pending:
+                self.kv.transfer(
+                    np.array(sorted(pending), dtype=np.int64),
+                    self.kv.pending_owner,
+                    FREE_LIST,
+                    "free_group_end",
+                )
+            with self._outermost("kv"):
+                return original(*args, **kwargs)
+
+        return end
+
+    # ------------------------------------------------------------------ request rows
+    def _attach_req_pool(self, req_pool: Any) -> None:
+        self.req_pool = req_pool
+        self.rows = Ledger("req", range(1, int(req_pool.size) + 1))
+        w = self._wrapper(req_pool)
+
+        def alloc_rows(original: Callable[..., Any]) -> Callable[..., Any]:
+            def call(need: int) -> Any:
+                before = req_pool.available_size()
+                out = original(need)
+                if out:
+                    self._record_alloc(
+                        self.rows,
+                        np.asarray(out, dtype=np.int64),
+                        before - req_pool.available_size(),
+                        "alloc_rows",
+                    )
+                return out
+
+            return call
+
+        def free_rows(original: Callable[..., Any]) -> Callable[..., Any]:
+            def call(indices: Any) -> Any:
+                assert self.rows is not None
+                rows = np.asarray(list(indices), dtype=np.int64)
+                if rows.size:
+                    self.calls += 1
+                    self.rows.transfer(rows, self._holder, FREE_LIST, "free_rows")
+                return original(indices)
+
+            return call
+
+        w.wrap("alloc_rows", alloc_rows)
+        w.wrap("free_rows", free_rows)
+
+    # ------------------------------------------------------------------ Mamba slots
+    def _attach_mamba(self, mamba_allocator: Any, mamba_pool: Any) -> None:
+        self.mamba_allocator = mamba_allocator
+        self.mamba_pool = mamba_pool
+        self.slots = Ledger("mamba", range(1, int(mamba_allocator.size) + 1))
+        w = self._wrapper(mamba_allocator)
+
+        def alloc(original: Callable[..., Any]) -> Callable[..., Any]:
+            def call(need: int) -> Any:
+                assert self.slots is not None
+                with self._outermost("mamba") as outer:
+                    before = mamba_allocator.available_size()
+                    out = original(need)
+                    if outer and out is not None:
+                        got = as_id_array(out)
+                        grouped = np.array(
+                            [i for i in got.tolist() if self.slots.owner_of(i) is self.slot_group],
+                            dtype=np.int64,
+                        )
+                        if grouped.size:  # handed out of the batch pre-allocated by alloc_group_begin
+                            self.calls += 1
+                            self.slots.transfer(grouped, self.slot_group, self._holder, "mamba alloc (group)")
+                            got = np.setdiff1d(got, grouped)
+                        if got.size:
+                            taken = before - mamba_allocator.available_size()
+                            self._record_alloc(self.slots, got, taken, "mamba alloc")
+                    return out
+
+            return call
+
+        def free(original: Callable[..., Any]) -> Callable[..., Any]:
+            def call(ids: Any) -> Any:
+                assert self.slots is not None
+                with self._outermost("mamba") as outer:
+                    if outer and ids.numel():
+                        self.calls += 1
+                        self.slots.transfer(
+                            as_id_array(ids), self._claimant(state=True), FREE_LIST, "mamba free"
+                        )
+                    return original(ids)
+
+            return call
+
+        def group_begin(original: Callable[..., Any]) -> Callable[..., Any]:
+            def call(num_reqs: int) -> Any:
+                assert self.slots is not None
+                with self._outermost("mamba"):
+                    before = as_id_array(mamba_allocator.free_slots).copy()
+                    out = original(num_reqs)
+                    taken = before.size - mamba_allocator.available_size()
+                    if taken > 0:  # SGLang takes the batch off the front of its free list
+                        self.calls += 1
+                        self.slots.transfer(before[:taken], FREE_LIST, self.slot_group, "alloc_group_begin")
+                    return out
+
+            return call
+
+        def group_end(original: Callable[..., Any]) -> Callable[..., Any]:
+            def call() -> Any:
+                assert self.slots is not None
+                with self._outermost("mamba"):
+                    out = original()
+                    left = sorted(self.slots.holdings(self.slot_group))
+                    if left:  # the unused rest went back to the free list
+                        self.calls += 1
+                        self.slots.transfer(
+                            np.array(left, dtype=np.int64), self.slot_group, FREE_LIST, "alloc_group_end"
+                        )
+                    return out
+
+            return call
+
+        w.wrap("alloc", alloc)
+        w.wrap("free", free)
+        if hasattr(mamba_allocator, "alloc_group_begin"):
+            w.wrap("alloc_group_begin", group_begin)
+            w.wrap("alloc_group_end", group_end)
+        if mamba_pool is not None and hasattr(mamba_pool, "copy_from"):
+            self._wrapper(mamba_pool).wrap("copy_from", self._copy_from)
+
+    def _copy_from(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def call(src: Any, dst: Any) -> Any:
+            assert self.slots is not None
+            s, d = as_id_array(src), as_id_array(dst)
+            free_src = [int(i) for i in s.tolist() if self.slots.owner_of(int(i)) is FREE_LIST]
+            if free_src:
+                raise ContractViolation(
+                    self.slots.describe(
+                        free_src, f"copy_from: the source slot(s) {free_src} are free (I-COW-SOURCE)"
+                    )
+                )
+            bad_dst = [
+                int(i) for i in d.tolist() if self.slots.owner_of(int(i)) in (FREE_LIST, self.tree_state)
+            ]
+            if bad_dst:
+                raise ContractViolation(
+                    self.slots.describe(
+                        bad_dst,
+                        f"copy_from: destination slot(s) {bad_dst} are free or the tree's (I-EXCLUSIVE)",
+                    )
+                )
+            self.calls += 1
+            return original(src, dst)
+
+        return call
+
+    # ------------------------------------------------------------------ radix tree
+    def _attach_tree(self, tree: Any) -> None:
+        self.tree = tree
+        w = self._wrapper(tree)
+        w.wrap("match_prefix", self._tree_op("match_prefix", frees_from_tree=True))
+        w.wrap("evict", self._tree_op("evict", frees_from_tree=True, lock_asserts=True))
+        w.wrap("insert", self._insert)
+        w.wrap("inc_lock_ref", self._inc_lock)
+        w.wrap("dec_lock_ref", self._dec_lock)
+
+    def _tree_op(
+        self, op: str, *, frees_from_tree: bool, lock_asserts: bool = False
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def make(original: Callable[..., Any]) -> Callable[..., Any]:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                self.calls += 1
+                if frees_from_tree:
+                    self._tree_frees += 1
+                try:
+                    out = original(*args, **kwargs)
+                except AssertionError as exc:
+                    # SGLang's own check, inside eviction, that the node it took is unlocked: the attach
+                    # cannot see the choice before SGLang makes it, so it reports the assertion under the
+                    # invariant it protects, with the live locks it recorded.
+                    if not lock_asserts or "lock_ref" not in str(exc) or isinstance(exc, ContractViolation):
+                        raise
+                    raise ContractViolation(
+                        f"{op}: SGLang's eviction took a locked node: {exc} (I-EVICT-LOCKED);"
+                        f" live locks: {dict(self.locks)}"
+                    ) from exc
+                finally:
+                    if frees_from_tree:
+                        self._tree_frees -= 1
+                if self.audit_each:
+                    self.audit()
+                return out
+
+            return call
+
+        return make
+
+    def _insert(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def call(params: Any) -> Any:
+            self.calls += 1
+            result = original(params)
+            aligned = len(params.key) - len(params.key) % self.page_size
+            if self.kv is not None and params.value is not None:
+                adopted = as_id_array(params.value[result.prefix_len : aligned])
+                if adopted.size:
+                    self.kv.transfer(
+                        _pages(adopted, self.page_size), self._holder, self.tree_kv, "insert (adopted)"
+                    )
+            state = getattr(params, "mamba_value", None)
+            if self.slots is not None and state is not None and not getattr(result, "mamba_exist", False):
+                self.slots.transfer(
+                    as_id_array(state), self._holder, self.tree_state, "insert (state adopted)"
+                )
+            if self.audit_each:
+                self.audit()
+            return result
+
+        return call
+
+    @staticmethod
+    def _node_key(node: Any) -> Any:
+        return node if isinstance(node, int) else getattr(node, "id", id(node))
+
+    def _inc_lock(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def call(node: Any, *args: Any, **kwargs: Any) -> Any:
+            self.calls += 1
+            before = getattr(node, "mamba_lock_ref", None)
+            out = original(node, *args, **kwargs)
+            key = self._node_key(node)
+            self.locks[key] += 1
+            after = getattr(node, "mamba_lock_ref", None)
+            took = before is not None and after != before
+            self._lock_took_state.setdefault((key, self._holder), []).append(took)
+            return out
+
+        return call
+
+    def _dec_lock(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def call(node: Any, *args: Any, **kwargs: Any) -> Any:
+            key = self._node_key(node)
+            if self.locks[key] <= 0:
+                self.locks.pop(key, None)
+                raise ContractViolation(
+                    f"dec_lock_ref on node {key}: no live lock taken through inc_lock_ref (I-LOCK-TREE);"
+                    f" live locks: {dict(+self.locks)}"
+                )
+            self.calls += 1
+            took = self._took_state(key)
+            before = getattr(node, "mamba_lock_ref", None)
+            out = original(node, *args, **kwargs)
+            self.locks[key] -= 1
+            if not self.locks[key]:
+                del self.locks[key]
+            after = getattr(node, "mamba_lock_ref", None)
+            released = before is not None and after != before
+            if before is not None and released != took:
+                raise ContractViolation(
+                    f"dec_lock_ref on node {key}: the lock {'took' if took else 'did not take'} the Mamba state"
+                    f" lock but the release {'released' if released else 'did not release'} one"
+                    f" (mamba_lock_ref {before} -> {after}) (I-LOCK-SYMMETRY)"
+                )
+            return out
+
+        return call
+
+    def _took_state(self, key: Any) -> bool:
+        """Whether the lock being released took the node's state lock: the current holder's latest lock on
+        the node (a release by a holder that took no lock there releases some other holder's, the latest)."""
+        mine = self._lock_took_state.get((key, self._holder))
+        if not mine:
+            mine = next(v for (k, _), v in reversed(self._lock_took_state.items()) if k == key and v)
+        took = mine.pop()
+        for k in [k for k, v in self._lock_took_state.items() if not v]:
+            del self._lock_took_state[k]
+        return took
+
+    # ------------------------------------------------------------------ audit
+    def audit(self) -> None:
+        """Recount every watched structure against its ledger (O(pool + tree)); raises ContractViolation."""
+        if self.kv is not None:
+            free = as_id_array(self.allocator.get_all_free_pages())
+            pending: list[int] = []
+            group = getattr(self.allocator, "free_group", None)
+            for part in group or ():
+                pending.extend(_pages(part, self.page_size).tolist())
+            for part in getattr(self.allocator, "free_page_ids_group", None) or ():
+                pending.extend(as_id_array(part).tolist())
+            self.kv.audit(free.tolist(), sorted(set(pending)))
+        if self.rows is not None:
+            self.rows.audit(list(self.req_pool.free_slots))
+        if self.slots is not None:
+            self.slots.audit(as_id_array(self.mamba_allocator.free_slots).tolist())
+        if self.tree is not None:
+            self._audit_tree()
+
+    def _audit_tree(self) -> None:
+        tree = self.tree
+        if self.kv is not None:
+            values = _tree_values(tree)
+            pages = _pages(values, self.page_size)
+            held = self.kv.holdings(self.tree_kv)
+            if set(pages.tolist()) != held:
+                extra = sorted(set(pages.tolist()) - held)
+                missing = sorted(held - set(pages.tolist()))
+                raise ContractViolation(
+                    self.kv.describe(
+                        extra[:4] + missing[:4],
+                        f"the tree's values disagree with its ledger holdings (I-PARTITION): in the tree but not"
+                        f" the tree's {extra[:8]}, the tree's but not in the tree {missing[:8]}",
+                    )
+                )
+            if values.size != np.unique(values).size:
+                raise ContractViolation("a KV id appears in two tree nodes (I-PARTITION)")
+            evictable, protected = _full_counters(tree)
+            if evictable + protected != values.size:
+                raise ContractViolation(
+                    f"tree counters: evictable {evictable} + protected {protected} != {values.size} tokens held"
+                    f" (I-PROTECTED-DEF)"
+                )
+        if self.slots is not None and hasattr(tree, "all_mamba_values_flatten"):
+            states = set(as_id_array(tree.all_mamba_values_flatten()).tolist())
+            held = self.slots.holdings(self.tree_state)
+            if states != held:
+                diff = sorted(states ^ held)
+                raise ContractViolation(
+                    self.slots.describe(
+                        diff[:4],
+                        f"the tree's Mamba states disagree with its ledger holdings (I-PARTITION): {diff[:8]}",
+                    )
+                )
+        root = _python_root(tree)
+        if root is not None:
+            self._audit_python_nodes(root)
+
+    def _audit_python_nodes(self, root: Any) -> None:
+        """Trees whose nodes are Python objects: protected = locked nodes' tokens, and lock counts =
+        live locks on the node + its children's counts (the root excluded)."""
+        evictable = protected = 0
+        order: list[Any] = []
+        stack = list(root.children.values())
+        while stack:
+            node = stack.pop()
+            order.append(node)
+            stack.extend(node.children.values())
+        for node in reversed(order):  # children before parents
+            ref = _lock_ref(node)
+            below = sum(_lock_ref(c) for c in node.children.values())
+            own = self.locks.get(self._node_key(node), 0)
+            if ref != own + below:
+                raise ContractViolation(
+                    f"node {self._node_key(node)}: lock_ref {ref} != {own} live lock(s) + {below} from its children"
+                    f" (I-LOCK-TREE)"
+                )
+            if ref > 0:
+                protected += len(node.value)
+            else:
+                evictable += len(node.value)
+        counted = _full_counters(self.tree)
+        if counted != (evictable, protected):
+            raise ContractViolation(
+                f"tree counters (evictable, protected) = {counted}, a recount gives {(evictable, protected)}"
+                f" (I-PROTECTED-DEF)"
+            )
+
+
+def _python_root(tree: Any) -> Any:
+    """The root node when the tree's nodes are Python objects; None for the Rust tree core, whose
+    nodes are ids (its ``root_node`` raises ``NotImplementedError``)."""
+    try:
+        root = tree.root_node
+    except NotImplementedError:
+        return None
+    return None if isinstance(root, int) or not hasattr(root, "children") else root
+
+
+def _tree_values(tree: Any) -> np.ndarray:
+    """Every KV id the tree holds. (0.5.23's ``RadixCache.all_values_flatten`` raises on an empty tree:
+    ``torch.cat`` of no tensors; an empty tree holds nothing.)"""
+    root = _python_root(tree)
+    if root is not None and not root.children:
+        return np.empty(0, dtype=np.int64)
+    return as_id_array(tree.all_values_flatten())
+
+
+def _lock_ref(node: Any) -> int:
+    return int(getattr(node, "full_lock_ref", getattr(node, "lock_ref", 0)))
+
+
+def _full_counters(tree: Any) -> tuple[int, int]:
+    """(evictable, protected) KV tokens as the tree counts them (0.5.20's Mamba tree: the full part)."""
+    if hasattr(tree, "full_evictable_size_"):  # 0.5.20's MambaRadixCache (its evictable_size() raises)
+        return int(tree.full_evictable_size()), int(tree.full_protected_size())
+    e, p = tree.evictable_size(), tree.protected_size()
+    return (int(e[0]) if isinstance(e, tuple) else int(e)), (int(p[0]) if isinstance(p, tuple) else int(p))
+
+
+def watch(
+    *,
+    allocator: Any = None,
+    req_pool: Any = None,
+    mamba_pool: Any = None,
+    tree: Any = None,
+    audit_each: bool = False,
+) -> Watch:
+    """Attach kvledger's ledgers to live SGLang components (any subset) and return the :class:`Watch`.
+
+    ``mamba_pool``: a ``HybridReqToTokenPool`` (its ``mamba_allocator`` and ``mamba_pool`` are watched;
+    pass it as ``req_pool`` too to watch its rows). ``tree``: a ``RadixCache``, ``UnifiedRadixCache``
+    or ``MambaRadixCache``; give its allocator (and Mamba pool) too, so its frees are attributed.
+    """
+    w = Watch(audit_each=audit_each)
+    if allocator is not None:
+        w._attach_allocator(allocator)
+    if req_pool is not None:
+        w._attach_req_pool(req_pool)
+    if mamba_pool is not None:
+        w._attach_mamba(mamba_pool.mamba_allocator, getattr(mamba_pool, "mamba_pool", None))
+    if tree is not None:
+        w._attach_tree(tree)
+    return w
