@@ -6,8 +6,8 @@ and trees through fresh ledgers. Holders: a request holder (``Watch.holder``) is
 ``req`` event (running) when it first appears; the ``caller`` and the tree's two owners (``tree#kv``,
 ``tree#state``) are other holders, declared by ``account`` events. Tree structure and locks are not
 logged (the attach sees node ids but not the splits and deletions inside SGLang's calls): the log is the
-pools' ownership history. :meth:`SGLangRecorder.close` writes the end-of-log marker when this kvledger's
-audit knows one, and detaches.
+pools' ownership history. :meth:`SGLangRecorder.close` writes the end-of-log marker (how the run ended)
+and detaches.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import IO, Any
 import numpy as np
 
 from kvledger.audit import events as E
+from kvledger.contracts.errors import InvalidArgument
 from kvledger.contracts.ledger import Ledger
 from kvledger.contracts.owners import FREE_LIST, Account, Owner
 from kvledger.engines.sglang.attach import Watch
@@ -93,11 +94,15 @@ class SGLangRecorder:
     def retagged(self, ledger: Ledger, owner: Owner, old: Account, new: Account, op: str) -> None:
         self._declare(owner)
 
-    def close(self) -> None:
-        """Detach from the ledgers; write the end-of-log marker if this kvledger's audit reads one."""
+    def close(self, outcome: str = "completed") -> None:
+        """Detach from the ledgers and write the end-of-log marker (spec/event-log.md): ``outcome`` is how
+        the run ended, ``"completed"`` (every request released: the audit checks the idle state),
+        ``"stopped"`` (cut short with requests live) or ``"violation"``. Without the marker the audit
+        calls the log incomplete, never clean."""
+        if outcome not in E.OUTCOMES:
+            raise InvalidArgument(f"SGLangRecorder.close: outcome must be one of {E.OUTCOMES}, got {outcome!r}")
         for ledger in self._watched:
             if ledger.observer is self:
                 ledger.observer = None
         self._watched = []
-        if "end" in E.EVENTS:
-            self._emit({"ev": "end", "events": self.events + 1})
+        self._emit(E.end(self.events, outcome))
