@@ -15,16 +15,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from kvledger.contracts.pool_kinds import CacheSide
 from kvledger.contracts.protocols import AnyPrefixCache, KVAllocator, MambaStatePool, ReqRowPool
 from kvledger.reference.pools.id_free_list import free_list_of
 
 
-def _free_reader(pool: Any, public: str) -> tuple[Callable[[], int], Callable[[], int]]:
+def free_reader(pool: Any) -> tuple[Callable[[], int], Callable[[], int]]:
     """(free units, pending units) of ``pool``: from its free list, or its public accessors."""
     try:
         ids = free_list_of(pool)
     except TypeError:
-        return getattr(pool, public), pool.pending_free_size
+        return pool.available_size, pool.pending_free_size
     unit = ids.unit
     if unit == 1:
         return ids.available, ids.pending_count
@@ -42,10 +43,10 @@ class Counters:
         mamba_pool: MambaStatePool | None = None,
         tree: AnyPrefixCache | None = None,
     ) -> None:
-        self.kv_available, self.kv_pending = _free_reader(kv_allocator, "available_size")
-        self.rows_available, self.rows_pending = _free_reader(req_to_token_pool, "available_size")
+        self.kv_available, self.kv_pending = free_reader(kv_allocator)
+        self.rows_available, self.rows_pending = free_reader(req_to_token_pool)
         if mamba_pool is not None:
-            self.mamba_available, self.mamba_pending = _free_reader(mamba_pool, "available_size")
+            self.mamba_available, self.mamba_pending = free_reader(mamba_pool)
         else:
             self.mamba_available = self.mamba_pending = _zero
         self._tree: Any = tree  # kvledger's own trees are read through their counters (see the module doc)
@@ -67,6 +68,11 @@ class Counters:
                 tree.mamba_protected_size(),
             )
         return tree.evictable_size(), tree.protected_size(), 0, 0
+
+    def cache_terms(self) -> dict[CacheSide, tuple[int, int]]:
+        """(evictable, protected) per side of the tree (``PoolKind.cached``); zeros without a tree."""
+        kv_e, kv_p, m_e, m_p = self.tree_counters()
+        return {"kv": (kv_e, kv_p), "mamba": (m_e, m_p)}
 
     def kv_evictable(self) -> int:
         tree = self._tree

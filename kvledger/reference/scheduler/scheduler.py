@@ -27,6 +27,7 @@ from kvledger.contracts.errors import (
 from kvledger.contracts.handles import HandleClaim, check_handles_owned
 from kvledger.contracts.ledger import Ledger
 from kvledger.contracts.owners import BATCH_INFLIGHT, REQ_CHUNKED, REQ_WAITING, Account
+from kvledger.contracts.pool_kinds import POOL_KINDS, PoolKind
 from kvledger.contracts.protocols import AnyPrefixCache, KVAllocator, MambaStatePool, ReqRowPool
 from kvledger.contracts.switch import ensure, invariant
 from kvledger.reference.pools.validate import check_positive
@@ -118,6 +119,10 @@ class Scheduler:
     ``process_prefill_chunk`` and ``parked_accounts``, never by copying its logic.
     """
 
+    pool_kinds: tuple[PoolKind, ...] = POOL_KINDS
+    """The pool kinds its identity covers (kvledger.contracts.pool_kinds); a subclass with another pool adds
+    its description here and the pool as the attribute the description names."""
+
     parked_accounts: frozenset[Account] = frozenset({BATCH_INFLIGHT})
     """Accounts in which a request that has ended may still hold ids (released later, on an event)."""
 
@@ -179,8 +184,8 @@ class Scheduler:
         self.step_no = 0
         self._next_batch_id = 0
         # Ledgers date their moves by this scheduler's step, so a violation's history reads in steps.
-        pools = (kv_allocator, req_to_token_pool, mamba_pool)
-        self._dated_ledgers = [p.ledger for p in pools if p is not None and isinstance(p.ledger, Ledger)]
+        pools = self.accounting.pools_by_name().values()
+        self._dated_ledgers = [p.ledger for p in pools if isinstance(p.ledger, Ledger)]
         for ledger in self._dated_ledgers:
             ledger.clock, ledger.epoch = "scheduler step", 0
         self._stepping = False  # inside step(): the only place batches are built (I-CALL-STATE)
