@@ -68,7 +68,7 @@ class ReqMemory:
         self.mamba_pool: Any = mamba_pool
         self.tree: Any = tree
         self.page_size = page_size
-        self.is_mamba_tree = tree is not None and hasattr(tree, "evict_mamba")
+        self.is_mamba_tree = tree is not None and tree.caches_mamba
         self.fault_injector = fault_injector
         self.tracking = tracking  # Mamba V2 (extra_buffer); None: V1 or no Mamba cache
         self.device = kv_allocator.device

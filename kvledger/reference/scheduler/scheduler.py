@@ -144,7 +144,7 @@ class Scheduler:
             )
         if tree is not None and getattr(tree, "page_size", config.page_size) != config.page_size:
             raise InvalidArgument("tree page_size differs from the scheduler's")
-        mamba_tree = tree is not None and hasattr(tree, "evict_mamba")
+        mamba_tree = tree is not None and tree.caches_mamba
         if mamba_tree and not config.extra_buffer and config.page_size != 1:
             raise InvalidArgument(
                 "the Mamba radix cache with mamba_scheduler_strategy 'no_buffer' (V1) caches states at token"
