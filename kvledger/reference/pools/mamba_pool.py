@@ -25,6 +25,7 @@ import torch
 from kvledger import kernels
 from kvledger.contracts.errors import ContractViolation, InvalidArgument, KVLedgerError
 from kvledger.contracts.owners import FREE, Owner
+from kvledger.contracts.seams import seam
 from kvledger.contracts.switch import ensure, invariant, require, snapshot
 from kvledger.reference.pools.base import IdPool
 from kvledger.reference.pools.id_free_list import HELD
@@ -270,6 +271,7 @@ class MambaPool(IdPool):
         self._flush()
         return self._raw_poisoned(idx)
 
+    @seam
     @snapshot(lambda self: self.available_size() + self._slots.pending_count(), name="reclaimable")
     @ensure(
         lambda self, slots, OLD: (
@@ -287,6 +289,7 @@ class MambaPool(IdPool):
     def _free_unchecked(self, slots: torch.Tensor, owner: Owner, op: str = "free") -> None:
         self._slots.release(slots, owner, op)
 
+    @seam
     def _check_held(self, slots: torch.Tensor, what: str) -> None:
         check_in_range(slots, 1, self.size, self.name, "slot")
         if not self._slots.all_held(slots):

@@ -43,6 +43,7 @@ from kvledger.contracts.errors import InvalidArgument
 from kvledger.contracts.mamba_track import branching_seqlen
 from kvledger.contracts.owners import CACHE_EVICTABLE, CACHE_PROTECTED, Owner
 from kvledger.contracts.protocols import KVAllocator, MambaStatePool
+from kvledger.contracts.seams import seam
 from kvledger.contracts.switch import ensure, invariant, require, snapshot
 from kvledger.reference.pools.id_free_list import free_list_of
 from kvledger.reference.pools.validate import as_index_tensor, check_count, check_in_range
@@ -436,6 +437,7 @@ class MambaRadixCache(RadixTreeBase):
         if node is not self.root and node.lock_ref == 0 and node.mamba_value is None and not node.children:
             self._prune_tombstones(node)
 
+    @seam
     def _mamba_component_to_release(self, lock: LockRef) -> bool:
         """The B14 decision point: the record taken at inc time, never the node's current state."""
         return lock.took_mamba

@@ -35,6 +35,7 @@ from kvledger.contracts.arith import ceil_to_page, extend_page_plan, floor_to_pa
 from kvledger.contracts.errors import ContractViolation
 from kvledger.contracts.owners import REQ_CHUNKED, REQ_RUNNING, REQ_WAITING, Account
 from kvledger.contracts.protocols import AnyPrefixCache, KVAllocator, MambaStatePool, ReqRowPool
+from kvledger.contracts.seams import seam
 from kvledger.contracts.switch import ENABLED, ensure, snapshot
 from kvledger.reference.scheduler.counters import Counters
 from kvledger.reference.scheduler.request import Req, track_point_holds
@@ -198,6 +199,7 @@ class ReqMemory:
             req.owner.set_account(account, op="admit")
         return torch.cat(pieces) if pieces else _EMPTY.to(self.device)
 
+    @seam
     def _extend_one(self, req: Req, undo: list[tuple[Any, Any, Req]]) -> torch.Tensor:
         if req.req_pool_idx is None:
             self._inject("row")
@@ -244,6 +246,7 @@ class ReqMemory:
         req.kv_allocated_len = end
         return loc
 
+    @seam
     def decode_demand_tokens(self, reqs: Sequence[Req]) -> int:
         """KV tokens the next decode step takes off the free list (whole pages)."""
         opens = sum(1 for r in reqs if r.kv_allocated_len % self.page_size == 0)
@@ -424,6 +427,7 @@ class ReqMemory:
             req.mamba_pool_idx = None
         return cache_len
 
+    @seam
     def _cache_finished_tracked(self, req: Req) -> int:
         """V2: insert ``tokens[:mamba_last_track_seqlen]`` with the keep half; returns where the request's
         own KV starts (everything from there is freed). Nothing tracked: nothing inserted (B16)."""
@@ -457,6 +461,7 @@ class ReqMemory:
                     ledger.describe(held[:4], f"I-V2-CACHE-LEN: {req.owner!r} still holds {held} after finishing")
                 )
 
+    @seam
     def release_without_insert(self, req: Req) -> None:
         """Retraction and abort: free what the request owns; the tree keeps (unlocked) what it had."""
         self._guard_release(req)

@@ -29,6 +29,7 @@ from kvledger.contracts.ledger import Ledger
 from kvledger.contracts.owners import BATCH_INFLIGHT, REQ_CHUNKED, REQ_WAITING, Account
 from kvledger.contracts.pool_kinds import POOL_KINDS, PoolKind
 from kvledger.contracts.protocols import AnyPrefixCache, KVAllocator, MambaStatePool, ReqRowPool
+from kvledger.contracts.seams import seam
 from kvledger.contracts.switch import ensure, invariant
 from kvledger.reference.pools.validate import check_positive
 from kvledger.reference.scheduler.accounting import Accounting
@@ -252,6 +253,7 @@ class Scheduler:
         """Hook: where an accepted arrival waits (PD: the bootstrap or pre-allocation queue)."""
         self.waiting.append(req)
 
+    @seam
     def _never_fits(self, req: Req) -> str | None:
         total = len(req.origin_input_ids) + req.max_new_tokens
         if total > self.config.max_context_len:
@@ -401,6 +403,7 @@ class Scheduler:
             return batch
         return self.update_running_batch()
 
+    @seam
     def process_prefill_chunk(self, req: Req) -> None:
         """Between chunks: the tree adopts the finished chunk and the lock moves to it. The request keeps its
         row and working slot (2026 SGLang, PR #17850; the late-2025 PD path freed both: bug B4, #12432).
@@ -485,6 +488,7 @@ class Scheduler:
             adder.can_run_list, is_decode=False, out_cache_loc=out_cache_loc, chunked_req=new_chunked
         )
 
+    @seam
     def _cleanup_stopper(self, req: Req, *, appended: bool, result: AddReqResult) -> None:
         """The request that stopped the round: what happens to its copy-on-write slot."""
         policy = self.config.cow_release_policy
@@ -559,6 +563,7 @@ class Scheduler:
                 break
         return retracted
 
+    @seam
     def _drain_before_retract(self) -> bool:
         """Process the oldest batch in flight, so that no launched batch references a request about to be
         retracted: its result is applied and its KV length is final before the release
@@ -589,6 +594,7 @@ class Scheduler:
         self.waiting.append(req)
         self.stats.retractions += 1
 
+    @seam
     def _check_retractable(self, req: Req) -> None:
         """retract's refusals: another scheduler's request, one not running, one a launched batch references."""
         self._check_own_request(req, "retract")
@@ -660,6 +666,7 @@ class Scheduler:
             self.last_prefill = batch
         self.inflight.append(batch)
 
+    @seam
     def process_batch_result(self, batch: ScheduleBatch) -> None:
         """Process the results of ``batch``, the oldest batch in flight, once (I-RESULTS-ONCE): it leaves
         the in-flight queue here. Another batch (already processed, not yet due, another scheduler's) is
@@ -704,6 +711,7 @@ class Scheduler:
             self._release_finished_or_aborted(req)
         batch.deferred_release.clear()
 
+    @seam
     def _discards_result(self, req: Req) -> bool:
         """A request that ended, or is to be aborted, after the batch launched gets no output from it."""
         return req.state.is_done or req.abort_requested
@@ -731,6 +739,7 @@ class Scheduler:
         if self.chunked_req is req:
             self.chunked_req = None
 
+    @seam
     def _release_or_defer(self, req: Req) -> None:
         """Release now, or park the request on the in-flight batch that still references it."""
         holder = next((b for b in self.inflight if req in b.reqs), None)
@@ -761,6 +770,7 @@ class Scheduler:
                 del self.requests[old.rid]
 
     # ------------------------------------------------------------------ abort
+    @seam
     def abort(self, rid: int) -> bool:
         """Abort a request in any state. Returns False if it had already ended (idempotent)."""
         check_rid(rid)
@@ -782,6 +792,7 @@ class Scheduler:
         if self._live.get(req.rid) is not req and self.requests.get(req.rid) is not req:
             raise UnknownRequest(f"{op}: {req!r} is not a request of this scheduler")
 
+    @seam
     def _abort_now(self, req: Req, reason: str) -> None:
         self._leave_queues(req)
         self._finish_state(req, ReqState.ABORTED, reason)
