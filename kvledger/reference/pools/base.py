@@ -55,12 +55,14 @@ class IdPool:
 
     def free_ids(self) -> list[int]:
         """The ids on the free list, in reuse order (ids, not units: pages for a paged pool)."""
-        return self.free_list.free_ids().tolist()
+        ids: list[int] = self.free_list.free_ids().tolist()
+        return ids
 
     def pending_ids(self) -> list[int]:
         """The ids freed inside the open free group (empty outside one)."""
         pending = self.free_list.pending
-        return np.concatenate(pending).tolist() if pending else []
+        ids: list[int] = np.concatenate(pending).tolist() if pending else []
+        return ids
 
     def audit(self) -> None:
         """Full recount of the free list, state mask and ledger (quiescence / tests)."""

@@ -107,7 +107,8 @@ class PagedTokenToKVPoolAllocator(IdPool):
             return uniq[np.argsort(first)]
         pos = self._positions[:n]
         self._scratch[pages[::-1]] = pos[::-1]
-        return pages[self._scratch[pages] == pos]
+        first_seen: np.ndarray = pages[self._scratch[pages] == pos]
+        return first_seen
 
     def _page_tensor(self, pages: np.ndarray) -> torch.Tensor:
         t = torch.from_numpy(np.ascontiguousarray(pages, dtype=np.int64))

@@ -138,7 +138,8 @@ class ReqToTokenPool(IdPool):
             raise SlotOutOfRange(f"[{self.name}] {op}: row {row} outside [0, {end})")
         if not self._rows.is_held(row):
             raise InvalidArgument(f"[{self.name}] {op}: row {row} is not held by any request")
-        return row
+        held: int = row
+        return held
 
     def _check_span(self, row: Any, start: Any, end: Any, op: str) -> None:
         """Positions ``[start, end)`` of a held row: ``0 <= start <= end <= max_context_len``."""
