@@ -37,9 +37,10 @@ from kvledger.audit import events as E
 from kvledger.contracts.errors import ContractViolation, InvalidArgument
 from kvledger.contracts.ledger import Ledger
 from kvledger.contracts.owners import FREE_LIST, Account, Owner
+from kvledger.contracts.pool_kinds import MAMBA, POOL_KINDS, PoolKind
 
-POOLS = ("kv", "req", "mamba")
-"""The scheduler's pools, by the names its identity's terms use."""
+POOLS: tuple[PoolKind, ...] = POOL_KINDS
+"""The pool kinds a plain scheduler has (the recorder logs those its scheduler's accounting covers)."""
 
 
 class Recorder:
@@ -60,10 +61,9 @@ class Recorder:
         self._on_step_before = scheduler.on_step
         self._emit(E.header(source))
         units = scheduler.accounting.units()
-        for name in POOLS:
-            pool = getattr(
-                scheduler, {"kv": "kv_allocator", "req": "req_to_token_pool", "mamba": "mamba_pool"}[name]
-            )
+        for kind in getattr(scheduler.accounting, "kinds", POOLS):
+            name = kind.name
+            pool = getattr(scheduler, kind.attr, None)
             if pool is None:
                 continue
             ledger = pool.ledger
@@ -268,7 +268,7 @@ class Recorder:
             event = {
                 "ev": "cow",
                 "node": src.id,
-                "pool": "mamba",
+                "pool": MAMBA.name,
                 "src": int(src.mamba_value[0]),
                 "dst": int(dst),
             }
@@ -333,8 +333,9 @@ def _check_recordable(scheduler: Any, out: Any, source: Any) -> None:
         raise InvalidArgument(f"Recorder: source must be a str, got {type(source).__name__}")
     if not all(hasattr(scheduler, a) for a in ("accounting", "on_step", "kv_allocator", "req_to_token_pool")):
         raise InvalidArgument(f"Recorder: expected a kvledger Scheduler, got {type(scheduler).__name__}")
-    for name, attr in (("kv", "kv_allocator"), ("req", "req_to_token_pool"), ("mamba", "mamba_pool")):
-        pool = getattr(scheduler, attr, None)
+    for kind in getattr(getattr(scheduler, "accounting", None), "kinds", POOLS):
+        name = kind.name
+        pool = getattr(scheduler, kind.attr, None)
         if pool is None:
             continue
         if not getattr(pool.ledger, "enabled", False):

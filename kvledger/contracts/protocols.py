@@ -20,7 +20,8 @@ spec stays independent of every implementation.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from kvledger.contracts.ledger import AnyLedger
 from kvledger.contracts.owners import Owner
@@ -47,6 +48,10 @@ class IdPool(Protocol):
 
     def pending_free_size(self) -> int:
         """Units freed inside the open free group (back on the free list at its end)."""
+        ...
+
+    def free_ids(self) -> Sequence[int]:
+        """The ids on the free list, in reuse order (what a failed check's census reads)."""
         ...
 
     def audit(self) -> None:
@@ -169,11 +174,32 @@ class InsertLike(Protocol):
     def mamba_adopted(self) -> bool: ...
 
 
+@dataclass
+class CacheCounts:
+    """A prefix cache's own counters, kept in this record: KV tokens and (Mamba cache) state slots of
+    unlocked (evictable) and locked (protected) nodes, the root excluded.
+
+    Public so the scheduler reads them every step without evaluating the cache's class invariants on each
+    read (its per-step identity checks these very counters against the ledger); ``evictable_size()`` and
+    the other accessors are the checked reads. Never written from outside the cache.
+    """
+
+    evictable: int = 0
+    protected: int = 0
+    mamba_evictable: int = 0
+    mamba_protected: int = 0
+
+
 class CacheSizes(Protocol):
     """What every prefix cache reports (SGLang's names), and its audit."""
 
     @property
     def page_size(self) -> int: ...
+
+    @property
+    def counts(self) -> CacheCounts:
+        """The counters, read without the checks (see :class:`CacheCounts`)."""
+        ...
 
     @property
     def root(self) -> Any: ...
@@ -194,6 +220,11 @@ class CacheSizes(Protocol):
 class PrefixCache(CacheSizes, Protocol):
     """``RadixCache``: KV ids keyed by token ids."""
 
+    @property
+    def caches_mamba(self) -> Literal[False]:
+        """Which variant this is (a ``MambaPrefixCache`` says True): what the scheduler branches on."""
+        ...
+
     def match_prefix(self, key: Sequence[int]) -> MatchLike: ...
 
     def insert(self, key: Sequence[int], value: torch.Tensor, owner: Owner, protected_len: int = 0) -> int:
@@ -203,6 +234,9 @@ class PrefixCache(CacheSizes, Protocol):
 
 class MambaPrefixCache(CacheSizes, Protocol):
     """``MambaRadixCache``: KV ids plus a Mamba state at node ends (copy-on-write on a match)."""
+
+    @property
+    def caches_mamba(self) -> Literal[True]: ...
 
     def match_prefix(
         self, key: Sequence[int], *, cow_owner: Owner | None = None, cow_slot: torch.Tensor | None = None

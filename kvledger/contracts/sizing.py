@@ -17,6 +17,7 @@ Torch-free and side-effect-free: ``scripts/crosshair_gate.py`` proves the postco
 from __future__ import annotations
 
 from kvledger.contracts.errors import ContractViolation
+from kvledger.contracts.seams import seam
 from kvledger.contracts.switch import ensure, require
 
 PRE_ALLOC_LIMIT = 32  # SGLang pre-allocates extra rows only for small running limits
@@ -40,6 +41,7 @@ def decode_rows(size: int, pre_alloc_size: int) -> int:
     return size + pre_alloc_size
 
 
+@seam  # B11 replaces it where the PD builder calls it (kvledger.reference.disagg.builder)
 @require(lambda requested: requested >= 0)
 @require(lambda rows: rows >= 1)
 @require(lambda slots_per_req: slots_per_req >= 1)

@@ -643,7 +643,7 @@ _OWN = {f"{cls.__name__}.{n}" for cls in (PDScheduler, PrefillScheduler, DecodeS
 QUERIES: list[Query] = [
     *(
         Query(f"MetadataBufferPool.{name}", "metadata", lambda s, n=name: getattr(s.pool, n)())
-        for name in ("audit", "available_size", "pending_free_size")
+        for name in ("audit", "available_size", "pending_free_size", "free_ids", "pending_ids")
     ),
     Query("MetadataBufferPool.ledger", "metadata", lambda s: s.pool.ledger),
     *(

@@ -1025,6 +1025,8 @@ QUERIES: list[Query] = [
             _q(cls, kind, "available_size", lambda s: s.pool.available_size()),
             _q(cls, kind, "pending_free_size", lambda s: s.pool.pending_free_size()),
             _q(cls, kind, "ledger", lambda s: s.pool.ledger),
+            _q(cls, kind, "free_ids", lambda s: s.pool.free_ids()),
+            _q(cls, kind, "pending_ids", lambda s: s.pool.pending_ids()),
             _q(cls, kind, "audit", lambda s: s.pool.audit(), "a full recount"),
         )
     ),

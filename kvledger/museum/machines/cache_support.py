@@ -102,14 +102,6 @@ def extract(cache: Any, tag_pool: MambaPool | None = None) -> tuple[dict[tuple[i
 
 
 # ---------------------------------------------------------------------- snapshots
-def _free_list(pool: Any) -> Any:
-    for attr in ("_ids", "_pages", "_slots"):
-        found = getattr(pool, attr, None)
-        if found is not None:
-            return found
-    raise TypeError(f"{type(pool).__name__} has no free list the snapshot knows")
-
-
 def _ledger_state(ledger: Any) -> Any:
     if not ledger.enabled:
         return None
@@ -117,7 +109,7 @@ def _ledger_state(ledger: Any) -> Any:
 
 
 def _pool_state(pool: Any) -> Any:
-    ids = _free_list(pool)
+    ids = pool.free_list  # kvledger's pools (pools.base.IdPool)
     return (tuple(ids.free.tolist()), tuple(ids.state.tolist()), _ledger_state(ids.ledger))
 
 
@@ -143,11 +135,12 @@ def snapshot(cache: Any) -> Any:
 
     tree = tuple(sorted(node_state(n) for n in [cache.root, *nodes_of(cache)]))
     lists = [tuple(n.id for n in cache._full_lru.oldest_first())]
-    counters = [cache._evictable, cache._protected, cache._clock, len(cache._locks)]
+    c = cache.counts
+    counters = [c.evictable, c.protected, cache._clock, len(cache._locks)]
     pools = [_pool_state(cache.token_to_kv_pool_allocator)]
     if isinstance(cache, MambaRadixCache):
         lists.append(tuple(n.id for n in cache._mamba_lru.oldest_first()))
-        counters += [cache._m_evictable, cache._m_protected]
+        counters += [c.mamba_evictable, c.mamba_protected]
         mamba_pool: Any = cache.mamba_pool  # a MambaPool: its state tensors are what a rejected call must keep
         pools.append(_pool_state(mamba_pool))
         # raw bits: freed slots may hold NaN poison, and NaN != NaN

@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from kvledger.contracts.errors import ContractViolation, InvalidArgument, InvalidState, UnknownRoom
+from kvledger.contracts.seams import seam
 from kvledger.reference.config_fields import check_size
 from kvledger.reference.disagg import landing
 from kvledger.reference.disagg.messages import (
@@ -304,6 +305,7 @@ class TransferChannel:
             return Poll.SUCCESS
         return Poll.TRANSFERRING
 
+    @seam
     def _receiver_done(self, room: Room) -> bool:
         """Success for the receiver: every component landed and nothing of the room is in flight."""
         return not self.missing_components(room.room)

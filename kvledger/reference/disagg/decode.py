@@ -35,6 +35,7 @@ from kvledger.contracts.owners import (
     PD_DECODE_WAITING,
     REQ_RUNNING,
 )
+from kvledger.contracts.seams import seam
 from kvledger.contracts.sizing import check_decode_sizing
 from kvledger.reference.disagg import landing
 from kvledger.reference.disagg.channel import DstInfo, Poll
@@ -285,6 +286,7 @@ class DecodeScheduler(PDScheduler):
             self.pd_stats.resumes += 1
 
     # ------------------------------------------------------------------ writer lease
+    @seam
     def transfer_may_touch(self, req: PDReq) -> bool:
         """Writes may land while the receiver was initialised and the sender has not acknowledged."""
         return self.channel.writes_may_land(req.bootstrap_room)

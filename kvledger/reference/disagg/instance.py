@@ -23,6 +23,7 @@ from typing import Any
 from kvledger.contracts.errors import ContractViolation, InvalidArgument, UnknownRoom
 from kvledger.contracts.ledger import Ledger
 from kvledger.contracts.owners import LEASE_ACCOUNTS, Account
+from kvledger.contracts.seams import seam
 from kvledger.reference.disagg.accounting import PDAccounting
 from kvledger.reference.disagg.channel import TransferChannel, check_room
 from kvledger.reference.disagg.request import PDReq
@@ -158,6 +159,7 @@ class PDScheduler(Scheduler):
         self.channel.abort(req.bootstrap_room, self.side, reason)
         super()._abort_now(req, reason)
 
+    @seam
     def _release_finished_or_aborted(self, req: Req) -> None:
         """Release now, or, when a transfer may still touch the ids, hold them under a lease."""
         assert isinstance(req, PDReq)
@@ -214,6 +216,7 @@ class PDScheduler(Scheduler):
             if name != "lease" and req in queue:
                 queue.remove(req)
 
+    @seam
     def is_quiescent(self) -> bool:
         """I-QUIESCENT with PD holders: no PD queue entry and no lease, besides the scheduler's own."""
         return super().is_quiescent() and not any(self.pd_queues().values())

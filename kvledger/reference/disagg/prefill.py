@@ -24,6 +24,7 @@ from typing import Any
 
 from kvledger.contracts.arith import floor_to_page
 from kvledger.contracts.owners import PD_PREFILL_INFLIGHT, PD_PREFILL_LEASE, REQ_WAITING
+from kvledger.contracts.seams import seam
 from kvledger.reference.disagg.channel import Poll, Send
 from kvledger.reference.disagg.instance import PDScheduler
 from kvledger.reference.disagg.request import PREFILL, PDReq
@@ -61,6 +62,7 @@ class PrefillScheduler(PDScheduler):
         self.process_inflight_queue()
         self.process_leases()
 
+    @seam
     def poll_waiting_failures(self) -> None:
         """Abort waiting requests whose room failed (a decode-side abort): they hold a metadata slot and,
         unpolled, keep it until they are scheduled (#28236)."""
@@ -103,6 +105,7 @@ class PrefillScheduler(PDScheduler):
         """A prefill instance never decodes: nothing joins a running batch."""
         self.last_prefill = None
 
+    @seam
     def process_prefill_chunk(self, req: Req) -> None:
         """Cache the finished chunk (the request keeps its row and working slot), then send its whole pages."""
         super().process_prefill_chunk(req)
@@ -168,6 +171,7 @@ class PrefillScheduler(PDScheduler):
                 self.abort_for(req, self.channel.failure_reason(req.bootstrap_room, PREFILL))
 
     # ------------------------------------------------------------------ reader lease
+    @seam
     def transfer_may_touch(self, req: PDReq) -> bool:
         return not self.channel.reads_drained(req.bootstrap_room)
 

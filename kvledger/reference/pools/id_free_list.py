@@ -59,17 +59,17 @@ def host_ids(ids: torch.Tensor) -> np.ndarray:
     return ids.numpy() if ids.is_cpu else ids.cpu().numpy()
 
 
-def free_list_of(pool: Any) -> IdFreeList:
-    """The :class:`IdFreeList` a pool is built on (its own counters, read without the pool's public API).
+def free_list_of(pool: object) -> IdFreeList:
+    """The :class:`IdFreeList` a kvledger pool is built on: its public ``free_list`` (``pools.base.IdPool``).
 
     For the scheduler's per-step identity: it reads the pools' counters and checks them itself (the busy
     identity and the ledger cross-check cover the pools' cheap invariants I-COUNT and I-CAP), so going
-    through ``available_size()`` would evaluate those invariants twice per read for nothing.
+    through ``available_size()`` would evaluate those invariants twice per read for nothing. Another
+    implementation (an adapter) has none: TypeError, and the caller reads its public accessors instead.
     """
-    for attr in ("_ids", "_pages", "_rows", "_slots"):
-        found = getattr(pool, attr, None)
-        if isinstance(found, IdFreeList):
-            return found
+    found = getattr(pool, "free_list", None)
+    if isinstance(found, IdFreeList):
+        return found
     raise TypeError(f"{type(pool).__name__} is not built on an IdFreeList")
 
 

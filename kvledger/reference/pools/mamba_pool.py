@@ -25,17 +25,17 @@ import torch
 from kvledger import kernels
 from kvledger.contracts.errors import ContractViolation, InvalidArgument, KVLedgerError
 from kvledger.contracts.owners import FREE, Owner
+from kvledger.contracts.seams import seam
 from kvledger.contracts.switch import ensure, invariant, require, snapshot
-from kvledger.reference.pools.id_free_list import HELD, IdFreeList
+from kvledger.reference.pools.base import IdPool
+from kvledger.reference.pools.id_free_list import HELD
 from kvledger.reference.pools.kv_buffer import check_float_dtype
 from kvledger.reference.pools.validate import (
     as_index_tensor,
     check_count,
     check_in_range,
-    check_name,
     check_owner,
     check_unique,
-    resolve_device,
 )
 from kvledger.reference.pools.write_schedule import ZERO, WriteSchedule
 
@@ -56,7 +56,7 @@ def check_state_shape(shape: Any, what: str) -> tuple[int, ...]:
 @invariant(
     lambda self: len(self._writes) < self.FLUSH_AT, "I-WRITE-SCHEDULE: the write schedule stays bounded"
 )
-class MambaPool:
+class MambaPool(IdPool):
     """``size`` state slots; ``conv_state[L, size+1, *conv_shape]``, ``temporal_state[L, size+1, *ssm_shape]``."""
 
     FLUSH_AT = 64  # scheduled writes applied together at most
@@ -82,9 +82,8 @@ class MambaPool:
         check_float_dtype(conv_dtype, "conv_dtype")
         check_float_dtype(ssm_dtype, "ssm_dtype")
         self.size = size
-        self.name = check_name(name)
         self.num_layers = num_layers
-        self.device = resolve_device(device)
+        self._slots = self._init_pool(name, device, 1, size, reuse="fifo")
         self._conv = torch.zeros(
             (num_layers, size + 1, *conv_state_shape), dtype=conv_dtype, device=self.device
         )
@@ -92,14 +91,9 @@ class MambaPool:
             (num_layers, size + 1, *temporal_state_shape), dtype=ssm_dtype, device=self.device
         )
         self._writes = WriteSchedule()  # zeroings and copies promised, applied as one batch
-        self._slots = IdFreeList(name, 1, size, self.device, reuse="fifo")
         self._slots.on_alloc = self._schedule_zero  # always: a new owner never inherits a previous state
         self._slots.on_release = self._on_release
         self._poison_on_release = bool(self._slots.ledger.enabled)  # debug builds: stale reads show
-
-    @property
-    def ledger(self) -> Any:
-        return self._slots.ledger
 
     @property
     def conv_state(self) -> torch.Tensor:
@@ -122,12 +116,6 @@ class MambaPool:
     def scheduled_writes(self) -> int:
         """Zeroings and copies scheduled but not yet applied (0 right after any read of the states)."""
         return len(self._writes)
-
-    def available_size(self) -> int:
-        return self._slots.available()
-
-    def pending_free_size(self) -> int:
-        return self._slots.pending_count()
 
     def free_slots(self) -> list[int]:
         """The free list, in reuse order (what SGLang's leak diagnostic subtracts)."""
@@ -283,6 +271,7 @@ class MambaPool:
         self._flush()
         return self._raw_poisoned(idx)
 
+    @seam
     @snapshot(lambda self: self.available_size() + self._slots.pending_count(), name="reclaimable")
     @ensure(
         lambda self, slots, OLD: (
@@ -300,6 +289,7 @@ class MambaPool:
     def _free_unchecked(self, slots: torch.Tensor, owner: Owner, op: str = "free") -> None:
         self._slots.release(slots, owner, op)
 
+    @seam
     def _check_held(self, slots: torch.Tensor, what: str) -> None:
         check_in_range(slots, 1, self.size, self.name, "slot")
         if not self._slots.all_held(slots):
@@ -391,6 +381,3 @@ class MambaPool:
         broken = self._writes.inconsistency()
         if broken is not None:
             raise ContractViolation(f"I-WRITE-SCHEDULE: [{self.name}] {broken}")
-
-    def __repr__(self) -> str:
-        return f"MambaPool({self.name}, size={self.size}, available={self.available_size()})"

@@ -22,6 +22,7 @@ from kvledger.contracts.errors import InvalidArgument, SlotOutOfRange
 from kvledger.contracts.owners import FREE, Owner
 from kvledger.contracts.switch import ensure, invariant, snapshot
 from kvledger.reference.config_fields import allocating, check_fits_memory, check_size
+from kvledger.reference.pools.base import IdPool
 from kvledger.reference.pools.id_free_list import HELD, IdFreeList
 from kvledger.reference.pools.validate import (
     as_index_tensor,
@@ -45,7 +46,7 @@ SLOT_BYTES = 2 * 8 + 25
     "I-COUNT: ledger free metadata slots == available_size()",
 )
 @invariant(lambda self: 0 <= self._slots.available() + self._slots.pending_count() <= self.size, "I-CAP")
-class MetadataBufferPool:
+class MetadataBufferPool(IdPool):
     """``size`` slots; ``bootstrap_room[1, size, 1]`` and ``output_id[1, size, 1]`` (int64) per slot."""
 
     def __init__(self, size: int, *, device: str | torch.device = "cpu", name: str = "metadata") -> None:
@@ -58,7 +59,7 @@ class MetadataBufferPool:
             # Layer-major [L=1, S, F=1] so the slot kernels apply (a store writes both buffers at once).
             self.bootstrap_room = torch.zeros((1, size, 1), dtype=torch.int64, device=self.device)
             self.output_id = torch.zeros((1, size, 1), dtype=torch.int64, device=self.device)
-            self._slots = IdFreeList(name, 0, size, self.device, reuse="fifo")
+            self._slots = self.free_list = IdFreeList(name, 0, size, self.device, reuse="fifo")
         self._slots.on_alloc = self._zero
         if self._slots.ledger.enabled:
             self._slots.on_release = self._poison

@@ -18,6 +18,7 @@ from kvledger.contracts.arith import decode_needs_new_page, extend_page_plan
 from kvledger.contracts.errors import InvalidArgument
 from kvledger.contracts.owners import FREE, Owner
 from kvledger.contracts.switch import ensure, invariant, snapshot
+from kvledger.reference.pools.base import IdPool
 from kvledger.reference.pools.id_free_list import FreeListSnapshot, IdFreeList, host_ids
 from kvledger.reference.pools.kv_buffer import check_kv_buffer
 from kvledger.reference.pools.validate import (
@@ -26,11 +27,9 @@ from kvledger.reference.pools.validate import (
     check_decode_batch,
     check_in_range,
     check_int_sequence,
-    check_name,
     check_owner,
     check_owners,
     check_snapshot,
-    resolve_device,
 )
 
 
@@ -45,7 +44,7 @@ def _ledger_agrees(ids: IdFreeList) -> bool:
 )
 @invariant(lambda self: self.available_size() % self.page_size == 0, "available_size is whole pages")
 @invariant(lambda self: 0 <= self._pages.available() + self._pages.pending_count() <= self.num_pages, "I-CAP")
-class PagedTokenToKVPoolAllocator:
+class PagedTokenToKVPoolAllocator(IdPool):
     """``size`` token slots in pages of ``page_size``; the KV buffer needs ``(num_pages + 1) * page_size`` rows."""
 
     def __init__(
@@ -60,27 +59,12 @@ class PagedTokenToKVPoolAllocator:
         self.page_size = page_size
         self.num_pages = size // page_size
         self.size = self.num_pages * page_size
-        self.name = check_name(name)
-        self.device = resolve_device(device)
-        self._pages = IdFreeList(name, 1, self.num_pages, self.device, unit=page_size, reuse="lifo")
+        self._pages = self._init_pool(name, device, 1, self.num_pages, unit=page_size, reuse="lifo")
         self._offsets = torch.arange(page_size, dtype=torch.int64, device=self.device)
         self._offsets_np = np.arange(page_size, dtype=np.int64)
         self._free_what = f"{name}.free"
         self._scratch = np.zeros(self.num_pages + 1, dtype=np.int64)  # for pages_of's first-seen scatter
         self._positions = np.arange(self.num_pages + 1, dtype=np.int64)
-
-    @property
-    def ledger(self) -> Any:
-        """The page-level ledger (``unit`` = page_size tokens per id)."""
-        return self._pages.ledger
-
-    def available_size(self) -> int:
-        """Free tokens, i.e. free pages x page_size."""
-        return self._pages.available() * self.page_size
-
-    def pending_free_size(self) -> int:
-        """Tokens of the pages freed inside the open free group."""
-        return self._pages.pending_count() * self.page_size
 
     def pages_of(self, token_ids: torch.Tensor) -> torch.Tensor:
         """The distinct pages the token ids fall in, in first-seen order (a new int64 tensor).
@@ -123,7 +107,8 @@ class PagedTokenToKVPoolAllocator:
             return uniq[np.argsort(first)]
         pos = self._positions[:n]
         self._scratch[pages[::-1]] = pos[::-1]
-        return pages[self._scratch[pages] == pos]
+        first_seen: np.ndarray = pages[self._scratch[pages] == pos]
+        return first_seen
 
     def _page_tensor(self, pages: np.ndarray) -> torch.Tensor:
         t = torch.from_numpy(np.ascontiguousarray(pages, dtype=np.int64))
@@ -310,14 +295,6 @@ class PagedTokenToKVPoolAllocator:
         """Release the pages of ``ids`` without validation (see TokenToKVPoolAllocator._free_unchecked)."""
         self._pages.release(self._pages_of(ids), owner, op)
 
-    def _free_pages_unchecked(self, pages: torch.Tensor, owner: Owner, op: str = "free") -> None:
-        """Release page ids (not token ids) without validation: for callers that already know the pages.
-
-        A radix tree owns whole pages in order, so its page ids are ``tokens[::page_size] // page_size``;
-        this skips ``pages_of``'s unique/sort. The ledger still checks the owner.
-        """
-        self._pages.release(pages, owner, op)
-
     def attach_kv_buffer(self, buffer: Any) -> None:
         """Debug builds (a real ledger): zero a page's KV slots when handed out, poison them when given back."""
         check_kv_buffer(buffer, (self.num_pages + 1) * self.page_size, self.device, self.name)
@@ -336,9 +313,6 @@ class PagedTokenToKVPoolAllocator:
 
     def restore_state(self, state: FreeListSnapshot) -> None:
         self._pages.restore(check_snapshot(state, self.name))
-
-    def audit(self) -> None:
-        self._pages.audit()
 
     def __repr__(self) -> str:
         return (

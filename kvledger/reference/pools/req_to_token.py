@@ -17,18 +17,17 @@ import torch
 from kvledger.contracts.errors import DuplicateIds, InvalidArgument, SlotOutOfRange
 from kvledger.contracts.owners import FREE, Owner
 from kvledger.contracts.switch import ensure, invariant, snapshot
-from kvledger.reference.pools.id_free_list import IdFreeList, host_ids
+from kvledger.reference.pools.base import IdPool
+from kvledger.reference.pools.id_free_list import host_ids
 from kvledger.reference.pools.validate import (
     INT32_MAX,
     as_index_tensor,
     check_count,
     check_in_range,
     check_int_sequence,
-    check_name,
     check_owner,
     check_positive,
     ids_within,
-    resolve_device,
 )
 
 
@@ -38,7 +37,7 @@ from kvledger.reference.pools.validate import (
     error=lambda self: self._rows.ledger_disagreement("I-COUNT: ledger free rows != available_size()"),
 )
 @invariant(lambda self: 0 <= self._rows.available() + self._rows.pending_count() <= self.size, "I-CAP")
-class ReqToTokenPool:
+class ReqToTokenPool(IdPool):
     """``size`` usable rows of ``max_context_len`` int32 KV-slot ids each, after ``reserved_rows`` padding rows."""
 
     def __init__(
@@ -56,25 +55,13 @@ class ReqToTokenPool:
         self.size = size
         self.reserved_rows = reserved_rows
         self.max_context_len = max_context_len
-        self.name = check_name(name)
-        self.device = resolve_device(device)
+        self._rows = self._init_pool(name, device, reserved_rows, size, reuse="fifo")
         self.req_to_token = torch.zeros(
             (reserved_rows + size, max_context_len), dtype=torch.int32, device=self.device
         )
         # On CPU, a numpy view of the same memory for the batched per-cell reads and writes.
         self._table = self.req_to_token.numpy() if self.device.type == "cpu" else None
-        self._rows = IdFreeList(name, reserved_rows, size, self.device, reuse="fifo")
         self._free_what = f"{name}.free"
-
-    @property
-    def ledger(self) -> Any:
-        return self._rows.ledger
-
-    def available_size(self) -> int:
-        return self._rows.available()
-
-    def pending_free_size(self) -> int:
-        return self._rows.pending_count()
 
     @snapshot(lambda self: self.available_size(), name="available")
     @ensure(lambda self, n, result: result is None or len(result) == n == len(set(result)))
@@ -151,7 +138,8 @@ class ReqToTokenPool:
             raise SlotOutOfRange(f"[{self.name}] {op}: row {row} outside [0, {end})")
         if not self._rows.is_held(row):
             raise InvalidArgument(f"[{self.name}] {op}: row {row} is not held by any request")
-        return row
+        held: int = row
+        return held
 
     def _check_span(self, row: Any, start: Any, end: Any, op: str) -> None:
         """Positions ``[start, end)`` of a held row: ``0 <= start <= end <= max_context_len``."""
@@ -213,8 +201,3 @@ class ReqToTokenPool:
         self._check_span(row, start, end, "read")
         return self.req_to_token[row, start:end].to(torch.int64)
 
-    def audit(self) -> None:
-        self._rows.audit()
-
-    def __repr__(self) -> str:
-        return f"ReqToTokenPool({self.name}, size={self.size}, available={self.available_size()})"

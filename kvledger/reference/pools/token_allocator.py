@@ -14,18 +14,17 @@ import torch
 
 from kvledger.contracts.owners import FREE, Owner
 from kvledger.contracts.switch import ensure, invariant, snapshot
+from kvledger.reference.pools.base import IdPool
 from kvledger.reference.pools.id_free_list import FreeListSnapshot, IdFreeList
 from kvledger.reference.pools.kv_buffer import check_kv_buffer
 from kvledger.reference.pools.validate import (
     as_index_tensor,
     check_count,
     check_decode_batch,
-    check_name,
     check_owner,
     check_positive,
     check_snapshot,
     ids_within,
-    resolve_device,
 )
 
 
@@ -40,7 +39,7 @@ def _ledger_agrees(ids: IdFreeList) -> bool:
     error=lambda self: self._ids.ledger_disagreement("I-COUNT: ledger free account != available_size()"),
 )
 @invariant(lambda self: 0 <= self._ids.available() + self._ids.pending_count() <= self.size, "I-CAP")
-class TokenToKVPoolAllocator:
+class TokenToKVPoolAllocator(IdPool):
     """KV token slots ``1..size`` on ``device``; slot 0 is the padding slot kernels may write to."""
 
     page_size = 1
@@ -48,22 +47,8 @@ class TokenToKVPoolAllocator:
     def __init__(self, size: int, *, device: str | torch.device = "cpu", name: str = "kv") -> None:
         check_positive(size, "size")
         self.size = size
-        self.name = check_name(name)
-        self.device = resolve_device(device)
-        self._ids = IdFreeList(name, 1, size, self.device, reuse="fifo")
+        self._ids = self._init_pool(name, device, 1, size, reuse="fifo")
         self._free_what = f"{name}.free"
-
-    @property
-    def ledger(self) -> Any:
-        return self._ids.ledger
-
-    def available_size(self) -> int:
-        """Free token slots (a free group's buffered slots are not available until it ends)."""
-        return self._ids.available()
-
-    def pending_free_size(self) -> int:
-        """Slots freed inside the open free group, back on the free list at ``free_group_end``."""
-        return self._ids.pending_count()
 
     @snapshot(lambda self: self._ids.available(), name="available")
     @ensure(lambda self, n, result: result is None or result.numel() == n)
@@ -152,10 +137,3 @@ class TokenToKVPoolAllocator:
 
     def restore_state(self, state: FreeListSnapshot) -> None:
         self._ids.restore(check_snapshot(state, self.name))
-
-    def audit(self) -> None:
-        """Full recount of the free list, state mask and ledger (quiescence / tests)."""
-        self._ids.audit()
-
-    def __repr__(self) -> str:
-        return f"TokenToKVPoolAllocator({self.name}, size={self.size}, available={self.available_size()})"

@@ -49,9 +49,10 @@ def check_count(n: Any, what: str = "n") -> int:
 
 def check_positive(n: Any, what: str) -> int:
     """A Python int >= 1 (pool sizes, page sizes, lengths)."""
-    if check_count(n, what) < 1:
+    count = check_count(n, what)
+    if count < 1:
         raise InvalidArgument(f"{what} must be >= 1, got {n}")
-    return n
+    return count
 
 
 def check_int(n: Any, what: str) -> int:
@@ -88,7 +89,8 @@ def check_int_sequence(seq: Any, what: str) -> Sequence[int]:
     if not all(type(x) is int for x in seq):
         bad = next(x for x in seq if type(x) is not int)
         raise InvalidArgument(f"{what} must hold ints, got {type(bad).__name__} {bad!r}")
-    return seq
+    checked: Sequence[int] = seq
+    return checked
 
 
 def check_owners(owners: Any, what: str = "owners") -> Sequence[Owner]:
@@ -96,7 +98,8 @@ def check_owners(owners: Any, what: str = "owners") -> Sequence[Owner]:
     check_sequence(owners, what)
     for owner in owners:
         check_owner(owner, f"each of {what}")
-    return owners
+    checked: Sequence[Owner] = owners
+    return checked
 
 
 def as_index_tensor(ids: Any, device: torch.device, what: str) -> torch.Tensor:
@@ -153,9 +156,9 @@ def ids_within(ids: torch.Tensor, low: int, high: int) -> bool:
     if n == 0:
         return True
     if n <= 16:  # a few ids: Python ints beat numpy calls
-        lst = ids.tolist()
+        lst: list[int] = ids.tolist()
         return low <= min(lst) and max(lst) <= high
-    a = ids.numpy() if ids.is_cpu else ids.cpu().numpy()
+    a: np.ndarray = ids.numpy() if ids.is_cpu else ids.cpu().numpy()
     if a.dtype != np.int64:
         a = a.astype(np.int64)
     return int((a - low).view(np.uint64).max()) <= high - low

@@ -26,7 +26,7 @@ from kvledger.contracts.errors import (
     PrefixMismatch,
 )
 from kvledger.contracts.owners import CACHE_EVICTABLE, CACHE_PROTECTED, Owner
-from kvledger.contracts.protocols import KVAllocator
+from kvledger.contracts.protocols import CacheCounts, KVAllocator
 from kvledger.contracts.switch import require
 from kvledger.reference.pools.validate import as_index_tensor, check_count, check_name, check_owner
 from kvledger.reference.radix.keys import as_key, common_prefix_len
@@ -75,11 +75,29 @@ class RadixTreeBase:
         self._empty = torch.empty((0,), dtype=torch.int64, device=self.device)
         self.root = TreeNode(self._tree_id, (), self._empty, None)
         self.root.lock_ref = 1  # the root is permanently locked and never counted (SGLang)
-        self._evictable = 0  # tokens of non-root nodes with lock_ref == 0
-        self._protected = 0  # tokens of non-root nodes with lock_ref > 0
+        # evictable: tokens of non-root nodes with lock_ref == 0; protected: ... with lock_ref > 0 (and the
+        # Mamba cache's state counters). Public: the scheduler reads them every step (see CacheCounts).
+        self.counts = CacheCounts()
         self._locks: set[LockRef] = set()  # live lock handles: I-LOCK-TREE recounts own(n) from them
         self._clock = 0
         self._full_lru = LRUList(0, f"{name}.full")
+
+    # The counters by their historical private names (the tree's own code and the tests that break them).
+    @property
+    def _evictable(self) -> int:
+        return self.counts.evictable
+
+    @_evictable.setter
+    def _evictable(self, n: int) -> None:
+        self.counts.evictable = n
+
+    @property
+    def _protected(self) -> int:
+        return self.counts.protected
+
+    @_protected.setter
+    def _protected(self, n: int) -> None:
+        self.counts.protected = n
 
     # ------------------------------------------------------------------ sizes
     def _total(self) -> int:

@@ -57,12 +57,13 @@ class KVSide:
         self.checked: bool = bool(self.ledger.enabled)
         self._offsets = torch.arange(self.alloc_page, dtype=torch.int64, device=self.device)
         self._offsets_np = np.arange(self.alloc_page, dtype=np.int64)
-        # Paged allocators can free by page id directly (tree ids are whole pages in order).
-        self._free_pages = getattr(allocator, "_free_pages_unchecked", None) if self.alloc_page > 1 else None
         try:  # the allocator's per-id state: what caller ids are checked against
             self._ids: IdFreeList | None = free_list_of(allocator)
         except TypeError:  # an adapter that is not built on an IdFreeList
             self._ids = None
+        # A paged kvledger allocator's pages can be released by page id directly through its free list
+        # (tree ids are whole pages in order): no token-to-page dedup. The ledger still checks the owner.
+        self._free_pages = self._ids.release if self._ids is not None and self.alloc_page > 1 else None
 
     def ledger_ids(self, tokens: torch.Tensor) -> torch.Tensor:
         """The ledger's ids (tokens, or pages) for page-structured token ids."""

@@ -34,7 +34,7 @@ I-TOMBSTONE holds in both modes.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import torch
 
@@ -43,6 +43,7 @@ from kvledger.contracts.errors import InvalidArgument
 from kvledger.contracts.mamba_track import branching_seqlen
 from kvledger.contracts.owners import CACHE_EVICTABLE, CACHE_PROTECTED, Owner
 from kvledger.contracts.protocols import KVAllocator, MambaStatePool
+from kvledger.contracts.seams import seam
 from kvledger.contracts.switch import ensure, invariant, require, snapshot
 from kvledger.reference.pools.id_free_list import free_list_of
 from kvledger.reference.pools.validate import as_index_tensor, check_count, check_in_range
@@ -117,6 +118,8 @@ def _cow_slot_is_callers(cache: Any, cow_owner: Any, result: MatchResult) -> boo
 class MambaRadixCache(RadixTreeBase):
     """Prefix cache of KV ids plus Mamba state slots at node ends."""
 
+    caches_mamba: Literal[True] = True
+
     def __init__(
         self,
         token_to_kv_pool_allocator: KVAllocator,
@@ -146,9 +149,25 @@ class MambaRadixCache(RadixTreeBase):
         self._m_ledger = mamba_pool.ledger
         self._m_checked = bool(self._m_ledger.enabled)
         self._mamba_lru = LRUList(2, f"{name}.mamba")
-        self._m_evictable = 0  # state slots of non-tombstone nodes with mamba_lock_ref == 0
-        self._m_protected = 0  # ... with mamba_lock_ref > 0
+        # counts.mamba_evictable: state slots of non-tombstone nodes with mamba_lock_ref == 0;
+        # counts.mamba_protected: ... with mamba_lock_ref > 0 (both start at 0).
         self.root.mamba_owner = Owner("node.mamba", self.root.id, CACHE_EVICTABLE)
+
+    @property
+    def _m_evictable(self) -> int:
+        return self.counts.mamba_evictable
+
+    @_m_evictable.setter
+    def _m_evictable(self, n: int) -> None:
+        self.counts.mamba_evictable = n
+
+    @property
+    def _m_protected(self) -> int:
+        return self.counts.mamba_protected
+
+    @_m_protected.setter
+    def _m_protected(self, n: int) -> None:
+        self.counts.mamba_protected = n
 
     # ------------------------------------------------------------------ node hooks
     def _make_node(self, key: tuple[int, ...], value: torch.Tensor, parent: TreeNode | None) -> TreeNode:
@@ -431,6 +450,7 @@ class MambaRadixCache(RadixTreeBase):
         if node is not self.root and node.lock_ref == 0 and node.mamba_value is None and not node.children:
             self._prune_tombstones(node)
 
+    @seam
     def _mamba_component_to_release(self, lock: LockRef) -> bool:
         """The B14 decision point: the record taken at inc time, never the node's current state."""
         return lock.took_mamba

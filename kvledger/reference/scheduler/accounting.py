@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Mapping
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from kvledger.contracts.diagnosis import diagnose
@@ -32,9 +33,11 @@ from kvledger.contracts.owners import (
     PENDING_FREE,
     Owner,
 )
+from kvledger.contracts.pool_kinds import UNITS, PoolKind
 from kvledger.contracts.switch import ENABLED
 from kvledger.reference.scheduler import census
-from kvledger.reference.scheduler.request import ReqState, ladder_holds, track_point_holds
+from kvledger.reference.scheduler.counters import free_reader
+from kvledger.reference.scheduler.request import ReqState, ladder_holds, track_fields, track_point_holds
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvledger.reference.scheduler.batch import ScheduleBatch
@@ -48,12 +51,16 @@ def _recount_setting() -> bool:
     return os.environ.get(RECOUNT_ENV_VAR, "0").strip().lower() in ("1", "true", "on", "yes")
 
 
-UNITS = {"kv": "tokens", "req": "rows", "mamba": "slots", "metadata": "slots"}
-"""What each pool's identity terms count."""
+__all__ = ["UNITS", "Accounting"]  # UNITS: what each pool kind's terms count (kvledger.contracts.pool_kinds)
 
 _DONE = frozenset(s for s in ReqState if s.is_done)
 
-_Parts = tuple[str, int, int, int]  # account, KV tokens, Mamba slots, rows held by one request
+_Parts = tuple[str, tuple[int, ...]]  # account, units held by one request per pool kind (``Accounting.kinds``)
+
+
+def kinds_of(scheduler: SchedulerState) -> tuple[PoolKind, ...]:
+    """The pool kinds ``scheduler`` lists and has a pool of (``pool_kinds`` entries whose pool is None drop)."""
+    return tuple(k for k in scheduler.pool_kinds if getattr(scheduler, k.attr, None) is not None)
 
 
 class Accounting:
@@ -69,9 +76,13 @@ class Accounting:
         # reported by every build; ``check_every_step=False`` turns them off too (the benchmark's baseline).
         self.counting = not ENABLED and scheduler.config.check_every_step
         self.checks_run = 0
+        self.kinds = kinds_of(scheduler)
+        """The pool kinds the identity covers, in the order of its terms (kvledger.contracts.pool_kinds)."""
+        track_fields(f for k in self.kinds for f in k.fields)
+        self._handles = tuple(dict.fromkeys(h for k in self.kinds for h in k.handles))
         # Per tracked request, the terms it contributed at the last count, and their sums per pool.
         self._parts: dict[Req, _Parts] = {}
-        self._sums: dict[str, Counter[str]] = {"kv": Counter(), "mamba": Counter(), "req": Counter()}
+        self._sums: dict[str, Counter[str]] = {k.name: Counter() for k in self.kinds}
         # Changed since the last count (an ordered set); their ladders are verified when counted, so a
         # request outside it has a ladder that held when it last changed.
         self._dirty: dict[Req, None] = {}
@@ -79,18 +90,11 @@ class Accounting:
         # The terms of the last after-step check, reused by the timeline snapshot taken right after it;
         # any tracked change in between drops them.
         self._last_terms: tuple[int, list[PoolTerms]] | None = None
-        # The pools' ledgers, and their counters read directly (``counters``: the identity checks them).
-        self._ledgers: dict[str, Any] = {
-            "kv": scheduler.kv_allocator.ledger,
-            "req": scheduler.req_to_token_pool.ledger,
-        }
-        if scheduler.mamba_pool is not None:
-            self._ledgers["mamba"] = scheduler.mamba_pool.ledger
-        self._sizes = {
-            "kv": scheduler.kv_allocator.size,
-            "req": scheduler.req_to_token_pool.size,
-            "mamba": 0 if scheduler.mamba_pool is None else scheduler.mamba_pool.size,
-        }
+        # The pools' ledgers and sizes, by kind name (their counters are read through ``memory.counters``).
+        pools = {k.name: getattr(scheduler, k.attr) for k in self.kinds}
+        self._ledgers: dict[str, Any] = {name: pool.ledger for name, pool in pools.items()}
+        self._sizes: dict[str, int] = {name: pool.size for name, pool in pools.items()}
+        self._free = {name: free_reader(pool) for name, pool in pools.items()}  # (free, pending) readers
 
     # ------------------------------------------------------------------ tracking
     def track(self, req: Req) -> None:
@@ -128,19 +132,15 @@ class Accounting:
         self._by_owner.pop(req.owner, None)
 
     def _parts_of(self, req: Req) -> _Parts:
-        return (
-            req.owner.account.name,
-            self.s.memory.kv_held_tokens(req),
-            len(req.mamba_slots()),
-            int(req.req_pool_idx is not None),
-        )
+        s = self.s
+        return req.owner.account.name, tuple(k.held_units(s, req) for k in self.kinds)
 
     def _count_changed(self) -> None:
         """Recount the requests marked since the last count: O(changed)."""
         if not self._dirty:
             return
         dirty, self._dirty = self._dirty, {}
-        kv, mamba, rows = self._sums["kv"], self._sums["mamba"], self._sums["req"]
+        sums = [self._sums[k.name] for k in self.kinds]
         ps, ctx = self.s.config.page_size, self.s.config.max_context_len
         tracking = self.s.memory.tracking
         for req in dirty:
@@ -155,15 +155,13 @@ class Accounting:
                     raise
             old = self._parts.pop(req, None)
             if old is not None:
-                kv[old[0]] -= old[1]
-                mamba[old[0]] -= old[2]
-                rows[old[0]] -= old[3]
+                for counter, n in zip(sums, old[1], strict=True):
+                    counter[old[0]] -= n
             new = self._parts_of(req)
-            if new[1] or new[2] or new[3]:
+            if any(new[1]):
                 self._parts[req] = new
-                kv[new[0]] += new[1]
-                mamba[new[0]] += new[2]
-                rows[new[0]] += new[3]
+                for counter, n in zip(sums, new[1], strict=True):
+                    counter[new[0]] += n
             elif req.released:
                 self._untrack(req)
 
@@ -194,31 +192,30 @@ class Accounting:
         """Per pool and account, what live requests hold by their bookkeeping: O(live).
 
         The release build's count identities run this after every step, so the loop is lean: most live
-        requests wait and hold nothing (two attribute reads each); only holders are looked at further.
+        requests wait and hold nothing (one read of the kinds' handle fields each, all None); only holders
+        are looked at further.
         """
-        kv_held = self.s.memory.kv_held_tokens
-        kv: dict[str, int] = {}
-        mamba: dict[str, int] = {}
-        rows: dict[str, int] = {}
-        parked = self.s.parked_accounts
-        for r in self.s.queued_requests():
-            row = r.req_pool_idx
-            slot = r.mamba_pool_idx
-            track = r.mamba_ping_pong_track_buffer  # Mamba V2's tracking slots (None otherwise)
-            if row is None and slot is None and track is None:
-                continue
-            owner = r.owner
-            account = owner.account
+        s = self.s
+        kinds = self.kinds
+        held: dict[str, dict[str, int]] = {k.name: {} for k in kinds}
+        per_kind = [(k.held_units, held[k.name]) for k in kinds]
+        handles = attrgetter(*self._handles, self._handles[0])  # a tuple, even for one handle field
+        parked = s.parked_accounts
+        for r in s.queued_requests():
+            for h in handles(r):
+                if h is not None:
+                    break
+            else:
+                continue  # no handle set: holds nothing of any kind
+            account = r.owner.account
             if r.state in _DONE and account not in parked:
                 continue  # ended, not parked (a launched batch, a PD lease): not live (Scheduler.live_requests)
             acct = account.name
-            if slot is not None or track is not None:
-                n = (slot is not None) + (0 if track is None else len(track))  # == len(r.mamba_slots())
-                mamba[acct] = mamba.get(acct, 0) + n
-            if row is not None:
-                rows[acct] = rows.get(acct, 0) + 1
-                kv[acct] = kv.get(acct, 0) + kv_held(r)
-        return {"kv": kv, "mamba": mamba, "req": rows}
+            for units_of, sums in per_kind:
+                n = units_of(s, r)
+                if n:
+                    sums[acct] = sums.get(acct, 0) + n
+        return held
 
     def _request_held(self) -> Mapping[str, Mapping[str, int]]:
         """The same sums, kept incrementally (contracts on) or recounted (contracts off)."""
@@ -236,43 +233,21 @@ class Accounting:
         return self._build_terms(self._request_held())
 
     def _build_terms(self, held: Mapping[str, Mapping[str, int]]) -> list[PoolTerms]:
-        c = self.s.memory.counters
-        evictable, protected, m_evictable, m_protected = c.tree_counters()
-
-        def nonzero(c: Mapping[str, int]) -> dict[str, int]:
-            return {k: v for k, v in c.items() if v}
-
-        terms = [
-            PoolTerms(
-                "kv",
-                UNITS["kv"],
-                self._sizes["kv"],
-                c.kv_available(),
-                evictable=evictable,
-                protected=protected,
-                pending=c.kv_pending(),
-                held=nonzero(held["kv"]),
-            ),
-            PoolTerms(
-                "req",
-                UNITS["req"],
-                self._sizes["req"],
-                c.rows_available(),
-                pending=c.rows_pending(),
-                held=nonzero(held["req"]),
-            ),
-        ]
-        if "mamba" in self._ledgers:
+        cache = self.s.memory.counters.cache_terms()
+        terms = []
+        for k in self.kinds:
+            evictable, protected = (0, 0) if k.cached is None else cache[k.cached]
+            free, pending = self._free[k.name]
             terms.append(
                 PoolTerms(
-                    "mamba",
-                    UNITS["mamba"],
-                    self._sizes["mamba"],
-                    c.mamba_available(),
-                    evictable=m_evictable,
-                    protected=m_protected,
-                    pending=c.mamba_pending(),
-                    held=nonzero(held["mamba"]),
+                    k.name,
+                    k.unit,
+                    self._sizes[k.name],
+                    free(),
+                    evictable=evictable,
+                    protected=protected,
+                    pending=pending(),
+                    held={a: v for a, v in held[k.name].items() if v},
                 )
             )
         return terms
@@ -324,8 +299,9 @@ class Accounting:
         holders the bookkeeping names, their last moves and the requests involved (only on a failure)."""
         s = self.s
         obj = self.pools_by_name()[pool]
+        cached = next((k.cached for k in self.kinds if k.name == pool), None)
         return diagnose(
-            census.census(s, pool, obj, lambda r: self._expected_ids(pool, r)),
+            census.census(s, pool, obj, lambda r: self._expected_ids(pool, r), cached=cached),
             obj.ledger.domain,
             obj.ledger,
             describe_owner=lambda owner: census.describe_owner(s, owner),
@@ -386,10 +362,7 @@ class Accounting:
 
     def pools_by_name(self) -> dict[str, Any]:
         """The pools the identity covers, keyed by the ``PoolTerms.pool`` name of their terms."""
-        pools = {"kv": self.s.kv_allocator, "req": self.s.req_to_token_pool}
-        if self.s.mamba_pool is not None:
-            pools["mamba"] = self.s.mamba_pool
-        return pools
+        return {k.name: getattr(self.s, k.attr) for k in self.kinds}
 
     def _cross_check_ledgers(self, terms: list[PoolTerms]) -> None:
         """I-LEDGER-AGREES: every identity term equals the ledger account of the same name."""
@@ -430,22 +403,25 @@ class Accounting:
     # ------------------------------------------------------------------ reporting
     def free_terms(self) -> dict[str, tuple[int, int]]:
         """Per pool, (size, free + pending) from the counters: O(1), for a per-step peak-use figure."""
-        c = self.s.memory.counters
-        out = {
-            "kv": (self._sizes["kv"], c.kv_available() + c.kv_pending()),
-            "req": (self._sizes["req"], c.rows_available() + c.rows_pending()),
+        return {
+            k.name: (self._sizes[k.name], self._free[k.name][0]() + self._free[k.name][1]()) for k in self.kinds
         }
-        if "mamba" in self._ledgers:
-            out["mamba"] = (self._sizes["mamba"], c.mamba_available() + c.mamba_pending())
-        return out
 
     def _expected_ids(self, pool: str, r: Req) -> set[int]:
         """The ids of ``pool`` that ``r`` holds by its own bookkeeping (a subclass with more pools adds)."""
-        return census.request_ids(self.s, pool, r)
+        return self.kind(pool).held_ids(self.s, r)
+
+    def kind(self, pool: str) -> PoolKind:
+        """The description of the pool kind called ``pool``."""
+        for k in self.kinds:
+            if k.name == pool:
+                return k
+        raise KeyError(pool)
 
     def units(self) -> dict[str, str]:
         """Per pool of this scheduler, what its terms count (the plot's axis labels)."""
-        return {pool: UNITS[pool] for pool in self._ledgers}
+        units = {k.name: k.unit for k in self.kinds}
+        return {pool: units.get(pool) or UNITS[pool] for pool in self._ledgers}
 
     def snapshot(self) -> dict[str, dict[str, int]]:
         """Per pool, the identity's terms (in the pool's unit) — what the timeline plot stacks."""

@@ -81,7 +81,7 @@ class PrefillAdder:
         self.rows_reserved = 0
         self.mamba_reserved = 0
         # Tracking slots an admitted request needs (Mamba V2 with the Mamba radix cache), else 0.
-        self.ping_pong = config.mamba_ping_pong_size if tree is not None and hasattr(tree, "evict_mamba") else 0
+        self.ping_pong = config.mamba_ping_pong_size if tree is not None and tree.caches_mamba else 0
         self.can_run_list: list[Req] = []
         self.new_chunked_req: Req | None = None
         self.last_appended = False

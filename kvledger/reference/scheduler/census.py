@@ -19,47 +19,28 @@ import numpy as np
 
 from kvledger.contracts.diagnosis import Census
 from kvledger.contracts.owners import FREE_LIST, Owner
+from kvledger.contracts.pool_kinds import CacheSide
 from kvledger.contracts.tree_checks import collect_nodes
 from kvledger.reference.pools.id_free_list import free_list_of
 from kvledger.reference.scheduler.request import Req
 from kvledger.reference.scheduler.state import SchedulerState
 
 
-def pool_object(s: SchedulerState, pool: str) -> Any:
-    """The scheduler's pool called ``pool`` in the identity's terms (``kv``, ``req``, ``mamba``)."""
-    return {"kv": s.kv_allocator, "req": s.req_to_token_pool, "mamba": s.mamba_pool}[pool]
-
-
-def request_kv_ids(s: SchedulerState, r: Req) -> set[int]:
-    """The KV ledger ids (token slots, or pages) a request holds by its own bookkeeping."""
-    if r.req_pool_idx is None or r.kv_allocated_len <= r.cache_protected_len:
-        return set()
-    slots = s.req_to_token_pool.read(r.req_pool_idx, r.cache_protected_len, r.kv_allocated_len)
-    page = s.config.page_size
-    return {t // page for t in slots.tolist()}
-
-
-def request_ids(s: SchedulerState, pool: str, r: Req) -> set[int]:
-    """The ids of ``pool`` that ``r`` holds by its own bookkeeping."""
-    if pool == "mamba":
-        return set(r.mamba_slots())  # the working slot and, under V2, the tracking slots
-    if pool == "req":
-        return set() if r.req_pool_idx is None else {r.req_pool_idx}
-    return request_kv_ids(s, r)
-
-
 def census(
-    s: SchedulerState, pool: str, obj: Any = None, ids_of: Callable[[Req], set[int]] | None = None
+    s: SchedulerState,
+    pool: str,
+    obj: Any,
+    ids_of: Callable[[Req], set[int]],
+    *,
+    cached: CacheSide | None = None,
 ) -> Census:
-    """Every claim the scheduler's bookkeeping makes on ``pool``'s ids.
+    """Every claim the scheduler's bookkeeping makes on the ids of ``obj`` (the pool called ``pool``).
 
-    ``obj`` is the pool (default: :func:`pool_object`) and ``ids_of`` what a live request holds of it
-    (default: :func:`request_ids`); a scheduler with more pools (PD's metadata slots) passes both.
+    ``ids_of`` is what a live request holds of it (its kind's ``held_ids``) and ``cached`` the side of the
+    prefix cache that holds ids of it (its kind's ``cached``: ``kv`` pages, ``mamba`` states, or none).
     A kvledger pool's free list is read from its ``IdFreeList``; another implementation's from its
     ``free_ids()`` when it has one (else the census is incomplete: free ids are not judged).
     """
-    obj = pool_object(s, pool) if obj is None else obj
-    held_by = ids_of if ids_of is not None else (lambda r: request_ids(s, pool, r))
     out = Census(pool)
     try:
         ids = free_list_of(obj)
@@ -74,15 +55,15 @@ def census(
         if ids.pending:
             out.claim(np.concatenate(ids.pending).tolist(), obj.ledger.pending_owner)
     tree = s.tree
-    if tree is not None and pool in ("kv", "mamba"):
+    if tree is not None and cached is not None:
         page = s.config.page_size
         for node in collect_nodes(tree.root):
-            if pool == "kv":
+            if cached == "kv":
                 out.claim({t // page for t in node.value.tolist()}, node.kv_owner)
             elif getattr(node, "mamba_value", None) is not None:
                 out.claim([int(node.mamba_value[0])], node.mamba_owner)
     for r in s.live_requests():
-        out.claim(held_by(r), r.owner)
+        out.claim(ids_of(r), r.owner)
     return out
 
 

@@ -35,6 +35,7 @@ from kvledger.contracts.arith import ceil_to_page, extend_page_plan, floor_to_pa
 from kvledger.contracts.errors import ContractViolation
 from kvledger.contracts.owners import REQ_CHUNKED, REQ_RUNNING, REQ_WAITING, Account
 from kvledger.contracts.protocols import AnyPrefixCache, KVAllocator, MambaStatePool, ReqRowPool
+from kvledger.contracts.seams import seam
 from kvledger.contracts.switch import ENABLED, ensure, snapshot
 from kvledger.reference.scheduler.counters import Counters
 from kvledger.reference.scheduler.request import Req, track_point_holds
@@ -68,7 +69,7 @@ class ReqMemory:
         self.mamba_pool: Any = mamba_pool
         self.tree: Any = tree
         self.page_size = page_size
-        self.is_mamba_tree = tree is not None and hasattr(tree, "evict_mamba")
+        self.is_mamba_tree = tree is not None and tree.caches_mamba
         self.fault_injector = fault_injector
         self.tracking = tracking  # Mamba V2 (extra_buffer); None: V1 or no Mamba cache
         self.device = kv_allocator.device
@@ -198,6 +199,7 @@ class ReqMemory:
             req.owner.set_account(account, op="admit")
         return torch.cat(pieces) if pieces else _EMPTY.to(self.device)
 
+    @seam
     def _extend_one(self, req: Req, undo: list[tuple[Any, Any, Req]]) -> torch.Tensor:
         if req.req_pool_idx is None:
             self._inject("row")
@@ -244,6 +246,7 @@ class ReqMemory:
         req.kv_allocated_len = end
         return loc
 
+    @seam
     def decode_demand_tokens(self, reqs: Sequence[Req]) -> int:
         """KV tokens the next decode step takes off the free list (whole pages)."""
         opens = sum(1 for r in reqs if r.kv_allocated_len % self.page_size == 0)
@@ -317,24 +320,39 @@ class ReqMemory:
         """V2: insert ``tokens[:mamba_last_track_seqlen]`` with the donated keep half; the KV above stays the
         request's. Nothing tracked since the last insert: nothing to do (no ghost node, B16)."""
         assert self.tracking is not None
-        tracked = req.mamba_last_track_seqlen
-        self._check_track_point(req)
-        if tracked is None or tracked <= req.cache_protected_len:
+        tracked = self._tracked_beyond_protected(req)
+        if tracked is None:
             return
         donated = self.tracking.donate(req)
         if donated is None:
             return  # no replacement slot: the request keeps its tracked state and tries again later
-        cache_len = self._tracked_insert_len(req)
-        tokens = req.context_ids()[:cache_len]
-        kv = self.req_to_token_pool.read(req.req_pool_idx, 0, cache_len)
-        res = self.tree.insert(
-            tokens, kv, req.owner, mamba_slot=donated, protected_len=req.cache_protected_len, state_op="donate"
-        )
-        self._check_tracked_insert(req, res, donated, tracked)
+        tokens, cache_len, res = self._insert_tracked(req, req.context_ids(), donated, tracked)
         if not res.mamba_adopted:
             self.mamba_pool.free(donated, req.owner)
         self._hand_over_lock(req, tokens, cache_len)
         req.mamba_last_track_seqlen = None
+
+    def _tracked_beyond_protected(self, req: Req) -> int | None:
+        """V2: the tracked length if it lies beyond the cached prefix (I-TRACK-POINT checked), else None:
+        nothing tracked since the last insert, so nothing to insert (no ghost node, B16)."""
+        self._check_track_point(req)
+        tracked = req.mamba_last_track_seqlen
+        return None if tracked is None or tracked <= req.cache_protected_len else tracked
+
+    def _insert_tracked(
+        self, req: Req, ids: list[int], slot: torch.Tensor, tracked: int
+    ) -> tuple[list[int], int, Any]:
+        """V2's one insert: ``ids[:tracked]`` with the tracking slot ``slot`` (ledger op ``donate``), checked
+        to land at the node that ends at the tracked length (I-V2-CACHE-LEN). Returns the key, its length
+        and the insert's result; the caller decides what becomes of the slot if the tree had a state."""
+        cache_len = self._tracked_insert_len(req)
+        tokens = ids[:cache_len]
+        kv = self.req_to_token_pool.read(req.req_pool_idx, 0, cache_len)
+        res = self.tree.insert(
+            tokens, kv, req.owner, mamba_slot=slot, protected_len=req.cache_protected_len, state_op="donate"
+        )
+        self._check_tracked_insert(req, res, slot, tracked)
+        return tokens, cache_len, res
 
     def _check_track_point(self, req: Req) -> None:
         """I-TRACK-POINT where the tracked length is used: a page boundary in (protected, committed]."""
@@ -424,25 +442,18 @@ class ReqMemory:
             req.mamba_pool_idx = None
         return cache_len
 
+    @seam
     def _cache_finished_tracked(self, req: Req) -> int:
         """V2: insert ``tokens[:mamba_last_track_seqlen]`` with the keep half; returns where the request's
         own KV starts (everything from there is freed). Nothing tracked: nothing inserted (B16)."""
         assert self.tracking is not None
-        tracked = req.mamba_last_track_seqlen
-        self._check_track_point(req)
-        if tracked is None or tracked <= req.cache_protected_len:
+        tracked = self._tracked_beyond_protected(req)
+        if tracked is None:
             return req.cache_protected_len
         pp = req.mamba_ping_pong_track_buffer
         assert pp is not None
         keep = self.tracking.keep_idx(req)
-        slot = pp[keep : keep + 1]
-        cache_len = self._tracked_insert_len(req)
-        tokens = req.all_ids()[:cache_len]
-        kv = self.req_to_token_pool.read(req.req_pool_idx, 0, cache_len)
-        res = self.tree.insert(
-            tokens, kv, req.owner, mamba_slot=slot, protected_len=req.cache_protected_len, state_op="donate"
-        )
-        self._check_tracked_insert(req, res, slot, tracked)
+        _, cache_len, res = self._insert_tracked(req, req.all_ids(), pp[keep : keep + 1], tracked)
         if res.mamba_adopted:
             self.tracking.forget_kept(req)
         return cache_len
@@ -457,6 +468,7 @@ class ReqMemory:
                     ledger.describe(held[:4], f"I-V2-CACHE-LEN: {req.owner!r} still holds {held} after finishing")
                 )
 
+    @seam
     def release_without_insert(self, req: Req) -> None:
         """Retraction and abort: free what the request owns; the tree keeps (unlocked) what it had."""
         self._guard_release(req)

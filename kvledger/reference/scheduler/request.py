@@ -20,12 +20,14 @@ and ``cache_protected_len % page_size == 0``.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from kvledger.contracts.owners import REQ_WAITING, Owner
+from kvledger.contracts.pool_kinds import MAMBA, REQ
 from kvledger.contracts.switch import ENABLED
 
 
@@ -137,11 +139,11 @@ class Req:
         """
         out: list[tuple[str, str, list[int]]] = []
         if self.req_pool_idx is not None:
-            out.append(("req_pool_idx", "req", [self.req_pool_idx]))
+            out.append(("req_pool_idx", REQ.name, [self.req_pool_idx]))
         if self.mamba_pool_idx is not None:
-            out.append(("mamba_pool_idx", "mamba", self.mamba_pool_idx.tolist()))
+            out.append(("mamba_pool_idx", MAMBA.name, self.mamba_pool_idx.tolist()))
         if self.mamba_ping_pong_track_buffer is not None:  # Mamba V2: the tracking slots (#26941)
-            out.append(("mamba_ping_pong_track_buffer", "mamba", self.mamba_ping_pong_track_buffer.tolist()))
+            out.append(("mamba_ping_pong_track_buffer", MAMBA.name, self.mamba_ping_pong_track_buffer.tolist()))
         return out
 
     def mamba_slots(self) -> list[int]:
@@ -161,19 +163,22 @@ class Req:
         )
 
 
-_TRACKED = frozenset(
-    (
-        "req_pool_idx",
-        "mamba_pool_idx",
-        "cache_protected_len",
-        "kv_committed_len",
-        "kv_allocated_len",
-        "mamba_ping_pong_track_buffer",
-        "mamba_last_track_seqlen",
-    )
-)
+_TRACKED = {
+    "req_pool_idx",
+    "mamba_pool_idx",
+    "cache_protected_len",
+    "kv_committed_len",
+    "kv_allocated_len",
+    "mamba_ping_pong_track_buffer",
+    "mamba_last_track_seqlen",
+}
 """The fields that decide what a request holds (the identity's terms), its ladder and (Mamba V2) its
-tracked length."""
+tracked length. A pool kind whose terms read other fields adds them (:func:`track_fields`)."""
+
+
+def track_fields(names: Iterable[str]) -> None:
+    """Also mark a request for the next count when one of ``names`` is written (a pool kind's ``fields``)."""
+    _TRACKED.update(names)
 
 
 def _tracking_setattr(self: Req, name: str, value: Any) -> None:

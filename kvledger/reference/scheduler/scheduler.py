@@ -27,7 +27,9 @@ from kvledger.contracts.errors import (
 from kvledger.contracts.handles import HandleClaim, check_handles_owned
 from kvledger.contracts.ledger import Ledger
 from kvledger.contracts.owners import BATCH_INFLIGHT, REQ_CHUNKED, REQ_WAITING, Account
+from kvledger.contracts.pool_kinds import POOL_KINDS, PoolKind
 from kvledger.contracts.protocols import AnyPrefixCache, KVAllocator, MambaStatePool, ReqRowPool
+from kvledger.contracts.seams import seam
 from kvledger.contracts.switch import ensure, invariant
 from kvledger.reference.pools.validate import check_positive
 from kvledger.reference.scheduler.accounting import Accounting
@@ -118,6 +120,10 @@ class Scheduler:
     ``process_prefill_chunk`` and ``parked_accounts``, never by copying its logic.
     """
 
+    pool_kinds: tuple[PoolKind, ...] = POOL_KINDS
+    """The pool kinds its identity covers (kvledger.contracts.pool_kinds); a subclass with another pool adds
+    its description here and the pool as the attribute the description names."""
+
     parked_accounts: frozenset[Account] = frozenset({BATCH_INFLIGHT})
     """Accounts in which a request that has ended may still hold ids (released later, on an event)."""
 
@@ -139,7 +145,7 @@ class Scheduler:
             )
         if tree is not None and getattr(tree, "page_size", config.page_size) != config.page_size:
             raise InvalidArgument("tree page_size differs from the scheduler's")
-        mamba_tree = tree is not None and hasattr(tree, "evict_mamba")
+        mamba_tree = tree is not None and tree.caches_mamba
         if mamba_tree and not config.extra_buffer and config.page_size != 1:
             raise InvalidArgument(
                 "the Mamba radix cache with mamba_scheduler_strategy 'no_buffer' (V1) caches states at token"
@@ -179,8 +185,8 @@ class Scheduler:
         self.step_no = 0
         self._next_batch_id = 0
         # Ledgers date their moves by this scheduler's step, so a violation's history reads in steps.
-        pools = (kv_allocator, req_to_token_pool, mamba_pool)
-        self._dated_ledgers = [p.ledger for p in pools if p is not None and isinstance(p.ledger, Ledger)]
+        pools = self.accounting.pools_by_name().values()
+        self._dated_ledgers = [p.ledger for p in pools if isinstance(p.ledger, Ledger)]
         for ledger in self._dated_ledgers:
             ledger.clock, ledger.epoch = "scheduler step", 0
         self._stepping = False  # inside step(): the only place batches are built (I-CALL-STATE)
@@ -247,6 +253,7 @@ class Scheduler:
         """Hook: where an accepted arrival waits (PD: the bootstrap or pre-allocation queue)."""
         self.waiting.append(req)
 
+    @seam
     def _never_fits(self, req: Req) -> str | None:
         total = len(req.origin_input_ids) + req.max_new_tokens
         if total > self.config.max_context_len:
@@ -396,6 +403,7 @@ class Scheduler:
             return batch
         return self.update_running_batch()
 
+    @seam
     def process_prefill_chunk(self, req: Req) -> None:
         """Between chunks: the tree adopts the finished chunk and the lock moves to it. The request keeps its
         row and working slot (2026 SGLang, PR #17850; the late-2025 PD path freed both: bug B4, #12432).
@@ -480,6 +488,7 @@ class Scheduler:
             adder.can_run_list, is_decode=False, out_cache_loc=out_cache_loc, chunked_req=new_chunked
         )
 
+    @seam
     def _cleanup_stopper(self, req: Req, *, appended: bool, result: AddReqResult) -> None:
         """The request that stopped the round: what happens to its copy-on-write slot."""
         policy = self.config.cow_release_policy
@@ -554,6 +563,7 @@ class Scheduler:
                 break
         return retracted
 
+    @seam
     def _drain_before_retract(self) -> bool:
         """Process the oldest batch in flight, so that no launched batch references a request about to be
         retracted: its result is applied and its KV length is final before the release
@@ -584,6 +594,7 @@ class Scheduler:
         self.waiting.append(req)
         self.stats.retractions += 1
 
+    @seam
     def _check_retractable(self, req: Req) -> None:
         """retract's refusals: another scheduler's request, one not running, one a launched batch references."""
         self._check_own_request(req, "retract")
@@ -655,6 +666,7 @@ class Scheduler:
             self.last_prefill = batch
         self.inflight.append(batch)
 
+    @seam
     def process_batch_result(self, batch: ScheduleBatch) -> None:
         """Process the results of ``batch``, the oldest batch in flight, once (I-RESULTS-ONCE): it leaves
         the in-flight queue here. Another batch (already processed, not yet due, another scheduler's) is
@@ -699,6 +711,7 @@ class Scheduler:
             self._release_finished_or_aborted(req)
         batch.deferred_release.clear()
 
+    @seam
     def _discards_result(self, req: Req) -> bool:
         """A request that ended, or is to be aborted, after the batch launched gets no output from it."""
         return req.state.is_done or req.abort_requested
@@ -726,6 +739,7 @@ class Scheduler:
         if self.chunked_req is req:
             self.chunked_req = None
 
+    @seam
     def _release_or_defer(self, req: Req) -> None:
         """Release now, or park the request on the in-flight batch that still references it."""
         holder = next((b for b in self.inflight if req in b.reqs), None)
@@ -756,6 +770,7 @@ class Scheduler:
                 del self.requests[old.rid]
 
     # ------------------------------------------------------------------ abort
+    @seam
     def abort(self, rid: int) -> bool:
         """Abort a request in any state. Returns False if it had already ended (idempotent)."""
         check_rid(rid)
@@ -777,6 +792,7 @@ class Scheduler:
         if self._live.get(req.rid) is not req and self.requests.get(req.rid) is not req:
             raise UnknownRequest(f"{op}: {req!r} is not a request of this scheduler")
 
+    @seam
     def _abort_now(self, req: Req, reason: str) -> None:
         self._leave_queues(req)
         self._finish_state(req, ReqState.ABORTED, reason)

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 from kvledger.contracts.owners import Account
+from kvledger.contracts.pool_kinds import PoolKind
 from kvledger.contracts.protocols import AnyPrefixCache, KVAllocator, MambaStatePool, ReqRowPool
 from kvledger.reference.scheduler.batch import ScheduleBatch
 from kvledger.reference.scheduler.config import SchedulerConfig
@@ -30,6 +31,11 @@ class SchedulerState(Protocol):
 
     @property
     def config(self) -> SchedulerConfig: ...
+
+    @property
+    def pool_kinds(self) -> tuple[PoolKind, ...]:
+        """The pool kinds the identity covers (those whose ``attr`` is None here are left out)."""
+        ...
 
     @property
     def kv_allocator(self) -> KVAllocator: ...

@@ -26,6 +26,7 @@ import torch
 
 from kvledger.contracts.errors import ContractViolation
 from kvledger.contracts.mamba_track import extend_track_seqlen, other_track_idx
+from kvledger.contracts.seams import seam
 from kvledger.contracts.switch import ensure
 from kvledger.reference.scheduler.request import Req, TrackPoint
 
@@ -151,6 +152,7 @@ class MambaTracking:
         keep = self.keep_idx(req)
         req.mamba_ping_pong_track_buffer = torch.cat((pp[:keep], pp[keep + 1 :]))
 
+    @seam
     def release(self, req: Req) -> None:
         """Free the request's tracking slots and clear every tracking handle (the #26941 fix)."""
         pp = req.mamba_ping_pong_track_buffer

@@ -1,0 +1,72 @@
+"""What every pool shares: a name, a device, a size, its free list (an :class:`IdFreeList`) and its ledger.
+
+The id plumbing is the same for token slots, pages, request rows, Mamba slots and PD metadata slots: the
+free list hands ids out and takes them back (validation, reuse order, free groups, backup/restore), and
+its ledger records who holds each. A pool class adds its unit, its contents (tensors), its own
+``alloc``/``free`` signatures and, where SGLang's pool has them, free groups and backup/restore (one-line
+delegations to the free list, so a pool's public surface stays SGLang's).
+
+``free_list`` is public on purpose: the scheduler's per-step identity reads its counters directly
+(``available()``, ``pending_count()``), because every public method of a pool evaluates the pool's class
+invariants (icontract) and the identity already checks those very counters against the ledger after
+every step. Everything else reads the pool through its public methods (:class:`~kvledger.contracts.
+protocols.IdPool`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from kvledger.contracts.ledger import AnyLedger
+from kvledger.reference.pools.id_free_list import IdFreeList
+from kvledger.reference.pools.validate import check_name, resolve_device
+
+
+class IdPool:
+    """The common part of kvledger's pools (``size`` counts units: tokens for a paged KV pool, else ids)."""
+
+    size: int
+    name: str
+    device: torch.device
+    free_list: IdFreeList
+
+    def _init_pool(
+        self, name: str, device: str | torch.device, first: int, count: int, *, unit: int = 1, reuse: str = "fifo"
+    ) -> IdFreeList:
+        """Name, device and free list of ids ``first .. first+count-1`` (ids below ``first`` are padding)."""
+        self.name = check_name(name)
+        self.device = resolve_device(device)
+        self.free_list = IdFreeList(self.name, first, count, self.device, unit=unit, reuse=reuse)
+        return self.free_list
+
+    @property
+    def ledger(self) -> AnyLedger:
+        """Who holds each id (``unit`` units per id); a ``NullLedger`` when contracts are off."""
+        return self.free_list.ledger
+
+    def available_size(self) -> int:
+        """Free units (a free group's buffered ids are not available until it ends)."""
+        return self.free_list.available() * self.free_list.unit
+
+    def pending_free_size(self) -> int:
+        """Units freed inside the open free group, back on the free list at ``free_group_end``."""
+        return self.free_list.pending_count() * self.free_list.unit
+
+    def free_ids(self) -> list[int]:
+        """The ids on the free list, in reuse order (ids, not units: pages for a paged pool)."""
+        ids: list[int] = self.free_list.free_ids().tolist()
+        return ids
+
+    def pending_ids(self) -> list[int]:
+        """The ids freed inside the open free group (empty outside one)."""
+        pending = self.free_list.pending
+        ids: list[int] = np.concatenate(pending).tolist() if pending else []
+        return ids
+
+    def audit(self) -> None:
+        """Full recount of the free list, state mask and ledger (quiescence / tests)."""
+        self.free_list.audit()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name}, size={self.size}, available={self.available_size()})"
