@@ -21,7 +21,7 @@ import os
 import sys
 from types import ModuleType
 
-from kvledger.cli import audit, explore, hunt, museum, simulate
+from kvledger.cli import audit, explore, hunt, interrupt, museum, simulate
 from kvledger.cli.options import BROKEN_PIPE, INTERRUPTED, USAGE_ERROR, Parser, UsageError, usage_error
 
 COMMANDS: dict[str, ModuleType] = {m.NAME: m for m in (simulate, audit, hunt, museum, explore)}
@@ -59,7 +59,10 @@ def main(argv: list[str] | None = None) -> int:
         print("kvledger: error: a command is required (see kvledger --help)", file=sys.stderr)
         return USAGE_ERROR
     try:
-        return int(COMMANDS[ns.command].run(ns))
+        with interrupt.watching():
+            status = int(COMMANDS[ns.command].run(ns))
+            interrupt.check()  # a Ctrl-C some library swallowed still ends the command as one
+            return status
     except UsageError as exc:
         return usage_error(ns.command, str(exc))
     except KeyboardInterrupt:

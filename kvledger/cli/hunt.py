@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kvledger.cli import interrupt
 from kvledger.cli.museum import indexed
 from kvledger.cli.options import UsageError, int_in, seconds
 from kvledger.cli.output import console
@@ -173,6 +174,11 @@ def run(ns: argparse.Namespace) -> int:
         for exhibit, machine in targets:
             label = exhibit.id if exhibit else f"(clean) {machine}"
             tick = progress.start(label, ns.budget)
+
+            def on_example(n: int, tick: Any = tick) -> None:
+                interrupt.check()  # a swallowed Ctrl-C stops the hunt at its next example
+                tick(n)
+
             result = hunt(
                 exhibit,
                 machine=machine,
@@ -181,7 +187,7 @@ def run(ns: argparse.Namespace) -> int:
                 shrink_seconds=ns.shrink,
                 out_dir=ns.out,
                 verify=not ns.no_verify,
-                on_example=tick,
+                on_example=on_example,
             )
             results.append(result)
             progress.end(

@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from kvledger.cli import interrupt
+
 PARTIAL = ".partial"
 """Part of every temporary name: ``.NAME.partial-PID.SUFFIX`` (the suffix kept: matplotlib reads the
 image format from it)."""
@@ -65,6 +67,7 @@ def staged(*targets: Path) -> Iterator[tuple[Path, ...]]:
                 created.append(parent)
             paths.append(temporary_name(target))
         yield tuple(paths)
+        interrupt.check()  # interrupted, even if the interrupt was swallowed: publish nothing
     except BaseException:
         for path, target in zip(paths, targets, strict=False):
             if path != target:

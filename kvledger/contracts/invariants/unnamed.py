@@ -43,7 +43,7 @@ KNOWN_UNNAMED: dict[str, tuple[int, str]] = {
     "kvledger/contracts/sizing.py": (14, _PROOF_SPECS),
     "kvledger/contracts/tree_checks.py": (2, _BUILT_ELSEWHERE),
     "kvledger/museum/machines/checks.py": (1, _BUILT_ELSEWHERE + " (checked: violation() rejects a non-ID)"),
-    "kvledger/reference/disagg/channel.py": (7, "PD channel checks without an ID"),
+    "kvledger/reference/disagg/channel.py": (2, "PD channel checks without an ID"),
     "kvledger/reference/disagg/decode.py": (1, "a configuration check without an ID"),
     "kvledger/reference/disagg/instance.py": (3, "PD queue checks without an ID"),
     "kvledger/reference/disagg/landing.py": (1, "a KV landing check without an ID"),

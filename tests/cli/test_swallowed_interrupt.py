@@ -1,0 +1,50 @@
+"""Ctrl-C still ends a command when a library caught the ``KeyboardInterrupt`` (``kvledger.cli.interrupt``).
+
+torch swallows an interrupt that lands inside its numpy initialisation; a hunt interrupted then ran its
+whole budget. Here the swallowing is done on purpose, in-process, with a real SIGINT.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from pathlib import Path
+
+import pytest
+
+from kvledger.cli import interrupt
+from kvledger.cli.output import staged
+
+
+def swallowed_ctrl_c() -> None:
+    with contextlib.suppress(KeyboardInterrupt):  # what torch's numpy initialisation does
+        signal.raise_signal(signal.SIGINT)
+
+
+def test_a_swallowed_ctrl_c_is_remembered_for_the_command() -> None:
+    with interrupt.watching():
+        swallowed_ctrl_c()
+        with pytest.raises(KeyboardInterrupt):
+            interrupt.check()
+    with interrupt.watching():  # a new command starts clean
+        interrupt.check()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # and the handler is restored
+
+
+def test_nothing_is_published_after_a_swallowed_ctrl_c(tmp_path: Path) -> None:
+    target = tmp_path / "run.jsonl"
+    with interrupt.watching(), pytest.raises(KeyboardInterrupt), staged(target) as (path,):
+        path.write_text("{}\n")
+        swallowed_ctrl_c()
+    assert list(tmp_path.iterdir()) == []  # neither the file nor its temporary
+
+
+def test_a_process_that_ignores_sigint_keeps_ignoring_it() -> None:
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with interrupt.watching():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            signal.raise_signal(signal.SIGINT)  # ignored: nothing raised, nothing remembered
+            interrupt.check()
+    finally:
+        signal.signal(signal.SIGINT, previous)
