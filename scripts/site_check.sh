@@ -41,7 +41,11 @@ fi
 [ -x "$PY" ] || fail "no .venv: run bash scripts/setup.sh first"
 if ! "$PY" -c "import playwright.sync_api" 2>/dev/null; then
     echo "site check: installing playwright into .venv (the site-check extra, about 40 s and 170 MB, once)"
-    "$PY" -m pip install -q -e ".[site-check]" >"$log" 2>&1 \
+    # The extra's requirements alone: `pip install -e ".[site-check]"` would also reinstall kvledger
+    # itself, in pip's default editable mode, undoing setup.sh's .pth install that type checkers read.
+    extra=$("$PY" -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["site-check"]))')
+    # shellcheck disable=SC2086
+    "$PY" -m pip install -q $extra >"$log" 2>&1 \
         || fail "cannot install playwright (pip failed; no access to PyPI?): $(last_line)"
 fi
 

@@ -190,9 +190,10 @@ def missing_roots(roots: Sequence[str] = STANDIN_ROOTS) -> list[str]:
 def standins(roots: Sequence[str] = STANDIN_ROOTS) -> Iterator[StandinFinder]:
     """Install stand-ins for the missing ``roots`` while the block runs, then take the finder away.
 
-    Modules already imported through a stand-in stay in ``sys.modules`` (SGLang's modules hold
-    references to them); the finder itself is removed, so later imports of these names elsewhere in
-    the process fail as they would have without kvledger (unless SGLang imported them meanwhile).
+    Afterwards the finder is removed and so are the stand-in modules from ``sys.modules`` (SGLang's
+    modules keep the references they took at import): a later ``import IPython`` elsewhere in the
+    process fails as it would have without kvledger, and code that probes ``sys.modules`` (matplotlib
+    looks for ``IPython`` there when it makes a figure) never meets a stand-in.
     """
     finder = StandinFinder(missing_roots(roots))
     sys.meta_path.append(finder)
@@ -200,3 +201,5 @@ def standins(roots: Sequence[str] = STANDIN_ROOTS) -> Iterator[StandinFinder]:
         yield finder
     finally:
         sys.meta_path.remove(finder)
+        for name in [n for n, m in sys.modules.items() if isinstance(m, StandinModule)]:
+            del sys.modules[name]
