@@ -19,8 +19,13 @@ import numpy as np
 import torch
 
 from kvledger.contracts.ledger import AnyLedger
+from kvledger.reference.config_fields import allocating, check_fits_memory, check_size
 from kvledger.reference.pools.id_free_list import IdFreeList
 from kvledger.reference.pools.validate import check_name, resolve_device
+
+ID_BOOKKEEPING_BYTES = 16
+"""A lower estimate of what one id costs the free list and the ledger (the free ring's int64, the state
+byte, the owner code), to refuse a pool the machine cannot hold before allocating any of it."""
 
 
 class IdPool:
@@ -32,12 +37,26 @@ class IdPool:
     free_list: IdFreeList
 
     def _init_pool(
-        self, name: str, device: str | torch.device, first: int, count: int, *, unit: int = 1, reuse: str = "fifo"
+        self,
+        name: str,
+        device: str | torch.device,
+        first: int,
+        count: int,
+        *,
+        unit: int = 1,
+        reuse: str = "fifo",
     ) -> IdFreeList:
-        """Name, device and free list of ids ``first .. first+count-1`` (ids below ``first`` are padding)."""
+        """Name, device and free list of ids ``first .. first+count-1`` (ids below ``first`` are padding).
+
+        A count beyond ``MAX_SIZE``, or one whose bookkeeping alone would not fit in the machine's memory,
+        is a typed error raised before anything is allocated (numpy and torch would fail half-way with a
+        ``MemoryError``, or worse)."""
         self.name = check_name(name)
         self.device = resolve_device(device)
-        self.free_list = IdFreeList(self.name, first, count, self.device, unit=unit, reuse=reuse)
+        check_size(first + count, f"{type(self).__name__} {self.name!r}: ids")
+        check_fits_memory(ID_BOOKKEEPING_BYTES * (first + count), f"{type(self).__name__} {self.name!r}")
+        with allocating(f"{type(self).__name__} {self.name!r}: {count} ids"):
+            self.free_list = IdFreeList(self.name, first, count, self.device, unit=unit, reuse=reuse)
         return self.free_list
 
     @property

@@ -18,6 +18,7 @@ on every destination, per batch.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -27,6 +28,7 @@ from kvledger.contracts.errors import ContractViolation, InvalidArgument, KVLedg
 from kvledger.contracts.owners import FREE, Owner
 from kvledger.contracts.seams import seam
 from kvledger.contracts.switch import ensure, invariant, require, snapshot
+from kvledger.reference.config_fields import allocating, check_fits_memory, check_size
 from kvledger.reference.pools.base import IdPool
 from kvledger.reference.pools.id_free_list import HELD
 from kvledger.reference.pools.kv_buffer import check_float_dtype
@@ -83,13 +85,22 @@ class MambaPool(IdPool):
         check_float_dtype(ssm_dtype, "ssm_dtype")
         self.size = size
         self.num_layers = num_layers
+        check_size(size, "MambaPool: size")
+        per_slot = (
+            math.prod(conv_state_shape) * conv_dtype.itemsize
+            + math.prod(temporal_state_shape) * ssm_dtype.itemsize
+        )
+        check_fits_memory(
+            num_layers * (size + 1) * per_slot, f"MambaPool: {size} slots x {num_layers} layers"
+        )
         self._slots = self._init_pool(name, device, 1, size, reuse="fifo")
-        self._conv = torch.zeros(
-            (num_layers, size + 1, *conv_state_shape), dtype=conv_dtype, device=self.device
-        )
-        self._temporal = torch.zeros(
-            (num_layers, size + 1, *temporal_state_shape), dtype=ssm_dtype, device=self.device
-        )
+        with allocating(f"MambaPool: {size} slots x {num_layers} layers"):
+            self._conv = torch.zeros(
+                (num_layers, size + 1, *conv_state_shape), dtype=conv_dtype, device=self.device
+            )
+            self._temporal = torch.zeros(
+                (num_layers, size + 1, *temporal_state_shape), dtype=ssm_dtype, device=self.device
+            )
         self._writes = WriteSchedule()  # zeroings and copies promised, applied as one batch
         self._slots.on_alloc = self._schedule_zero  # always: a new owner never inherits a previous state
         self._slots.on_release = self._on_release

@@ -17,6 +17,7 @@ import torch
 from kvledger.contracts.errors import DuplicateIds, InvalidArgument, SlotOutOfRange
 from kvledger.contracts.owners import FREE, Owner
 from kvledger.contracts.switch import ensure, invariant, snapshot
+from kvledger.reference.config_fields import allocating, check_fits_memory, check_size
 from kvledger.reference.pools.base import IdPool
 from kvledger.reference.pools.id_free_list import host_ids
 from kvledger.reference.pools.validate import (
@@ -55,10 +56,13 @@ class ReqToTokenPool(IdPool):
         self.size = size
         self.reserved_rows = reserved_rows
         self.max_context_len = max_context_len
+        check_size(max_context_len, "ReqToTokenPool: max_context_len")
+        check_fits_memory(4 * (reserved_rows + size) * max_context_len, f"ReqToTokenPool: {size} rows")
         self._rows = self._init_pool(name, device, reserved_rows, size, reuse="fifo")
-        self.req_to_token = torch.zeros(
-            (reserved_rows + size, max_context_len), dtype=torch.int32, device=self.device
-        )
+        with allocating(f"ReqToTokenPool: {size} rows of {max_context_len}"):
+            self.req_to_token = torch.zeros(
+                (reserved_rows + size, max_context_len), dtype=torch.int32, device=self.device
+            )
         # On CPU, a numpy view of the same memory for the batched per-cell reads and writes.
         self._table = self.req_to_token.numpy() if self.device.type == "cpu" else None
         self._free_what = f"{name}.free"
@@ -200,4 +204,3 @@ class ReqToTokenPool(IdPool):
         """The KV slot ids of positions ``[start, end)`` of ``row`` as int64 (a row some request holds)."""
         self._check_span(row, start, end, "read")
         return self.req_to_token[row, start:end].to(torch.int64)
-
