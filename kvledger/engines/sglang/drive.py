@@ -31,7 +31,7 @@ from kvledger.engines.sglang import build
 from kvledger.engines.sglang.attach import Watch, watch
 from kvledger.engines.sglang.loader import load
 from kvledger.museum.machines.cache_base import KeyDraw, RadixCacheMachine, key_draws, picks
-from kvledger.museum.machines.cache_support import make_allocator
+from kvledger.museum.machines.cache_support import cut_for_finish, make_allocator
 from kvledger.reference.radix import RadixCache as ReferenceRadixCache
 
 KINDS = ("radix", "unified")
@@ -180,8 +180,7 @@ class SGLangCacheMachine(RuleBasedStateMachine):
     @rule(pick=picks, cut=picks)
     def finish(self, pick: int, cut: int) -> None:
         req = self.reqs.pop(pick % len(self.reqs))
-        low, high = req.protected // self.ps, len(req.key) // self.ps
-        self.finish_one(req, (low + cut % (high - low + 1)) * self.ps)
+        self.finish_one(req, cut_for_finish(req.protected, len(req.key), self.ps, cut))
 
     @precondition(lambda self: self.reqs)
     @rule(pick=picks)

@@ -31,6 +31,7 @@ from kvledger.museum.machines.cache_bad_input import BAD_INPUT_CASES, reject_bad
 from kvledger.museum.machines.cache_model import CacheModel, Prefix, diff
 from kvledger.museum.machines.cache_support import (
     audit_all,
+    cut_for_finish,
     extract,
     make_allocator,
     make_mamba_pool,
@@ -309,8 +310,7 @@ class RadixCacheMachine(RuleBasedStateMachine):
     def finish(self, pick: int, cut: int) -> None:
         """Finish a request, caching ``key[:cut]`` (at least its locked prefix, page-aligned)."""
         req = self.reqs.pop(pick % len(self.reqs))
-        low, high = req.protected // self.ps, len(req.key) // self.ps
-        self.finish_one(req, (low + cut % (high - low + 1)) * self.ps)
+        self.finish_one(req, cut_for_finish(req.protected, len(req.key), self.ps, cut))
 
     def admit_one(self, draw: KeyDraw, cow: bool) -> Req | None:
         key = self.key(draw, min_pages=1)

@@ -26,6 +26,13 @@ def make_allocator(page_size: int, pages: int) -> Any:
     return PagedTokenToKVPoolAllocator(pages * page_size, page_size)
 
 
+def cut_for_finish(protected: int, key_len: int, page: int, draw: int) -> int:
+    """Where a finishing request's cached prefix ends, from a drawn int: a page boundary between its locked
+    prefix (``protected``) and its whole key, both included (the cache machines' ``finish`` rule)."""
+    low, high = protected // page, key_len // page
+    return (low + draw % (high - low + 1)) * page
+
+
 def make_mamba_pool(size: int) -> MambaPool:
     return MambaPool(size, num_layers=2, conv_state_shape=(3,), temporal_state_shape=(2, 2))
 
