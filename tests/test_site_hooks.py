@@ -7,29 +7,19 @@ from __future__ import annotations
 import importlib.util
 import logging
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 from kvledger.contracts.invariants import all_invariants
+from tests.script_module import load_script
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _load_hooks() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("_site_hooks", REPO / "scripts" / "mkdocs_hooks.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-hooks = _load_hooks()
+hooks = load_script(REPO / "scripts" / "mkdocs_hooks.py", "_site_hooks")
 
 
 def test_the_transitions_page_carries_every_transition_table_of_the_spec() -> None:

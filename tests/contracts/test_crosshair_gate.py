@@ -10,7 +10,6 @@ has a known false positive), so the test fails if the gate ever reports a bug th
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -23,6 +22,7 @@ import pytest
 
 from kvledger.contracts import arith
 from kvledger.contracts.invariants.proofs import PROOFS
+from tests.script_module import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 GATE = REPO / "scripts" / "crosshair_gate.py"
@@ -34,12 +34,7 @@ COUNTEREXAMPLE = re.compile(r"error: false when calling (\w+)\((.*)\) \(which re
 
 
 def load(path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"_gate_{path.stem}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script(path, f"_gate_{path.stem}")
 
 
 gate = load(GATE)

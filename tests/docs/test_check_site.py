@@ -8,27 +8,17 @@ and the stage's refusal, in one line, when Chromium cannot be installed.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
-import sys
 from pathlib import Path
-from types import ModuleType
+
+from tests.script_module import load_script
 
 REPO = Path(__file__).resolve().parent.parent.parent
 ORIGIN = "http://127.0.0.1:8123"
 
 
-def _load_checker() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("_check_site", REPO / "scripts" / "check_site.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-check_site = _load_checker()
+check_site = load_script(REPO / "scripts" / "check_site.py", "_check_site")
 
 
 def _page(body: str, ids: tuple[str, ...] = ()) -> str:
@@ -78,7 +68,9 @@ def test_a_clean_site_has_no_broken_link(tmp_path: Path) -> None:
 
 
 def test_a_planted_broken_link_and_a_missing_anchor_are_named(tmp_path: Path) -> None:
-    planted = GOOD_LINKS + ' <a href="spec/nowhere/">gone</a> <a href="spec/model/#no-such-anchor">gone too</a>'
+    planted = (
+        GOOD_LINKS + ' <a href="spec/nowhere/">gone</a> <a href="spec/model/#no-such-anchor">gone too</a>'
+    )
     site = _tiny_site(tmp_path, planted)
     report = _site_report(site)
     assert report["/"] == [
