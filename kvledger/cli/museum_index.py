@@ -182,7 +182,7 @@ EXHIBITS: tuple[dict[str, Any], ...] = (
         "scope": "in scope",
         "huntable": True,
         "machine": "scheduler",
-        "replaces": "ReqMemory._cache_finished_tracked",
+        "replaces": "MambaV2Path.cache_finished",
         "breaks": ["I-NODE-NONEMPTY"],
         "upstream": "sgl-project/sglang PR #35821 (from #30451)",
         "why_out_of_scope": "",

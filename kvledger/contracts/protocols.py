@@ -141,6 +141,15 @@ class MambaStatePool(IdPool, Protocol):
     def _free_unchecked(self, slots: torch.Tensor, owner: Owner, op: str = "free") -> None: ...
 
 
+class NodeLike(Protocol):
+    """A cache node, as far as a caller checks one: its depth in tokens and (Mamba cache) its state slot."""
+
+    @property
+    def mamba_value(self) -> torch.Tensor | None: ...
+
+    def depth(self) -> int: ...
+
+
 class MatchLike(Protocol):
     """What ``match_prefix`` returns: the matched KV ids, the node it ends at, the copy-on-write slot."""
 
@@ -148,17 +157,25 @@ class MatchLike(Protocol):
     def device_indices(self) -> torch.Tensor: ...
 
     @property
-    def last_node(self) -> Any: ...
+    def last_node(self) -> NodeLike: ...
 
     @property
     def cow_slot(self) -> torch.Tensor | None: ...
+
+
+class MambaMatchLike(MatchLike, Protocol):
+    """A Mamba cache's match: also the branching point (Mamba V2; None in V1 and when the match stops at
+    its node)."""
+
+    @property
+    def mamba_branching_seqlen(self) -> int | None: ...
 
 
 class LockLike(Protocol):
     """A lock handle from ``inc_lock_ref``: the node, and whether it also took the node's state."""
 
     @property
-    def node(self) -> Any: ...
+    def node(self) -> NodeLike: ...
 
     @property
     def took_mamba(self) -> bool: ...
@@ -172,6 +189,11 @@ class InsertLike(Protocol):
 
     @property
     def mamba_adopted(self) -> bool: ...
+
+    @property
+    def node(self) -> NodeLike | None:
+        """The node that ends at the key's length (None for an empty key)."""
+        ...
 
 
 @dataclass
@@ -240,7 +262,7 @@ class MambaPrefixCache(CacheSizes, Protocol):
 
     def match_prefix(
         self, key: Sequence[int], *, cow_owner: Owner | None = None, cow_slot: torch.Tensor | None = None
-    ) -> MatchLike: ...
+    ) -> MambaMatchLike: ...
 
     def insert(
         self,
@@ -250,7 +272,11 @@ class MambaPrefixCache(CacheSizes, Protocol):
         *,
         mamba_slot: torch.Tensor | None,
         protected_len: int = 0,
-    ) -> InsertLike: ...
+        state_op: str = "insert",
+    ) -> InsertLike:
+        """Cache ``key -> value`` with the state in ``mamba_slot`` at its end; ``state_op`` names the slot's
+        ledger move (``"donate"``: a Mamba V2 tracking slot handed over)."""
+        ...
 
     def evict_mamba(self, num_slots: int) -> int: ...
 

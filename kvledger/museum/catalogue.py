@@ -17,6 +17,7 @@ from kvledger.reference.disagg.instance import PDScheduler
 from kvledger.reference.disagg.prefill import PrefillScheduler
 from kvledger.reference.radix import MambaRadixCache
 from kvledger.reference.scheduler import Scheduler
+from kvledger.reference.scheduler.cache_paths import MambaV2Path
 from kvledger.reference.scheduler.memory import ReqMemory
 from kvledger.reference.scheduler.tracking import MambaTracking
 
@@ -215,8 +216,8 @@ EXHIBITS: tuple[Exhibit, ...] = (
         machine="cache",
     ),
     _exhibit(
-        ReqMemory,
-        "_cache_finished_tracked",
+        MambaV2Path,
+        "cache_finished",
         sb.b16_finish_inserts_an_empty_key,
         id="B16",
         upstream="sgl-project/sglang PR #35821 (from #30451)",

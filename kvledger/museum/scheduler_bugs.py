@@ -9,15 +9,17 @@ catch it are the reference's own, run by the generic machines.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from kvledger.contracts.errors import InvalidState
 from kvledger.reference.radix import MambaRadixCache
 from kvledger.reference.scheduler import ReqState, Scheduler
+from kvledger.reference.scheduler.cache_paths import MambaV2Path
+from kvledger.reference.scheduler.cache_paths.base import row_of
 from kvledger.reference.scheduler.memory import ReqMemory
 from kvledger.reference.scheduler.request import Req
-from kvledger.reference.scheduler.scheduler import UnknownRequest
 from kvledger.reference.scheduler.tracking import MambaTracking
+from kvledger.reference.scheduler.validate import UnknownRequest
 
 Wrap = Callable[[Any], Any]
 
@@ -171,18 +173,19 @@ def b14_dec_rederives_the_mamba_lock(original: Any) -> Any:
 
 # --------------------------------------------------------------------------------------------- B16
 def b16_finish_inserts_an_empty_key(original: Any) -> Any:
-    def _cache_finished_tracked(self: ReqMemory, req: Req) -> int:
+    def cache_finished(self: MambaV2Path, req: Req) -> int:
         """Before #35821: V2's ``cache_finished_req`` with nothing tracked beyond the protected prefix
         (cache_len 0 or None) still inserted, creating a node with an empty key under the root."""
         tracked = req.mamba_last_track_seqlen
         if tracked is None or tracked <= req.cache_protected_len:
-            empty = self.req_to_token_pool.read(req.req_pool_idx, 0, 0)
-            self.tree._new_leaf(self.tree.root, (), empty, req.owner)
+            empty = self.rows.read(row_of(req), 0, 0)
+            tree = cast(MambaRadixCache, self.tree)  # the reference tree: the planted leaf bypasses insert
+            tree._new_leaf(tree.root, (), empty, req.owner)
             return req.cache_protected_len
         result: int = original(self, req)
         return result
 
-    return _cache_finished_tracked
+    return cache_finished
 
 
 # --------------------------------------------------------------------------------------------- B17

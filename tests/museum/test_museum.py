@@ -63,12 +63,13 @@ def _resolve(dotted: str) -> object:
     import kvledger.reference.disagg.instance as instance
     import kvledger.reference.disagg.prefill as prefill
     import kvledger.reference.radix as radix
+    import kvledger.reference.scheduler.cache_paths as cache_paths
     import kvledger.reference.scheduler.memory as memory
     import kvledger.reference.scheduler.scheduler as scheduler
     import kvledger.reference.scheduler.tracking as tracking
 
     owner_name, attr = dotted.rsplit(".", 1)
-    for module in (scheduler, memory, tracking, radix, channel, decode, instance, prefill):
+    for module in (scheduler, memory, cache_paths, tracking, radix, channel, decode, instance, prefill):
         if hasattr(module, owner_name):
             return vars(getattr(module, owner_name)).get(attr)
     return getattr(importlib.import_module(owner_name), attr)

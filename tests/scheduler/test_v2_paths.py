@@ -18,6 +18,7 @@ from kvledger.contracts.errors import ContractViolation, InvalidArgument
 from kvledger.reference.engine import EngineSpec, TreeKind
 from kvledger.reference.radix import MambaRadixCache
 from kvledger.reference.scheduler import ReqState, Scheduler, SchedulerConfig
+from kvledger.reference.scheduler.cache_paths import MambaV2Path
 from kvledger.reference.scheduler.memory import ReqMemory
 from kvledger.reference.scheduler.request import Req
 from kvledger.reference.scheduler.tracking import MambaTracking
@@ -25,6 +26,13 @@ from kvledger.sim.simulate import SimOptions
 from tests.scheduler.harness import Setup, build, expected_output
 
 needs_contracts = pytest.mark.skipif(not switch.ENABLED, reason="contracts are off (KVLEDGER_CONTRACTS=0)")
+
+
+def v2_path(sched: Scheduler) -> MambaV2Path:
+    """The scheduler's V2 cache path (where the tests swap in a broken tracking variant)."""
+    path = sched.memory.path
+    assert isinstance(path, MambaV2Path)
+    return path
 
 
 def v2(page_size: int = 1, overlap: bool = False, **kw: Any) -> Scheduler:
@@ -298,9 +306,9 @@ class LeakyDonation(MambaTracking):
 @pytest.mark.fires("I-STATE-BOUND")
 def test_a_request_left_holding_more_than_1_plus_k_slots_is_named() -> None:
     sched = v2()
-    old = sched.memory.tracking
-    assert old is not None
-    sched.memory.tracking = LeakyDonation(
+    path = v2_path(sched)
+    old = path.tracking
+    path.tracking = LeakyDonation(
         mamba_pool=old.mamba_pool, tree=old.tree, k=old.k, chunk=old.chunk, interval=old.interval
     )
     sched.add_request(0, list(range(10, 21)), 3)
@@ -321,9 +329,9 @@ class OffGridTracking(MambaTracking):
 @pytest.mark.fires("I-TRACK-POINT")
 def test_a_tracked_length_off_the_page_grid_is_caught() -> None:
     sched = v2(page_size=4, mamba_track_interval=4)
-    old = sched.memory.tracking
-    assert old is not None
-    sched.memory.tracking = OffGridTracking(
+    path = v2_path(sched)
+    old = path.tracking
+    path.tracking = OffGridTracking(
         mamba_pool=old.mamba_pool, tree=old.tree, k=old.k, chunk=old.chunk, interval=old.interval
     )
     sched.add_request(0, list(range(10, 21)), 3)
@@ -379,7 +387,7 @@ def test_v1s_insert_length_under_v2_is_caught(monkeypatch: pytest.MonkeyPatch) -
     """Inserting the whole committed length (V1's rule) with the state tracked at a shorter length."""
     sched = v2()
     sched.add_request(0, list(range(10, 23)), 3)  # 13 tokens: captured at 12, committed 13
-    monkeypatch.setattr(ReqMemory, "_tracked_insert_len", staticmethod(lambda req: req.kv_committed_len))
+    monkeypatch.setattr(MambaV2Path, "_tracked_insert_len", staticmethod(lambda req: req.kv_committed_len))
     with pytest.raises(ContractViolation, match="I-V2-CACHE-LEN: req#0"):
         sched.run_until_idle(20)
 

@@ -58,7 +58,7 @@ KNOWN_UNNAMED: dict[str, tuple[int, str]] = {
     "kvledger/reference/pools/token_allocator.py": (7, "conditions without an ID in their description"),
     "kvledger/reference/radix/radix_cache.py": (15, "conditions without an ID in their description"),
     "kvledger/reference/scheduler/accounting.py": (2, _BUILT_ELSEWHERE),
-    "kvledger/reference/scheduler/memory.py": (1, "a release check without an ID"),
+    "kvledger/reference/scheduler/cache_paths/base.py": (1, "the re-match after an insert, without an ID"),
     "kvledger/reference/scheduler/scheduler.py": (2, "conditions without an ID in their description"),
     "kvledger/reference/scheduler/tracking.py": (1, _BUILT_ELSEWHERE),
     "kvledger/sim/simulate.py": (1, "the simulator's drain bound (liveness) without an ID"),

@@ -5,7 +5,8 @@ from kvledger.reference.scheduler.batch import ScheduleBatch
 from kvledger.reference.scheduler.config import SchedulerConfig
 from kvledger.reference.scheduler.request import Req, ReqState
 from kvledger.reference.scheduler.runner import HashTokenRunner, ModelRunner, hash_next_token
-from kvledger.reference.scheduler.scheduler import FaultInjector, Scheduler, SchedulerStats, UnknownRequest
+from kvledger.reference.scheduler.scheduler import FaultInjector, Scheduler, SchedulerStats
+from kvledger.reference.scheduler.validate import UnknownRequest
 
 __all__ = [
     "AddReqResult",

@@ -28,6 +28,7 @@ import torch
 
 from kvledger.contracts.owners import REQ_WAITING, Owner
 from kvledger.contracts.pool_kinds import MAMBA, REQ
+from kvledger.contracts.protocols import LockLike, NodeLike
 from kvledger.contracts.switch import ENABLED
 
 
@@ -77,8 +78,8 @@ class Req:
     req_pool_idx: int | None = None
     mamba_pool_idx: torch.Tensor | None = None
     prefix_indices: torch.Tensor | None = None  # tree-owned KV slots of the cached prefix
-    last_node: Any = None
-    lock: Any = None  # the LockRef taken on last_node (None: no lock held)
+    last_node: NodeLike | None = None
+    lock: LockLike | None = None  # the LockRef taken on last_node (None: no lock held)
     cache_protected_len: int = 0
     kv_committed_len: int = 0
     kv_allocated_len: int = 0

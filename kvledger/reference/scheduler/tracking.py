@@ -20,12 +20,13 @@ request reused freed slots). Pure bookkeeping: the bytes move in the model runne
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 import torch
 
 from kvledger.contracts.errors import ContractViolation
+from kvledger.contracts.ledger import AnyLedger
 from kvledger.contracts.mamba_track import extend_track_seqlen, other_track_idx
+from kvledger.contracts.protocols import MambaPrefixCache, MambaStatePool
 from kvledger.contracts.seams import seam
 from kvledger.contracts.switch import ensure
 from kvledger.reference.scheduler.request import Req, TrackPoint
@@ -41,7 +42,9 @@ def _holds_k_distinct(tracking: MambaTracking, req: Req) -> bool:
 class MambaTracking:
     """The V2 rules for one scheduler: ``k`` tracking slots, the capture grid and the decode interval."""
 
-    def __init__(self, *, mamba_pool: Any, tree: Any, k: int, chunk: int, interval: int) -> None:
+    def __init__(
+        self, *, mamba_pool: MambaStatePool, tree: MambaPrefixCache, k: int, chunk: int, interval: int
+    ) -> None:
         self.mamba_pool = mamba_pool
         self.tree = tree
         self.k = k
@@ -190,7 +193,7 @@ class MambaTracking:
         return n
 
 
-def check_req_mamba(req: Req, k: int, ledger: Any = None) -> None:
+def check_req_mamba(req: Req, k: int, ledger: AnyLedger | None = None) -> None:
     """I-REQ-MAMBA for one request: a request without a row holds at most its copy-on-write slot and no
     tracking slots; an admitted one its working slot and (V2) exactly ``k`` tracking slots, all distinct.
     With a ledger, a violation names the slots' owners and last moves."""

@@ -13,7 +13,7 @@ from kvledger.contracts.invariants.model import (
 )
 
 TRACKING = "kvledger/reference/scheduler/tracking.py"
-MEMORY = "kvledger/reference/scheduler/memory.py"
+V2_PATH = "kvledger/reference/scheduler/cache_paths/mamba_v2.py"
 ACCOUNTING = "kvledger/reference/scheduler/accounting.py"
 SCHED = "kvledger/reference/scheduler/scheduler.py"
 REQUEST = "kvledger/reference/scheduler/request.py"
@@ -185,9 +185,9 @@ AREA = Area(
             upstream=("SGLang PR #14792", "B16: SGLang PR #35821"),
             checks=(
                 contract(
-                    f"{MEMORY}:ReqMemory._check_tracked_insert", "the state's node ends at the tracked length"
+                    f"{V2_PATH}:MambaV2Path._check_tracked_insert", "the state's node ends at the tracked length"
                 ),
-                contract(f"{MEMORY}:ReqMemory._check_released", "nothing left after a V2 finish"),
+                contract(f"{V2_PATH}:MambaV2Path.check_released", "nothing left after a V2 finish"),
                 oracle(f"{STATE_ORACLE}:cached_state_mismatches", "every cached state against its prefix"),
             ),
             exercised_by=(*SCHED_MACHINES, *ORACLE_MACHINES),
