@@ -55,6 +55,7 @@ class Recorder:
         self._pools: dict[int, str] = {}
         self._ledgers: list[Ledger] = []
         self._patched: list[tuple[Any, str]] = []
+        self._undo: list[Callable[[], None]] = []  # removers of the hooks the tree installed for us
         self._open_groups: set[str] = set()
         self._accounts: dict[int, str] = {}  # other owners: the last account written, by serial
         self.closed = False
@@ -84,13 +85,16 @@ class Recorder:
         tree = scheduler.tree
         if tree is not None:
             self._emit({"ev": "tree", "root": tree.root.id})
-            self._wrap(tree, "_new_leaf", self._new_leaf)
-            self._wrap(tree, "_split", self._split)
-            self._wrap(tree, "_unlink_leaf", self._unlink_leaf)
+            # The structural steps through the tree's own hook (copy_state: the Mamba tree only).
+            steps = {
+                "new_leaf": self._new_leaf,
+                "split": self._split,
+                "unlink_leaf": self._unlink_leaf,
+                "copy_state": self._copy_state,
+            }
+            self._undo.append(tree.observe_steps(steps))
             self._wrap(tree, "inc_lock_ref", self._inc_lock_ref)
             self._wrap(tree, "dec_lock_ref", self._dec_lock_ref)
-            if hasattr(tree, "_copy_state"):
-                self._wrap(tree, "_copy_state", self._copy_state)
         self._wrap(scheduler, "add_request", self._add_request)
         self._wrap(scheduler.accounting, "released", self._released)
         scheduler.on_step = self._on_step
@@ -161,6 +165,9 @@ class Recorder:
             if name in vars(obj):
                 delattr(obj, name)
         self._patched.clear()
+        for undo in reversed(self._undo):
+            undo()
+        self._undo.clear()
         for ledger in self._ledgers:
             ledger.observer = None
         self._ledgers.clear()

@@ -272,6 +272,10 @@ class Ledger:
         self._spare.append(code)
         owner._detach(self)
 
+    def logged_moves(self) -> int:
+        """Entries in the bounded move log (at most its size, ``history``): what a long run must bound."""
+        return len(self._log)
+
     def registered_owners(self) -> int:
         """Owners in the registry (the free list and the free group included): what a long run must bound."""
         return len(self._codes)

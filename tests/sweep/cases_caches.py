@@ -419,11 +419,29 @@ def _tree_rows(mamba: bool, paged: bool) -> dict[str, list[Row]]:
         "inc_lock_ref": INC,
         "dec_lock_ref": DEC,
         "evict": _count_rows("evict"),
+        "observe_steps": OBSERVE,
     }
     if mamba:
         rows["evict_full"] = _count_rows("evict_full")
         rows["evict_mamba"] = _count_rows("evict_mamba")
     return rows
+
+
+OBSERVE = [
+    Row(WRONG_TYPE, "wrappers that are not a mapping", "InvalidArgument", lambda s: s.cache.observe_steps([])),
+    Row(
+        OUT_OF_RANGE,
+        "a step the trees do not have",
+        "InvalidArgument",
+        lambda s: s.cache.observe_steps({"insert": lambda real: real}),
+    ),
+    Row(
+        WRONG_TYPE,
+        "a wrapper that is not callable",
+        "InvalidArgument",
+        lambda s: s.cache.observe_steps({"split": 1}),
+    ),
+]
 
 
 CASES: list[Case] = [
@@ -441,6 +459,12 @@ _MAMBA_SIZES = (
     "mamba_total_size",
 )
 
+_VIEWS = {  # the read-only views for recorders and snapshots
+    "clock": lambda s: s.cache.clock,
+    "live_locks": lambda s: s.cache.live_locks(),
+    "lru_order": lambda s: s.cache.lru_order(),
+}
+
 QUERIES: list[Query] = [
     Query("RadixCache.audit", "plain_cache", lambda s: s.cache.audit(), "a full recount"),
     Query("MambaRadixCache.audit", "mamba_cache", lambda s: s.cache.audit(), "a full recount"),
@@ -449,4 +473,7 @@ QUERIES: list[Query] = [
         Query(f"MambaRadixCache.{n}", "mamba_cache", lambda s, n=n: getattr(s.cache, n)())
         for n in (*_SIZES, *_MAMBA_SIZES)
     ),
+    *(Query(f"RadixCache.{n}", "plain_cache", call, "a read-only view") for n, call in _VIEWS.items()),
+    *(Query(f"MambaRadixCache.{n}", "mamba_cache", call, "a read-only view") for n, call in _VIEWS.items()),
+    Query("MambaRadixCache.mamba_lru_order", "mamba_cache", lambda s: s.cache.mamba_lru_order(), "a view"),
 ]

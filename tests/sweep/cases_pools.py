@@ -1045,6 +1045,8 @@ QUERIES: list[Query] = [
     _q("MambaPool", "mamba", "states", lambda s: s.pool.states),
     _q("MambaPool", "mamba", "free_slots", lambda s: s.pool.free_slots()),
     _q("MambaPool", "mamba", "scheduled_writes", lambda s: s.pool.scheduled_writes()),
+    _q("MambaPool", "mamba", "stored_states", lambda s: s.pool.stored_states(), "a view (no flush)"),
+    _q("MambaPool", "mamba", "write_schedule", lambda s: s.pool.write_schedule(), "a view (no flush)"),
     _q(
         "MambaPool",
         "mamba",

@@ -27,11 +27,12 @@ from typing import Any
 import torch
 
 from kvledger.contracts.ledger import Ledger
+from kvledger.reference.disagg.channel import TransferChannel
 from kvledger.reference.pools.id_free_list import IdFreeList
+from kvledger.reference.pools.mamba_pool import MambaPool
+from kvledger.reference.radix.base import RadixTreeBase
 
 Snapshot = dict[str, Any]
-
-_FREE_LIST_ATTRS = ("_ids", "_pages", "_rows", "_slots")
 
 
 def _bits(t: torch.Tensor) -> tuple[str, tuple[int, ...], bytes]:
@@ -58,11 +59,9 @@ def _plain(value: Any) -> Any:
 
 
 def free_list_of(pool: Any) -> IdFreeList | None:
-    for attr in _FREE_LIST_ATTRS:
-        found = getattr(pool, attr, None)
-        if isinstance(found, IdFreeList):
-            return found
-    return None
+    """The pool's public free list (every kvledger pool is a ``pools.base.IdPool``); None for other objects."""
+    found = getattr(pool, "free_list", None)
+    return found if isinstance(found, IdFreeList) else None
 
 
 def ledger_state(ledger: Any) -> Any:
@@ -74,7 +73,7 @@ def ledger_state(ledger: Any) -> Any:
         holdings,
         tuple(sorted(ledger.account_sizes().items())),
         ledger.step,
-        len(ledger._log),
+        ledger.logged_moves(),
         ledger.registered_owners(),
     )
 
@@ -84,21 +83,18 @@ def _pool(pool: Any) -> dict[str, Any]:
     ids = free_list_of(pool)
     if ids is not None:
         out["free"] = tuple(ids.free.tolist())
-        out["state"] = ids._state.tobytes()
+        out["state"] = ids.state.numpy().tobytes()
         out["pending"] = None if ids.pending is None else tuple(tuple(a.tolist()) for a in ids.pending)
         out["pending_n"] = ids.pending_count()
         out["hooks"] = (ids.on_alloc, ids.on_release)
         out["ledger"] = ledger_state(ids.ledger)
-    for attr in ("req_to_token", "_conv", "_temporal", "k_buffer", "v_buffer", "bootstrap_room", "output_id"):
+    for attr in ("req_to_token", "k_buffer", "v_buffer", "bootstrap_room", "output_id"):
         tensor = getattr(pool, attr, None)
         if isinstance(tensor, torch.Tensor):
             out[attr] = _bits(tensor)
-    writes = getattr(pool, "_writes", None)
-    if writes is not None:
-        out["write_schedule"] = (
-            tuple(sorted(writes._writes.items())),
-            tuple(sorted(writes._sources.items())),
-        )
+    if isinstance(pool, MambaPool):  # the states as stored (reading `states` would apply the schedule)
+        out["states"] = tuple(_bits(t) for t in pool.stored_states())
+        out["write_schedule"] = pool.write_schedule()
     return out
 
 
@@ -131,13 +127,13 @@ def _cache(cache: Any) -> dict[str, Any]:
 
     out = {
         "nodes": tuple(sorted(node_state(n) for n in _nodes(cache))),
-        "full_lru": tuple(n.id for n in cache._full_lru.oldest_first()),
-        "counters": (cache._evictable, cache._protected, cache._clock),
-        "locks": tuple(sorted((id(lk), lk.released, lk.took_mamba, lk.node.id) for lk in cache._locks)),
+        "full_lru": tuple(n.id for n in cache.lru_order()),
+        "counters": (cache.counts.evictable, cache.counts.protected, cache.clock),
+        "locks": tuple(sorted((id(lk), lk.released, lk.took_mamba, lk.node.id) for lk in cache.live_locks())),
     }
-    if hasattr(cache, "_mamba_lru"):
-        out["mamba_lru"] = tuple(n.id for n in cache._mamba_lru.oldest_first())
-        out["mamba_counters"] = (cache._m_evictable, cache._m_protected)
+    if cache.caches_mamba:
+        out["mamba_lru"] = tuple(n.id for n in cache.mamba_lru_order())
+        out["mamba_counters"] = (cache.counts.mamba_evictable, cache.counts.mamba_protected)
     return out
 
 
@@ -224,11 +220,11 @@ def take(*roots: Any) -> Snapshot:
         seen[id(obj)] = name
         if hasattr(obj, "pairs") and hasattr(obj, "channel"):
             parts = _system(obj)
-        elif hasattr(obj, "rooms") and hasattr(obj, "_events"):
+        elif isinstance(obj, TransferChannel):
             parts = _channel(obj)
         elif hasattr(obj, "inflight") and hasattr(obj, "waiting"):
             parts = _scheduler(obj)
-        elif hasattr(obj, "root") and hasattr(obj, "_full_lru"):
+        elif isinstance(obj, RadixTreeBase):
             parts = _cache(obj)
         else:
             parts = _pool(obj)

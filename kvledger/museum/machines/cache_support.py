@@ -141,12 +141,12 @@ def snapshot(cache: Any) -> Any:
         )
 
     tree = tuple(sorted(node_state(n) for n in [cache.root, *nodes_of(cache)]))
-    lists = [tuple(n.id for n in cache._full_lru.oldest_first())]
+    lists = [tuple(n.id for n in cache.lru_order())]
     c = cache.counts
-    counters = [c.evictable, c.protected, cache._clock, len(cache._locks)]
+    counters = [c.evictable, c.protected, cache.clock, len(cache.live_locks())]
     pools = [_pool_state(cache.token_to_kv_pool_allocator)]
     if isinstance(cache, MambaRadixCache):
-        lists.append(tuple(n.id for n in cache._mamba_lru.oldest_first()))
+        lists.append(tuple(n.id for n in cache.mamba_lru_order()))
         counters += [c.mamba_evictable, c.mamba_protected]
         mamba_pool: Any = cache.mamba_pool  # a MambaPool: its state tensors are what a rejected call must keep
         pools.append(_pool_state(mamba_pool))

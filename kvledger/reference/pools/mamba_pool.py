@@ -124,6 +124,15 @@ class MambaPool(IdPool):
         self._flush()
         return (self._conv, self._temporal)
 
+    def stored_states(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The state tensors as stored, scheduled writes *not* applied: for a snapshot that must not change
+        the pool by reading it (every other reader wants :attr:`states`)."""
+        return (self._conv, self._temporal)
+
+    def write_schedule(self) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]:
+        """The zeroings and copies scheduled but not applied (:meth:`WriteSchedule.view`)."""
+        return self._writes.view()
+
     def scheduled_writes(self) -> int:
         """Zeroings and copies scheduled but not yet applied (0 right after any read of the states)."""
         return len(self._writes)

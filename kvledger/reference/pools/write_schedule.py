@@ -31,6 +31,11 @@ class WriteSchedule:
     def __bool__(self) -> bool:
         return bool(self._writes)
 
+    def view(self) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]:
+        """The schedule as it stands, sorted: ``(destination, source or ZERO)`` pairs and ``(slot, copies
+        that read it)`` pairs (a read-only copy, for snapshots)."""
+        return tuple(sorted(self._writes.items())), tuple(sorted(self._sources.items()))
+
     def reads(self, slot: int) -> bool:
         """Does a scheduled copy still have to read ``slot``?"""
         return slot in self._sources

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -52,6 +52,13 @@ class InsertPlan:
     @property
     def creates_leaf(self) -> bool:
         return self.prefix_len < len(self.key)
+
+
+OBSERVABLE_STEPS = frozenset({"new_leaf", "split", "unlink_leaf", "copy_state"})
+"""Every step an observer may name (``copy_state``: the Mamba tree only; another tree skips it)."""
+
+StepWrapper = Callable[[Callable[..., Any]], Callable[..., Any]]
+"""An observer's wrapper of one structural step (:meth:`RadixTreeBase.observe_steps`)."""
 
 
 class RadixTreeBase:
@@ -98,6 +105,60 @@ class RadixTreeBase:
     @_protected.setter
     def _protected(self, n: int) -> None:
         self.counts.protected = n
+
+    # ------------------------------------------------------------------ read-only views
+    # For tools that record or compare a tree without taking part in it (the audit recorder, the museum's
+    # and the sweep's snapshots): what they read, by public names.
+    STRUCTURE_STEPS: ClassVar[Mapping[str, str]] = {
+        "new_leaf": "_new_leaf",
+        "split": "_split",
+        "unlink_leaf": "_unlink_leaf",
+    }
+    """The structural steps :meth:`observe_steps` can wrap, by public name (the Mamba tree adds one)."""
+
+    @property
+    def clock(self) -> int:
+        """The recency clock: the last access time handed out (full and Mamba lists share it)."""
+        return self._clock
+
+    def live_locks(self) -> tuple[LockRef, ...]:
+        """The lock handles ``inc_lock_ref`` returned that are not yet released (no particular order)."""
+        return tuple(self._locks)
+
+    def lru_order(self) -> tuple[TreeNode, ...]:
+        """The nodes of the full (KV) LRU list, least recently used first."""
+        return tuple(self._full_lru.oldest_first())
+
+    def observe_steps(self, wrappers: Mapping[str, StepWrapper]) -> Callable[[], None]:
+        """Wrap this tree's structural steps on the instance, for an observer (the audit recorder):
+        ``wrappers[step]`` receives the bound step and returns what runs in its place. Steps this tree
+        does not have (:data:`STRUCTURE_STEPS`) are skipped. Returns the function that removes the wrappers.
+
+        The steps are where a node comes into being, splits or goes (and, for the Mamba tree, where a state
+        is copied on a match): an observer that wants to record them in order has no public call to wrap.
+        Bad input (not a mapping, an unknown step, a wrapper that is not callable) is ``InvalidArgument``
+        before anything is wrapped.
+        """
+        if not isinstance(wrappers, Mapping):
+            got = type(wrappers).__name__
+            raise InvalidArgument(f"{self.name}.observe_steps: wrappers must be a mapping, got {got}")
+        for step, wrap in wrappers.items():
+            if step not in OBSERVABLE_STEPS:
+                raise InvalidArgument(f"{self.name}.observe_steps: unknown step {step!r}")
+            if not callable(wrap):
+                raise InvalidArgument(f"{self.name}.observe_steps: the wrapper of {step!r} is not callable")
+        wrapped: list[str] = []
+        for step, attr in self.STRUCTURE_STEPS.items():
+            if step in wrappers:
+                setattr(self, attr, wrappers[step](getattr(self, attr)))
+                wrapped.append(attr)
+
+        def undo() -> None:
+            for attr in reversed(wrapped):
+                if attr in vars(self):
+                    delattr(self, attr)
+
+        return undo
 
     # ------------------------------------------------------------------ sizes
     def _total(self) -> int:

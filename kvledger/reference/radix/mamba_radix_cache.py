@@ -33,8 +33,8 @@ I-TOMBSTONE holds in both modes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Literal, cast
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Literal, cast
 
 import torch
 
@@ -119,6 +119,7 @@ class MambaRadixCache(RadixTreeBase):
     """Prefix cache of KV ids plus Mamba state slots at node ends."""
 
     caches_mamba: Literal[True] = True
+    STRUCTURE_STEPS: ClassVar[Mapping[str, str]] = {**RadixTreeBase.STRUCTURE_STEPS, "copy_state": "_copy_state"}
 
     def __init__(
         self,
@@ -152,6 +153,10 @@ class MambaRadixCache(RadixTreeBase):
         # counts.mamba_evictable: state slots of non-tombstone nodes with mamba_lock_ref == 0;
         # counts.mamba_protected: ... with mamba_lock_ref > 0 (both start at 0).
         self.root.mamba_owner = Owner("node.mamba", self.root.id, CACHE_EVICTABLE)
+
+    def mamba_lru_order(self) -> tuple[TreeNode, ...]:
+        """The nodes of the Mamba (state) LRU list, least recently used first (a read-only view)."""
+        return tuple(self._mamba_lru.oldest_first())
 
     @property
     def _m_evictable(self) -> int:
