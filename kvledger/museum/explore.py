@@ -141,7 +141,7 @@ def abstract_state(machine: SchedulerMachine) -> tuple[Any, ...]:
         tuple((b.is_decode, tuple(r.rid for r in b.reqs)) for b in s.inflight),
         None if s.last_prefill is None else tuple(r.rid for r in s.last_prefill.reqs),
     )
-    pools = tuple(pool.available_size() for pool in s.accounting._pools())
+    pools = tuple(pool.available_size() for pool in s.accounting.pools())
     tree = () if s.tree is None else tuple(sorted(_tree_nodes(s.tree)))
     return (reqs, queues, pools, tree, tuple(sorted(s.faults.pending.items())), s.stats.retractions > 0)
 

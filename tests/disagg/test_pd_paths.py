@@ -262,7 +262,7 @@ def test_pd_busy_terms_name_every_holder_and_the_ledger_agrees() -> None:
     assert d_terms["kv"].held == {"pd.decode.transfer": len(PREFIX)}
     assert d_terms["metadata"].held == {"pd.decode.transfer": 1}
     for inst, terms in ((system.prefill, p_terms), (system.decode, d_terms)):
-        inst.accounting._cross_check_ledgers(list(terms.values()))
+        inst.accounting.cross_check_ledgers(list(terms.values()))
     # The busy identity without the PD term is a leak, as SGLang's running-batch-only busy check would see.
     from kvledger.contracts.identity import PoolTerms, check_busy_identity
 

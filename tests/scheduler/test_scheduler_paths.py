@@ -16,7 +16,7 @@ needs_contracts = pytest.mark.skipif(not switch.ENABLED, reason="contracts are o
 
 def _pool_state(sched) -> dict[str, object]:
     out: dict[str, object] = {}
-    for pool in sched.accounting._pools():
+    for pool in sched.accounting.pools():
         out[pool.name] = (
             pool.available_size(),
             dict(pool.ledger.account_sizes()) if pool.ledger.enabled else None,
@@ -130,7 +130,7 @@ def test_abort_from_every_state_releases_everything(state: str, overlap: bool) -
     assert sched.abort(1) is True
     sched.run_until_idle(100)
     assert req.state is ReqState.ABORTED and req.finish_reason == "aborted by client"
-    for pool in sched.accounting._pools():
+    for pool in sched.accounting.pools():
         assert pool.ledger.held_count(req.owner) == 0
     sched.accounting.check_quiescent()
     assert sched.abort(1) is False  # idempotent
@@ -180,7 +180,7 @@ def test_retraction_releases_without_insert_and_requeues() -> None:
     victim = next(r for r in running if r.state is ReqState.WAITING)
     assert victim.is_retracted and victim.owner.account is REQ_WAITING
     assert victim.req_pool_idx is None and victim.lock is None
-    for pool in sched.accounting._pools():
+    for pool in sched.accounting.pools():
         assert pool.ledger.held_count(victim.owner) == 0
     sched.run_until_idle(500)
     for rid in range(3):

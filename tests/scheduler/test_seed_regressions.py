@@ -103,7 +103,7 @@ def test_seed_16067_legacy_false_positive_ledger_names_holder() -> None:
     terms = {t.pool: t for t in sched.accounting.pool_terms()}
     check_busy_identity(terms["mamba"])
     assert terms["mamba"].held == {REQ_WAITING.name: 1}
-    sched.accounting._cross_check_ledgers(list(terms.values()))
+    sched.accounting.cross_check_ledgers(list(terms.values()))
     assert sched.mamba_pool.ledger.owner_of(slot) is req.owner
     assert not sched.is_quiescent()  # so the idle identity must not be asserted here
 

@@ -149,7 +149,7 @@ class PDMachine(RuleBasedStateMachine):
             terms = inst.accounting.pool_terms()
             for t in terms:
                 check_busy_identity(t)
-            inst.accounting._cross_check_ledgers(terms)
+            inst.accounting.cross_check_ledgers(terms)
             inst.check_handles_owned()
             inst.check_ended_requests_released()
             check_queues(inst)

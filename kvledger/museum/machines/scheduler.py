@@ -233,10 +233,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         recount = accounting.pool_terms()
         for terms in recount:
             check_busy_identity(terms)
-        accounting._cross_check_ledgers(recount)
+        accounting.cross_check_ledgers(recount)
         # The after-step identity is incremental: its sums must equal the full recount after every rule.
-        accounting._check_incremental(accounting.terms(), recount)
-        for pool in accounting._pools():
+        accounting.check_incremental(accounting.terms(), recount)
+        for pool in accounting.pools():
             pool.audit()
         if sched.tree is not None:
             sched.tree.audit()

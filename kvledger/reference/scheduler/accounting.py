@@ -21,11 +21,12 @@ import os
 from collections import Counter
 from collections.abc import Mapping
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kvledger.contracts.diagnosis import diagnose
 from kvledger.contracts.errors import ContractViolation, IdentityFailure
 from kvledger.contracts.identity import PoolTerms, check_busy_identity, check_idle_identity
+from kvledger.contracts.ledger import AnyLedger
 from kvledger.contracts.owners import (
     CACHE_EVICTABLE,
     CACHE_PROTECTED,
@@ -34,6 +35,7 @@ from kvledger.contracts.owners import (
     Owner,
 )
 from kvledger.contracts.pool_kinds import UNITS, PoolKind
+from kvledger.contracts.protocols import IdPool
 from kvledger.contracts.switch import ENABLED
 from kvledger.reference.scheduler import census
 from kvledger.reference.scheduler.counters import free_reader
@@ -92,7 +94,7 @@ class Accounting:
         self._last_terms: tuple[int, list[PoolTerms]] | None = None
         # The pools' ledgers and sizes, by kind name (their counters are read through ``memory.counters``).
         pools = {k.name: getattr(scheduler, k.attr) for k in self.kinds}
-        self._ledgers: dict[str, Any] = {name: pool.ledger for name, pool in pools.items()}
+        self._ledgers: dict[str, AnyLedger] = {name: pool.ledger for name, pool in pools.items()}
         self._sizes: dict[str, int] = {name: pool.size for name, pool in pools.items()}
         self._free = {name: free_reader(pool) for name, pool in pools.items()}  # (free, pending) readers
 
@@ -262,9 +264,9 @@ class Accounting:
         self._last_terms = (self.s.step_no, terms)
         for t in terms:
             check_busy_identity(t, self.culprits)
-        self._cross_check_ledgers(terms)
+        self.cross_check_ledgers(terms)
         if self.recount_every_step:
-            self._check_incremental(terms, self.pool_terms())
+            self.check_incremental(terms, self.pool_terms())
             if self.s.memory.tracking is not None:  # Mamba V2: every live request, not only the changed
                 self.s.memory.tracking.check_requests(self.s.live_requests())
         self.checks_run += 1
@@ -313,17 +315,18 @@ class Accounting:
             raise ContractViolation(f"I-QUIESCENT: check_quiescent outside quiescence: {self.s.describe_queues()}")
         recount = self.pool_terms()
         if ENABLED:
-            self._check_incremental(terms if terms is not None else self.terms(), recount)
+            self.check_incremental(terms if terms is not None else self.terms(), recount)
         for t in recount:
             check_idle_identity(t, self.culprits)
-        for pool in self._pools():
+        for pool in self.pools():
             pool.audit()
         if self.s.tree is not None:
             self.s.tree.audit()
         self.s.stats.idle_checks += 1
 
-    def _check_incremental(self, incremental: list[PoolTerms], recount: list[PoolTerms]) -> None:
-        """The incremental sums must equal a full recount of the requests' bookkeeping."""
+    def check_incremental(self, incremental: list[PoolTerms], recount: list[PoolTerms]) -> None:
+        """I-COUNT: the incremental sums must equal a full recount of the requests' bookkeeping (a test
+        machine checks this after every rule, not only at quiescence)."""
         for inc, full in zip(incremental, recount, strict=True):
             if inc != full:
                 raise ContractViolation(
@@ -357,14 +360,15 @@ class Accounting:
                         f" that in-flight {b!r} advances or captures into"
                     )
 
-    def _pools(self) -> list[Any]:
+    def pools(self) -> list[IdPool]:
+        """The pools the identity covers (:meth:`pools_by_name` in order)."""
         return list(self.pools_by_name().values())
 
-    def pools_by_name(self) -> dict[str, Any]:
+    def pools_by_name(self) -> dict[str, IdPool]:
         """The pools the identity covers, keyed by the ``PoolTerms.pool`` name of their terms."""
         return {k.name: getattr(self.s, k.attr) for k in self.kinds}
 
-    def _cross_check_ledgers(self, terms: list[PoolTerms]) -> None:
+    def cross_check_ledgers(self, terms: list[PoolTerms]) -> None:
         """I-LEDGER-AGREES: every identity term equals the ledger account of the same name."""
         for t in terms:
             ledger = self._ledgers[t.pool]
@@ -390,7 +394,7 @@ class Accounting:
             if diff:
                 raise ContractViolation(self._explain(t, ledger, diff))
 
-    def _explain(self, terms: PoolTerms, ledger: Any, diff: dict[str, tuple[int, int]]) -> str:
+    def _explain(self, terms: PoolTerms, ledger: AnyLedger, diff: dict[str, tuple[int, int]]) -> str:
         """Name the request(s) whose bookkeeping disagrees with the ledger, and the ids in question."""
         return "\n".join(
             [

@@ -51,7 +51,7 @@ AREA = Area(
             origin=Origin.KVLEDGER,
             parts=(*ALL, "ledger"),
             checks=(
-                contract(f"{ACCOUNTING}:Accounting._cross_check_ledgers"),
+                contract(f"{ACCOUNTING}:Accounting.cross_check_ledgers"),
                 contract(f"{ACCOUNTING}:Accounting._explain", "names the request and the ids in dispute"),
             ),
             exercised_by=(MACHINE,),
