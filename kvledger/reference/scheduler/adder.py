@@ -24,12 +24,11 @@ import enum
 import functools
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
 
 from kvledger.contracts.arith import ceil_to_page, floor_to_page, remaining_new_tokens_clipped
 from kvledger.contracts.mamba_track import mamba_slot_demand
 from kvledger.contracts.owners import REQ_CHUNKED, REQ_RUNNING
-from kvledger.contracts.protocols import AnyPrefixCache, KVAllocator, MambaStatePool, ReqRowPool
+from kvledger.contracts.protocols import AnyPrefixCache, KVAllocator, MambaStatePool, NodeLike, ReqRowPool
 from kvledger.reference.scheduler.config import SchedulerConfig
 from kvledger.reference.scheduler.counters import Counters
 from kvledger.reference.scheduler.request import Req
@@ -164,7 +163,7 @@ class PrefillAdder:
             self.mamba_reserved += self._mamba_demand(req)
 
     @contextmanager
-    def _lock_node(self, node: Any) -> Iterator[None]:
+    def _lock_node(self, node: NodeLike | None) -> Iterator[None]:
         """A temporary lock while re-checking: locking can shrink what is evictable."""
         if self.tree is None or node is None:
             yield

@@ -13,13 +13,13 @@ O(pool + tree + live requests): only ever built after a check has failed.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
 from kvledger.contracts.diagnosis import Census
 from kvledger.contracts.owners import FREE_LIST, Owner
 from kvledger.contracts.pool_kinds import CacheSide
+from kvledger.contracts.protocols import IdPool
 from kvledger.contracts.tree_checks import collect_nodes
 from kvledger.reference.pools.id_free_list import free_list_of
 from kvledger.reference.scheduler.request import Req
@@ -29,7 +29,7 @@ from kvledger.reference.scheduler.state import SchedulerState
 def census(
     s: SchedulerState,
     pool: str,
-    obj: Any,
+    obj: IdPool,
     ids_of: Callable[[Req], set[int]],
     *,
     cached: CacheSide | None = None,

@@ -14,14 +14,13 @@ an adapter) is read through its public accessors.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from kvledger.contracts.pool_kinds import CacheSide
-from kvledger.contracts.protocols import AnyPrefixCache, KVAllocator, MambaStatePool, ReqRowPool
+from kvledger.contracts.protocols import AnyPrefixCache, IdPool, KVAllocator, MambaStatePool, ReqRowPool
 from kvledger.reference.pools.id_free_list import free_list_of
 
 
-def free_reader(pool: Any) -> tuple[Callable[[], int], Callable[[], int]]:
+def free_reader(pool: IdPool) -> tuple[Callable[[], int], Callable[[], int]]:
     """(free units, pending units) of ``pool``: from its free list, or its public accessors."""
     try:
         ids = free_list_of(pool)

@@ -8,7 +8,6 @@ wiring that would corrupt silently: a tree built over another allocator or anoth
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from kvledger.contracts.errors import InvalidArgument, KVLedgerError
 
@@ -25,20 +24,21 @@ class UnknownRequest(KVLedgerError):
     """A request id or request object this scheduler does not know (never added, or another scheduler's)."""
 
 
-def _check_api(obj: Any, api: tuple[str, ...], what: str) -> None:
+# The arguments are typed ``object``: a caller may pass anything, and these checks decide what it is.
+def _check_api(obj: object, api: tuple[str, ...], what: str) -> None:
     missing = [name for name in api if not hasattr(obj, name)]
     if obj is None or missing:
         raise InvalidArgument(f"Scheduler: {what} {type(obj).__name__} lacks {missing}")
 
 
 def check_collaborators(
-    config: Any,
-    kv_allocator: Any,
-    req_to_token_pool: Any,
-    mamba_pool: Any,
-    tree: Any,
-    runner: Any,
-    on_step: Any,
+    config: object,
+    kv_allocator: object,
+    req_to_token_pool: object,
+    mamba_pool: object,
+    tree: object,
+    runner: object,
+    on_step: object,
 ) -> None:
     """The scheduler's pools, tree, runner and callback, and how they are wired to each other."""
     from kvledger.reference.scheduler.config import SchedulerConfig
@@ -54,7 +54,7 @@ def check_collaborators(
         built_on = getattr(tree, "token_to_kv_pool_allocator", kv_allocator)
         if built_on is not kv_allocator:
             raise InvalidArgument("Scheduler: the tree caches another allocator's KV, not kv_allocator's")
-        if tree.caches_mamba:
+        if getattr(tree, "caches_mamba", False):  # in TREE_API: present
             if mamba_pool is None:
                 raise InvalidArgument("Scheduler: a Mamba radix cache needs the mamba_pool it caches states of")
             if getattr(tree, "mamba_pool", mamba_pool) is not mamba_pool:
@@ -63,7 +63,7 @@ def check_collaborators(
         raise InvalidArgument(f"Scheduler: runner {type(runner).__name__} has no forward()")
     if on_step is not None and not callable(on_step):
         raise InvalidArgument(f"Scheduler: on_step must be callable, got {type(on_step).__name__}")
-    devices = {str(p.device) for p in (kv_allocator, req_to_token_pool, mamba_pool) if p is not None}
+    devices = {str(getattr(p, "device", None)) for p in (kv_allocator, req_to_token_pool, mamba_pool) if p is not None}
     if len(devices) > 1:
         raise InvalidArgument(f"Scheduler: the pools are on different devices {sorted(devices)}")
 
@@ -76,7 +76,7 @@ its holder still keeps: a scheduler refuses one that is live or among the ended 
 (``SchedulerConfig.finished_window``); a PD system keeps every request, so its ids never repeat."""
 
 
-def check_rid(rid: Any) -> int:
+def check_rid(rid: object) -> int:
     """A request id by the rule of :data:`MAX_RID` (its uniqueness is the caller's table's business)."""
     if isinstance(rid, bool) or not isinstance(rid, int):
         raise InvalidArgument(f"a request id is an int, got {type(rid).__name__} {rid!r}")
@@ -85,7 +85,7 @@ def check_rid(rid: Any) -> int:
     return rid
 
 
-def check_prompt(rid: int, prompt: Any, vocab_size: int | None) -> list[int]:
+def check_prompt(rid: int, prompt: object, vocab_size: int | None) -> list[int]:
     """A non-empty list or tuple of token ids: ints in ``[0, vocab_size)`` (the runner's vocabulary, when
     it has one). One pass over the types, two over the values: O(len(prompt)), once per request."""
     if not isinstance(prompt, (list, tuple)) or not prompt:
@@ -104,7 +104,7 @@ def check_prompt(rid: int, prompt: Any, vocab_size: int | None) -> list[int]:
     return list(prompt)
 
 
-def check_max_new_tokens(rid: int, max_new_tokens: Any) -> int:
+def check_max_new_tokens(rid: int, max_new_tokens: object) -> int:
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise InvalidArgument(f"request {rid}: max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
     return max_new_tokens
