@@ -516,7 +516,8 @@ class RadixCacheMachine(RuleBasedStateMachine):
             self.max_tombstones = max(self.max_tombstones, len(self.tombstones()))
         for r in self.reqs:
             if self.alloc.ledger.enabled:
-                pages_of_req = self.cache._kv.ledger_ids(r.own).tolist()
+                own = r.own  # whole pages in slot order: the ledger's ids are their pages
+                pages_of_req = (own if self.alloc.page_size == 1 else self.alloc.pages_of(own)).tolist()
                 owners = [self.alloc.ledger.owner_of(p) for p in pages_of_req]
                 if not all(o is r.owner and o is not FREE_LIST for o in owners):
                     raise violation("I-HANDLE-OWNED", f"{r.owner!r}'s own KV ids {pages_of_req} are owned by {owners}")

@@ -9,15 +9,19 @@ node clears its links, so evicted nodes do not keep each other alive (B13).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from kvledger.contracts.errors import ContractViolation
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kvledger.reference.radix.tree_node import TreeNode
 
 
 class _Sentinel:
     __slots__ = ("links",)
 
     def __init__(self) -> None:
+        # Intrusive links hold nodes, the two sentinels or None (typed where they leave the list).
         self.links: list[Any] = [None, None, None, None]
 
 
@@ -39,10 +43,10 @@ class LRUList:
     def __len__(self) -> int:
         return self._size
 
-    def __contains__(self, node: Any) -> bool:
+    def __contains__(self, node: TreeNode) -> bool:
         return node.links[self._p] is not None
 
-    def _link_after(self, before: Any, node: Any) -> None:
+    def _link_after(self, before: TreeNode | _Sentinel, node: TreeNode) -> None:
         p, n = self._p, self._n
         after = before.links[n]
         node.links[p] = before
@@ -50,7 +54,7 @@ class LRUList:
         before.links[n] = node
         after.links[p] = node
 
-    def _unlink(self, node: Any) -> None:
+    def _unlink(self, node: TreeNode) -> None:
         p, n = self._p, self._n
         links = node.links
         links[p].links[n] = links[n]
@@ -58,35 +62,35 @@ class LRUList:
         links[p] = None
         links[n] = None
 
-    def push_mru(self, node: Any) -> None:
+    def push_mru(self, node: TreeNode) -> None:
         """Add a node not in the list as the most recent."""
         if node.links[self._p] is not None:
             raise ContractViolation(f"I-LRU-ORDER: {node!r} is already in the {self.label} list")
         self._link_after(self._head, node)
         self._size += 1
 
-    def move_to_mru(self, node: Any) -> None:
+    def move_to_mru(self, node: TreeNode) -> None:
         """Make a listed node the most recent."""
         self._unlink(node)
         self._link_after(self._head, node)
 
-    def remove(self, node: Any) -> None:
+    def remove(self, node: TreeNode) -> None:
         self._unlink(node)
         self._size -= 1
 
-    def oldest(self) -> Any:
+    def oldest(self) -> TreeNode | None:
         """The least recent node, or None when empty."""
         node = self._tail.links[self._p]
-        return None if node is self._head else node
+        return None if node is self._head else cast("TreeNode", node)
 
-    def newer(self, node: Any) -> Any:
+    def newer(self, node: TreeNode) -> TreeNode | None:
         """The next more recent node than a listed ``node``, or None."""
         nxt = node.links[self._p]
-        return None if nxt is self._head else nxt
+        return None if nxt is self._head else cast("TreeNode", nxt)
 
-    def oldest_first(self) -> list[Any]:
+    def oldest_first(self) -> list[TreeNode]:
         """The members, least recent first; checks that the links agree both ways (audit)."""
-        out: list[Any] = []
+        out: list[TreeNode] = []
         node = self._tail.links[self._p]
         prev_seen = self._tail
         while node is not self._head:
@@ -103,5 +107,5 @@ class LRUList:
             )
         return out
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[TreeNode]:
         return iter(self.oldest_first())

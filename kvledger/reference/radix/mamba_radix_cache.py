@@ -68,7 +68,7 @@ def check_mamba_pool(pool: Any, self_device: torch.device | None) -> Any:
     return pool
 
 
-def mamba_counters_agree(cache: Any) -> bool:
+def mamba_counters_agree(cache: MambaRadixCache) -> bool:
     """The cheap form of I-MAMBA-DEF: state counters == the Mamba ledger's CACHE_* accounts."""
     led = cache._m_ledger
     if not led.enabled:
@@ -83,7 +83,7 @@ def _attr_of_node(lock_or_node: Any, attr: str) -> int | None:
     return getattr(node, attr) if isinstance(node, TreeNode) else None
 
 
-def _branching_is_v2s(cache: Any, result: MatchResult) -> bool:
+def _branching_is_v2s(cache: MambaRadixCache, result: MatchResult) -> bool:
     """I-BRANCHING: V1 never reports a branching point; V2 reports one on its chunk grid. (It may lie at or
     below the returned state, as in SGLang: the scheduler only uses one inside the request's extend.)"""
     b = result.mamba_branching_seqlen
@@ -92,7 +92,7 @@ def _branching_is_v2s(cache: Any, result: MatchResult) -> bool:
     return b > 0 and b % cache.mamba_cache_chunk_size == 0
 
 
-def _cow_slot_is_callers(cache: Any, cow_owner: Any, result: MatchResult) -> bool:
+def _cow_slot_is_callers(cache: MambaRadixCache, cow_owner: object, result: MatchResult) -> bool:
     if result.cow_slot is None:
         return True
     if cow_owner is None or result.cow_slot.numel() != 1:

@@ -34,7 +34,7 @@ from kvledger.reference.radix.results import LockRef, MatchResult
 from kvledger.reference.radix.tree_node import TreeNode
 
 
-def kv_counters_agree(cache: Any) -> bool:
+def kv_counters_agree(cache: RadixTreeBase) -> bool:
     """The cheap form of I-PROTECTED-DEF: token counters == the ledger's CACHE_* accounts x unit.
 
     Only cache nodes ever hold ids in CACHE_EVICTABLE/CACHE_PROTECTED, so the ledger's account sizes are
