@@ -49,7 +49,7 @@ class LedgerState:
             holdings=holdings,
             account_sizes=tuple(sorted(ledger.account_sizes().items())),
             step=ledger.step,
-            log_len=len(ledger._log),
+            log_len=ledger.logged_moves(),
         )
 
 

@@ -68,7 +68,7 @@ def test_finished_requests_and_their_owners_are_released(n: int, monkeypatch: py
         ledger = pool.ledger
         registered = ledger.registered()
         assert not [o for o in registered if o.kind == "req"], f"{ledger!r} keeps request owners registered"
-        assert len(ledger._log) <= HISTORY, "the move log outgrew its ring"
+        assert ledger.logged_moves() <= HISTORY, "the move log outgrew its ring"
         leaked = [x for entry in ledger._log._entries for x in entry if isinstance(x, Owner)]
         assert not leaked, "the move log keeps owners alive"
     assert sched.accounting.tracked_requests() == 0
