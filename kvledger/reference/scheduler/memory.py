@@ -155,8 +155,8 @@ class ReqMemory:
 
     def _evict_kv_for(self, tokens: int) -> None:
         short = tokens - self.counters.kv_available()
-        if short > 0 and self.tree is not None:
-            self.tree.evict(short)
+        if short > 0:
+            self.path.evict_kv(short)
 
     def _evict_mamba_for(self, slots: int) -> None:
         short = slots - self.counters.mamba_available()

@@ -58,6 +58,10 @@ class CachePath(Protocol):
         """Match ``key``; with ``cow`` (Mamba cache) copy the matched state into the request's slot."""
         ...
 
+    def evict_kv(self, tokens: int) -> None:
+        """Evict ``tokens`` of cached KV (nothing to evict without a cache)."""
+        ...
+
     def evict_states(self, slots: int) -> None:
         """Evict ``slots`` cached Mamba states (nothing to evict without a Mamba cache)."""
         ...

@@ -48,6 +48,9 @@ class MambaV1Path(NoTracking):
             stale = True
         return Matched(res.device_indices, res.last_node, stale)
 
+    def evict_kv(self, tokens: int) -> None:
+        self.tree.evict(tokens)
+
     def evict_states(self, slots: int) -> None:
         self.tree.evict_mamba(slots)
 

@@ -27,6 +27,9 @@ class NoCachePath(NoTracking):
     def match(self, req: Req, key: list[int], *, cow: bool) -> Matched:
         return Matched(self._empty, None)
 
+    def evict_kv(self, tokens: int) -> None:
+        return None  # nothing cached
+
     def cache_unfinished(self, req: Req) -> None:
         return None
 
@@ -48,6 +51,9 @@ class RadixPath(NoTracking):
     def match(self, req: Req, key: list[int], *, cow: bool) -> Matched:
         res = self.tree.match_prefix(key)
         return Matched(res.device_indices, res.last_node)
+
+    def evict_kv(self, tokens: int) -> None:
+        self.tree.evict(tokens)
 
     def cache_unfinished(self, req: Req) -> None:
         cache_len = floor_to_page(req.kv_committed_len, self.page_size)
