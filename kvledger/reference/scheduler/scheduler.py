@@ -551,7 +551,7 @@ class Scheduler:
     def _decode_fits(self) -> bool:
         counters = self.memory.counters
         spec = self.speculative
-        demand = self.memory.decode_demand_tokens(self.running) if spec is None else spec.decode_demand_tokens(self.running)
+        demand = (self.memory if spec is None else spec).decode_demand_tokens(self.running)
         return demand <= counters.kv_available() + counters.kv_evictable()
 
     def _retract_until_decode_fits(self) -> list[Req]:

@@ -177,7 +177,9 @@ class SpecDecoding:
         self.stats.over_allocation_peak = max(self.stats.over_allocation_peak, over)
         rows = self.s.req_to_token_pool
         starts = [self.data_start(r) for r in reqs]
-        return torch.cat([rows.read(r.req_pool_idx, c, c + self.num_positions) for r, c in zip(reqs, starts, strict=True)])
+        return torch.cat(
+            [rows.read(r.req_pool_idx, c, c + self.num_positions) for r, c in zip(reqs, starts, strict=True)]
+        )
 
     def _evict_for(self, tokens: int) -> None:
         short = tokens - self.s.memory.counters.kv_available()
@@ -249,7 +251,9 @@ class SpecDecoding:
         if verifier is not None:
             plan.tokens = verifier(batch.reqs, plan, batch.out_cache_loc, self.s.memory.tracking)
         else:
-            plan.tokens = [self._hash_verify(r, n, plan.eos) for r, n in zip(batch.reqs, plan.drawn, strict=True)]
+            plan.tokens = [
+                self._hash_verify(r, n, plan.eos) for r, n in zip(batch.reqs, plan.drawn, strict=True)
+            ]
         batch.next_token_ids = [toks[-1] for toks in plan.tokens]
         for req, toks in zip(batch.reqs, plan.tokens, strict=True):
             req.pending_output_ids.extend(toks)
