@@ -14,6 +14,7 @@ from kvledger.contracts.errors import InvalidArgument
 from kvledger.contracts.mamba_track import FLA_CHUNK_SIZE
 from kvledger.reference.config_fields import Count, Size, allocating, check_fields, check_fits_memory
 from kvledger.reference.model import TinyHybridConfig, TinyHybridRunner, TinyHybridWeights
+from kvledger.reference.model.speculative import SpeculativeTinyRunner
 from kvledger.reference.pools import (
     KVBufferPool,
     MambaPool,
@@ -221,7 +222,8 @@ def _build_parts(spec: EngineSpec, config: SchedulerConfig) -> EngineParts:
             kv, num_layers=1, num_kv_heads=c.num_heads, head_dim=c.head_dim
         )
         kv.attach_kv_buffer(kv_buffer)  # debug builds: zero on alloc, poison on free
-        runner = TinyHybridRunner(
+        runner_class = TinyHybridRunner if spec.speculative is None else SpeculativeTinyRunner
+        runner = runner_class(
             model,
             kv_buffer=kv_buffer,
             req_to_token_pool=rows,

@@ -25,9 +25,15 @@ CONFIGS = [
 ]
 
 
-def engine(page: int, overlap: bool, strategy: str, topk: int, *, rate: float = 0.6, kv: int = 2048) -> Scheduler:
+def engine(
+    page: int, overlap: bool, strategy: str, topk: int, *, rate: float = 0.6, kv: int = 2048
+) -> Scheduler:
     spec = SpeculativeConfig(num_steps=3, topk=topk, num_draft_tokens=4, accept_rate=rate, seed=1)
-    v2 = {"mamba_track_interval": 16 if page == 1 else 32, "mamba_chunk_size": 8} if strategy == "extra_buffer" else {}
+    v2 = (
+        {"mamba_track_interval": 16 if page == 1 else 32, "mamba_chunk_size": 8}
+        if strategy == "extra_buffer"
+        else {}
+    )
     return build_engine(
         EngineSpec(
             page_size=page,

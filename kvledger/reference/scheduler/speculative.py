@@ -175,7 +175,7 @@ class SpecDecoding:
             undo.append((req, start, new))
         over = sum(r.kv_allocated_len - r.kv_committed_len for r in self.s.running)
         self.stats.over_allocation_peak = max(self.stats.over_allocation_peak, over)
-        rows = self.s.req_to_token_pool
+        rows: Any = self.s.req_to_token_pool  # every verified request holds a row
         starts = [self.data_start(r) for r in reqs]
         return torch.cat(
             [rows.read(r.req_pool_idx, c, c + self.num_positions) for r, c in zip(reqs, starts, strict=True)]
@@ -188,7 +188,8 @@ class SpecDecoding:
 
     def _alloc(self, req: Req, start: int, end: int) -> torch.Tensor | None:
         """KV for positions ``[start, end)`` of the request's row; returns the ids taken off the free list."""
-        kv, rows = self.s.kv_allocator, self.s.req_to_token_pool
+        kv: Any = self.s.kv_allocator  # a paged allocator at page > 1 (alloc_extend)
+        rows = self.s.req_to_token_pool
         assert req.req_pool_idx is not None
         if self.page_size == 1:
             loc = kv.alloc(end - start, req.owner)
@@ -221,9 +222,9 @@ class SpecDecoding:
             )
 
     def data_start(self, req: Req) -> int:
-        """Where the verify starts on the data plane: the committed length plus the tokens of a batch still
-        in flight (overlap), whose KV the data plane already has."""
-        return req.kv_committed_len + len(req.pending_output_ids)
+        """Where the verify starts on the data plane: every token of the context but the last has its KV
+        there (with overlap, also the tokens of a batch whose results are not processed yet)."""
+        return len(req.origin_input_ids) + len(req.output_ids) + len(req.pending_output_ids) - 1
 
     # ------------------------------------------------------------------ the batch
     def new_batch(self, reqs: list[Req], out_cache_loc: torch.Tensor) -> ScheduleBatch:
@@ -249,7 +250,7 @@ class SpecDecoding:
         plan: VerifyPlan = batch.spec
         verifier = getattr(self.s.runner, "verify_drafts", None)
         if verifier is not None:
-            plan.tokens = verifier(batch.reqs, plan, batch.out_cache_loc, self.s.memory.tracking)
+            plan.tokens = verifier(batch.reqs, plan, batch.out_cache_loc, self)
         else:
             plan.tokens = [
                 self._hash_verify(r, n, plan.eos) for r, n in zip(batch.reqs, plan.drawn, strict=True)

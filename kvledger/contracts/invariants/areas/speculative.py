@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
-from kvledger.contracts.invariants.model import Area, Invariant, Origin, Severity, contract, input_check
+from kvledger.contracts.invariants.model import (
+    Area,
+    Invariant,
+    Origin,
+    Severity,
+    contract,
+    input_check,
+    oracle,
+)
 
 SPEC = "kvledger/reference/scheduler/speculative.py"
 SPEC_CONFIG = "kvledger/reference/scheduler/spec_config.py"
+MODEL = "kvledger/reference/model/speculative.py"
 SCHED_MACHINES = ("kvledger/museum/machines/scheduler.py:SchedulerMachine",)
 PARTS = ("speculative", "scheduler", "kv-token-pool", "kv-page-pool", "req-rows")
 
@@ -70,6 +79,30 @@ AREA = Area(
                 contract(f"{SPEC}:SpecDecoding.check_requests", "after every step"),
             ),
             exercised_by=SCHED_MACHINES,
+        ),
+        Invariant(
+            id="I-SPEC-STATE",
+            title="after a verify, the recurrent state is the accepted prefix's",
+            statement=(
+                "A verify advances the working Mamba state through every drafted position; afterwards the"
+                " working slot holds exactly the state after the kept tokens (the accepted drafts and the"
+                " bonus, cut at the finish), never a rejected draft's update. Mamba V2 captures only at an"
+                " accepted position: the tracked length is a multiple of `mamba_track_interval` in"
+                " `(start, kv_committed_len]` (I-TRACK-POINT), and the tracking half holds that prefix's state."
+            ),
+            severity=Severity.BUG,
+            origin=Origin.SGLANG,
+            parts=("speculative", "model-runner", "mamba-pool", "mamba-v2"),
+            upstream=(
+                "N3: vLLM PR #55178 (a padded tail persisted the state after placeholders)",
+                "SGLang PR #35821 (clamp the speculative track step)",
+            ),
+            checks=(
+                oracle(f"{MODEL}:check_state_at_committed", "the working state against the model run alone"),
+            ),
+            exercised_by=(
+                "tests/model/test_speculative_oracle.py:test_verify_leaves_the_accepted_prefix_state",
+            ),
         ),
     ),
 )
