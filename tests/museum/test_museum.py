@@ -65,10 +65,12 @@ def _resolve(dotted: str) -> object:
     import kvledger.reference.radix as radix
     import kvledger.reference.scheduler.memory as memory
     import kvledger.reference.scheduler.scheduler as scheduler
+    import kvledger.reference.scheduler.spec_config as spec_config
+    import kvledger.reference.scheduler.speculative as speculative
     import kvledger.reference.scheduler.tracking as tracking
 
     owner_name, attr = dotted.rsplit(".", 1)
-    for module in (scheduler, memory, tracking, radix, channel, decode, instance, prefill):
+    for module in (scheduler, memory, tracking, radix, channel, decode, instance, prefill, speculative, spec_config):
         if hasattr(module, owner_name):
             return vars(getattr(module, owner_name)).get(attr)
     return getattr(importlib.import_module(owner_name), attr)

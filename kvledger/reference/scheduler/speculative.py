@@ -205,7 +205,6 @@ class SpecDecoding:
         req.kv_allocated_len = end
         return new
 
-    @seam
     def write_row(self, req: Req, start: int, loc: torch.Tensor) -> None:
         """``req_to_token[row, start:start+len(loc)] = loc`` (the row was checked wide enough)."""
         assert req.req_pool_idx is not None
