@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvledger.contracts import spec_footprint as footprint
 from kvledger.contracts.errors import InvalidArgument
 from kvledger.contracts.seams import seam
 from kvledger.reference.config_fields import Size, check_fields
@@ -72,21 +73,15 @@ class SpeculativeConfig:
 
     def alloc_len_per_decode(self, page_size: int) -> int:
         """KV tokens one request may allocate in one speculative decode step (SGLang's formula)."""
-        if page_size == 1 or self.topk == 1:
-            return max(self.num_steps * self.topk, self.num_draft_tokens)
-        pages_per_branch = (page_size - 1 + self.num_steps + page_size - 1) // page_size
-        return max(pages_per_branch * page_size * self.topk, self.num_draft_tokens)
+        return footprint.alloc_len_per_decode(self.num_steps, self.topk, self.num_draft_tokens, page_size)
 
     def reserve(self, page_size: int, overlap: bool) -> int:
         """KV tokens a request holds beyond its committed length before a verify: one step's allocation,
         two with the overlap scheduler (the committed length lags one step)."""
-        return (2 if overlap else 1) * self.alloc_len_per_decode(page_size)
+        return footprint.reserve(self.num_steps, self.topk, self.num_draft_tokens, page_size, overlap)
 
     @seam
     def row_headroom(self, page_size: int, overlap: bool) -> int:
         """Row positions needed beyond the context length: SGLang's ``4 + num_draft_tokens``, and at page > 1
         the reserve plus a partly filled page (PR #26972)."""
-        extra = 4 + self.num_draft_tokens
-        if page_size > 1:
-            extra = max(extra, self.reserve(page_size, overlap) + page_size - 1)
-        return max(extra, self.reserve(page_size, overlap))
+        return footprint.row_headroom(self.num_steps, self.topk, self.num_draft_tokens, page_size, overlap)
