@@ -6,6 +6,7 @@ from kvledger.reference.scheduler.config import SchedulerConfig
 from kvledger.reference.scheduler.request import Req, ReqState
 from kvledger.reference.scheduler.runner import HashTokenRunner, ModelRunner, hash_next_token
 from kvledger.reference.scheduler.scheduler import FaultInjector, Scheduler, SchedulerStats, UnknownRequest
+from kvledger.reference.scheduler.spec_config import RowTooNarrow, SpeculativeConfig
 
 __all__ = [
     "AddReqResult",
@@ -15,10 +16,12 @@ __all__ = [
     "PrefillAdder",
     "Req",
     "ReqState",
+    "RowTooNarrow",
     "ScheduleBatch",
     "Scheduler",
     "SchedulerConfig",
     "SchedulerStats",
+    "SpeculativeConfig",
     "UnknownRequest",
     "hash_next_token",
 ]
