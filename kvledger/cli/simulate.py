@@ -120,6 +120,27 @@ def add_parser(sub: Any) -> None:
         ),
     )
 
+    sp = s.add_argument_group("speculative decoding (EAGLE/MTP, spec/speculative.md)")
+    sp.add_argument(
+        "--speculative", metavar="K", type=int_in(0, 64), default=0,
+        help=(
+            "draft K tokens per decode step (num_steps K, num_draft_tokens K + 1) and verify them: the KV of"
+            " the drafts is over-allocated before the verify, the rejected tail given back after; 0 is off"
+            " (default: %(default)s)"
+        ),
+    )  # fmt: skip
+    sp.add_argument(
+        "--speculative-topk", metavar="N", type=int_in(1, 16), default=1,
+        help="draft tree branching (topk > 1 widens the over-allocation at --page-size > 1) (default: %(default)s)",
+    )  # fmt: skip
+    sp.add_argument(
+        "--speculative-accept-rate", metavar="P", type=probability, default=0.7,
+        help=(
+            "acceptance distribution: each draft is accepted with probability P if every earlier one was"
+            " (a geometric count truncated at K, seeded by --seed) (default: %(default)s)"
+        ),
+    )  # fmt: skip
+
     d = s.add_argument_group("prefill/decode disaggregation")
     d.add_argument(
         "--pd",
@@ -256,6 +277,9 @@ def _sim_options(ns: argparse.Namespace) -> Any:
         mamba_strategy=ns.mamba_strategy,
         mamba_track_interval=ns.mamba_track_interval,
         mamba_chunk_size=ns.mamba_chunk_size,
+        speculative=ns.speculative,
+        speculative_topk=ns.speculative_topk,
+        speculative_accept_rate=ns.speculative_accept_rate,
     )
 
 

@@ -89,6 +89,8 @@ def _ineffective() -> list[tuple[str, str, Callable[[argparse.Namespace], bool]]
     rows += [(d, "--no-radix-cache", lambda n: n.no_radix_cache) for d in ("mamba_strategy", *v2_only)]
     rows += [(d, "--mamba-strategy no_buffer", lambda n: n.mamba_strategy == "no_buffer") for d in v2_only]
     rows += [(d, "a run without --pd", lambda n: not n.pd) for d in pd_only]
+    spec_only = ("speculative_topk", "speculative_accept_rate")
+    rows += [(d, "a run without --speculative", lambda n: not n.speculative) for d in spec_only]
     return rows
 
 
@@ -99,6 +101,8 @@ def _conflict(ns: argparse.Namespace) -> str | None:
     named = Named(ns)
     for dest, other, cancels in INEFFECTIVE:
         if named.set(dest) and cancels(ns):
+            if other == "a run without --speculative":
+                return f"{option(dest)} applies to --speculative runs only: add --speculative K or drop {option(dest)}"
             if other.startswith("a run"):
                 return f"{option(dest)} applies to --pd runs only: add --pd or drop {option(dest)}"
             return f"{option(dest)} has no effect with {other}: drop one of them"
@@ -107,9 +111,17 @@ def _conflict(ns: argparse.Namespace) -> str | None:
 
 # ------------------------------------------------------------------ combinations the engine refuses
 def _kv_tokens_needed(ns: argparse.Namespace) -> int:
-    """KV slots one request needs alone, with a spare page (the scheduler's rejection rule)."""
-    pages = -(-_context(ns) // ns.page_size)
+    """KV slots one request needs alone, with a spare page (the scheduler's rejection rule); with
+    speculative decoding also the over-allocation it holds before its last verify."""
+    pages = -(-(_context(ns) + _speculative_reserve(ns)) // ns.page_size)
     return (pages + 1) * ns.page_size
+
+
+def _speculative_reserve(ns: argparse.Namespace) -> int:
+    from kvledger.contracts.spec_footprint import reserve
+
+    k = ns.speculative
+    return reserve(k, ns.speculative_topk, k + 1, ns.page_size, ns.overlap) if k else 0
 
 
 def _must_divide(named: Named, multiple: str, base: str) -> str:
@@ -141,6 +153,11 @@ def _extra_buffer_problem(ns: argparse.Namespace) -> str | None:
         )
     if ns.overlap and interval < 2:
         return f"{named('mamba_track_interval')} with --overlap: consecutive decode captures would clash; use >= 2"
+    if ns.overlap and ns.speculative and interval < 2 * (ns.speculative + 1):
+        return (
+            f"{named('mamba_track_interval')} with --overlap and --speculative {ns.speculative}: two consecutive"
+            f" verifies could both capture into one tracking half; use >= {2 * (ns.speculative + 1)}"
+        )
     per_request = 1 + (2 if ns.overlap else 1)
     if ns.mamba_slots < per_request:
         return (
@@ -172,12 +189,15 @@ def _engine_problem(ns: argparse.Namespace) -> str | None:
     if ns.chunked_prefill_size and ns.chunked_prefill_size < ns.page_size:
         return f"{named('chunked_prefill_size')} must be 0 or >= {named('page_size')}"
     needed = _kv_tokens_needed(ns)
+    spec = " + the speculative reserve" if ns.speculative else ""
     if needed > ns.kv_pool_tokens:
         return (
-            f"every request needs {needed} KV tokens alone (prompt + output, one spare page) but --kv-pool-tokens"
+            f"every request needs {needed} KV tokens alone (prompt + output{spec}, one spare page) but --kv-pool-tokens"
             f" is {ns.kv_pool_tokens}: all {ns.gsp_num_groups * ns.gsp_prompts_per_group} requests would be"
             f" rejected; use --kv-pool-tokens {needed} or more"
         )
+    if ns.speculative and ns.pd:
+        return "--speculative does not support --pd runs yet: run speculative decoding without --pd"
     if ns.record is not None and ns.pd:
         # The event log models one engine with the kv/req/mamba pools; PD's two instances, metadata pool,
         # transfer queues and channel are not in its format yet (spec/event-log.md).

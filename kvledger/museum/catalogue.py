@@ -7,7 +7,7 @@ one at a time and runs the generic machines against them.
 
 from __future__ import annotations
 
-from kvledger.museum import pd_bugs
+from kvledger.museum import pd_bugs, spec_bugs
 from kvledger.museum import scheduler_bugs as sb
 from kvledger.museum.exhibit import Exhibit, Patch, replaced_name, replaced_names, replacing, replacing_all
 from kvledger.reference.disagg import builder as pd_builder
@@ -19,6 +19,8 @@ from kvledger.reference.radix import MambaRadixCache
 from kvledger.reference.scheduler import Scheduler
 from kvledger.reference.scheduler.cache_paths import MambaV2Path
 from kvledger.reference.scheduler.memory import ReqMemory
+from kvledger.reference.scheduler.spec_config import SpeculativeConfig
+from kvledger.reference.scheduler.speculative import SpecDecoding
 from kvledger.reference.scheduler.tracking import MambaTracking
 
 
@@ -400,6 +402,39 @@ EXHIBITS: tuple[Exhibit, ...] = (
         reenact=pd_bugs.n9_success_from_metadata_alone,
         replaces=replaced_name(TransferChannel, "_receiver_done"),
         machine="pd",
+    ),
+    _exhibit(
+        SpeculativeConfig,
+        "row_headroom",
+        spec_bugs.n18_row_headroom_ignores_the_draft_tree,
+        id="N18",
+        upstream="sgl-project/sglang PR #26972",
+        title="request row too narrow for the speculative draft footprint",
+        mechanism=(
+            "Spec v2 tree drafting (topk > 1, page > 1) over-allocates topk partly filled pages per step, twice "
+            "with the overlap scheduler, before the verify; the request-to-token row kept only 4 + "
+            "num_draft_tokens positions beyond the context. Past the row's end release_kv_cache's slice clamped "
+            "silently and the over-allocated pages were never freed ('pool memory leak detected'). The fix "
+            "widened the row to the reserve plus a page and added a fail-fast check of the row width."
+        ),
+        breaks=("I-SPEC-ROW", "I-REQ-LADDER", "I-COUNT"),
+    ),
+    _exhibit(
+        SpecDecoding,
+        "track_seqlen",
+        spec_bugs.b16_spec_track_step_not_clamped,
+        id="B16-spec",
+        upstream="sgl-project/sglang PR #35821 (from #30451), 'clamp spec track step'",
+        title="Mamba V2 under speculative decoding tracks a drafted, not an accepted, length",
+        mechanism=(
+            "With extra_buffer and speculative decoding a verify advances the state over every drafted "
+            "position, and the decode capture is due when the length crosses a multiple of "
+            "mamba_track_interval. Taken on the drafted positions, the tracking step recorded a length that "
+            "only rejected drafts reached: mamba_last_track_seqlen beyond kv_committed_len, its tracking half "
+            "holding a rejected draft's state, later cached for a prefix the request never committed. "
+            "PR #35821 clamps the step to the accepted length."
+        ),
+        breaks=("I-TRACK-POINT", "I-SPEC-STATE"),
     ),
 )
 

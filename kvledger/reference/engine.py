@@ -14,6 +14,7 @@ from kvledger.contracts.errors import InvalidArgument
 from kvledger.contracts.mamba_track import FLA_CHUNK_SIZE
 from kvledger.reference.config_fields import Count, Size, allocating, check_fields, check_fits_memory
 from kvledger.reference.model import TinyHybridConfig, TinyHybridRunner, TinyHybridWeights
+from kvledger.reference.model.speculative import SpeculativeTinyRunner
 from kvledger.reference.pools import (
     KVBufferPool,
     MambaPool,
@@ -24,6 +25,7 @@ from kvledger.reference.pools import (
 from kvledger.reference.radix import MambaRadixCache, RadixCache
 from kvledger.reference.scheduler import HashTokenRunner, Scheduler, SchedulerConfig
 from kvledger.reference.scheduler.config import CowReleasePolicy, MambaSchedulerStrategy
+from kvledger.reference.scheduler.spec_config import SpeculativeConfig
 
 TreeKind = Literal["mamba_radix", "radix", "none"]
 ModelKind = Literal["hash", "tiny-hybrid"]
@@ -62,6 +64,7 @@ class EngineSpec:
     mamba_strategy: MambaSchedulerStrategy = "extra_buffer"  # the Mamba radix cache: V2, or V1 "no_buffer"
     mamba_track_interval: Size = 256
     mamba_chunk_size: Size | None = None  # V2's kernel chunk (None: 64); the capture grid is max(it, page)
+    speculative: SpeculativeConfig | None = None  # EAGLE/MTP (spec/speculative.md); rows widened to fit
 
     def __post_init__(self) -> None:
         check_fields(self)  # every field of its annotated type and within its bounds (MAX_SIZE)
@@ -104,6 +107,7 @@ def _scheduler_config(spec: EngineSpec) -> SchedulerConfig:
         mamba_scheduler_strategy=spec.mamba_strategy if spec.tree == "mamba_radix" else "no_buffer",
         mamba_track_interval=spec.mamba_track_interval,
         mamba_chunk_size=spec.mamba_chunk_size,
+        speculative=spec.speculative,
     )
 
 
@@ -187,8 +191,8 @@ def _build_parts(spec: EngineSpec, config: SchedulerConfig) -> EngineParts:
         kv = TokenToKVPoolAllocator(spec.kv_tokens, name=f"{prefix}kv")
     else:
         kv = PagedTokenToKVPoolAllocator(spec.kv_tokens, spec.page_size, name=f"{prefix}kv")
-    rows = ReqToTokenPool(
-        spec.rows, spec.max_context_len, name=f"{prefix}req", reserved_rows=spec.reserved_rows
+    rows = ReqToTokenPool(  # as wide as the context plus the speculative over-allocation (I-SPEC-ROW)
+        spec.rows, config.max_allocated_len, name=f"{prefix}req", reserved_rows=spec.reserved_rows
     )
     model = model_weights(spec.vocab_size) if spec.model == "tiny-hybrid" else None
     mamba = None
@@ -218,7 +222,8 @@ def _build_parts(spec: EngineSpec, config: SchedulerConfig) -> EngineParts:
             kv, num_layers=1, num_kv_heads=c.num_heads, head_dim=c.head_dim
         )
         kv.attach_kv_buffer(kv_buffer)  # debug builds: zero on alloc, poison on free
-        runner = TinyHybridRunner(
+        runner_class = TinyHybridRunner if spec.speculative is None else SpeculativeTinyRunner
+        runner = runner_class(
             model,
             kv_buffer=kv_buffer,
             req_to_token_pool=rows,

@@ -55,6 +55,7 @@ def summary_table(result: SimResult) -> Table:
         ("admission rollbacks", f"{result.rollbacks}"),
         *[(f"peak use: {pool}", f"{use:.1%}") for pool, use in result.peak_use.items()],
         *_tracking_rows(result),
+        *_speculative_rows(result),
         ("contracts", "on" if result.contracts else "off"),
         *_check_rows(result),
         ("wall time", f"{result.wall_s:.2f} s"),
@@ -78,6 +79,28 @@ def _tracking_rows(result: SimResult) -> list[tuple[str, str]]:
         ("  states captured (at branching)", f"{t['captures']} ({t['branching_captures']})"),
         ("  states donated (skipped)", f"{t['donations']} ({t['donations_skipped']})"),
     ]
+
+
+def _speculative_rows(result: SimResult) -> list[tuple[str, str]]:
+    """Speculative decoding: accepted tokens per step and the over-allocation's peak."""
+    sp = result.speculative
+    if sp is None:
+        return []
+    hist = ", ".join(f"{k}: {v}" for k, v in sp["accept_histogram"].items())
+    drafts = sp["num_draft_tokens"] - 1
+    rows = [
+        ("speculative decoding", f"{drafts} drafts, topk {sp['topk']}, accept rate {sp['accept_rate']}"),
+        ("  accepted tokens per step (drafts + bonus)", f"{sp['accepted_tokens_per_step']:.2f}"),
+        ("  drafts accepted per verify (count: verifies)", hist or "-"),
+        (
+            "  over-allocation peak (tokens; reserve per request)",
+            f"{sp['over_allocation_peak_tokens']} ({sp['reserve_tokens']})",
+        ),
+        ("  rejected tail given back (tokens)", f"{sp['rejected_tail_freed_tokens']}"),
+    ]
+    if result.mamba_tracking is not None:
+        rows.append(("  decode captures (at accepted positions)", f"{sp['decode_captures']}"))
+    return rows
 
 
 def _check_rows(result: SimResult) -> list[tuple[str, str]]:
@@ -116,9 +139,17 @@ def plot_timeline(result: SimResult, path: Path) -> Path:
     """
     failure = None
     if result.failed_at_step is not None:
-        failure = (result.failed_at_step, "contract violation" if result.violation else "count identity failure")
+        failure = (
+            result.failed_at_step,
+            "contract violation" if result.violation else "count identity failure",
+        )
     return _plot_timeline(
-        result.timeline, path, "kvledger ledger timeline", result.timeline_steps, units=result.units, failure=failure
+        result.timeline,
+        path,
+        "kvledger ledger timeline",
+        result.timeline_steps,
+        units=result.units,
+        failure=failure,
     )
 
 

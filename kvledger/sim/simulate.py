@@ -22,6 +22,7 @@ from kvledger.contracts import switch
 from kvledger.contracts.errors import ContractViolation, IdentityFailure
 from kvledger.reference.engine import EngineSpec, ModelKind, TreeKind, build_engine
 from kvledger.reference.scheduler.config import MambaSchedulerStrategy
+from kvledger.reference.scheduler.spec_config import SpeculativeConfig
 from kvledger.sim.workload import GSPWorkload
 
 TIMELINE_POINTS = 4096
@@ -79,6 +80,24 @@ class SimOptions:
     # pause, as bench_serving's generated-shared-prefix run). A long steady run uses it to keep the
     # queue, and so the memory it needs, bounded.
     max_waiting: int | None = None
+    # Speculative decoding (EAGLE/MTP, spec/speculative.md): K drafts per verify (0: off), the draft tree's
+    # topk, and the acceptance distribution: each draft accepted with this probability if every earlier
+    # one was (seeded by the workload's seed).
+    speculative: int = 0
+    speculative_topk: int = 1
+    speculative_accept_rate: float = 0.7
+
+    def speculative_config(self) -> SpeculativeConfig | None:
+        k = self.speculative
+        if k == 0:
+            return None
+        return SpeculativeConfig(
+            num_steps=k,
+            topk=self.speculative_topk,
+            num_draft_tokens=k + 1,
+            accept_rate=self.speculative_accept_rate,
+            seed=self.workload.seed,
+        )
 
     def engine_spec(self) -> EngineSpec:
         wl = self.workload
@@ -103,6 +122,7 @@ class SimOptions:
             mamba_strategy=self.mamba_strategy if tree == "mamba_radix" else "no_buffer",
             mamba_track_interval=self.mamba_track_interval,
             mamba_chunk_size=self.mamba_chunk_size,
+            speculative=self.speculative_config(),
         )
 
 
@@ -143,6 +163,7 @@ class SimResult:
     identity_failure: str | None = None
     failed_at_step: int | None = None  # the step the run stopped at on a violation or identity failure
     units: dict[str, str] = field(default_factory=dict)  # per pool: what its terms count (tokens, rows, slots)
+    speculative: dict[str, Any] | None = None  # speculative decoding's figures (None: off)
 
     @property
     def failed(self) -> bool:
@@ -246,7 +267,32 @@ def run_simulation(
         identity_failure=identity_failure,
         failed_at_step=failed_at,
         units=sched.accounting.units(),
+        speculative=_speculative_summary(sched),
     )
+
+
+def _speculative_summary(sched: Any) -> dict[str, Any] | None:
+    """Accepted tokens per step (drafts + the bonus token, per request and verify), the acceptance counts
+    drawn, and the over-allocation: its peak over the verifies and the rejected tails given back."""
+    spec = sched.speculative
+    if spec is None:
+        return None
+    st = spec.stats
+    steps = st.request_steps
+    return {
+        "num_draft_tokens": spec.config.num_draft_tokens,
+        "topk": spec.config.topk,
+        "accept_rate": spec.config.accept_rate,
+        "reserve_tokens": spec.reserve,
+        "verify_batches": st.verify_batches,
+        "request_steps": steps,
+        "accepted_tokens_per_step": round(st.tokens_per_step, 4),
+        "accepted_drafts_per_step": round(st.drafts_accepted / steps, 4) if steps else 0.0,
+        "accept_histogram": {str(k): v for k, v in sorted(st.accept_histogram.items())},
+        "over_allocation_peak_tokens": st.over_allocation_peak,
+        "rejected_tail_freed_tokens": st.tail_freed_tokens,
+        "decode_captures": st.captures,
+    }
 
 
 def _last_snapshot(timeline: Timeline, sched: Any) -> None:

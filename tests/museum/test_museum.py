@@ -66,10 +66,15 @@ def _resolve(dotted: str) -> object:
     import kvledger.reference.scheduler.cache_paths as cache_paths
     import kvledger.reference.scheduler.memory as memory
     import kvledger.reference.scheduler.scheduler as scheduler
+    import kvledger.reference.scheduler.spec_config as spec_config
+    import kvledger.reference.scheduler.speculative as speculative
     import kvledger.reference.scheduler.tracking as tracking
 
     owner_name, attr = dotted.rsplit(".", 1)
-    for module in (scheduler, memory, cache_paths, tracking, radix, channel, decode, instance, prefill):
+    modules = (
+        scheduler, memory, cache_paths, tracking, radix, channel, decode, instance, prefill, speculative, spec_config
+    )
+    for module in modules:
         if hasattr(module, owner_name):
             return vars(getattr(module, owner_name)).get(attr)
     return getattr(importlib.import_module(owner_name), attr)

@@ -62,6 +62,7 @@ PARTS = frozenset(
         "pd-decode",  # the PD decode instance and its queues
         "pd-channel",  # the PD transfer channel
         "mamba-v2",  # Mamba V2 (extra_buffer): tracking slots, captures, donation
+        "speculative",  # speculative decoding: draft over-allocation, verify, the rejected tail
         "audit",  # the event log, its recorder and its replay (kvledger audit)
     }
 )

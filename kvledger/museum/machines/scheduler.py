@@ -20,6 +20,7 @@ enough for Hypothesis to optimise: the deep and fuzz profiles, not the hunt's ba
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
@@ -35,6 +36,7 @@ from kvledger.museum.machines.oracles import expected_output
 from kvledger.reference.engine import EngineSpec, TreeKind, build_engine
 from kvledger.reference.scheduler import ReqState
 from kvledger.reference.scheduler.config import CowReleasePolicy
+from kvledger.reference.scheduler.spec_config import SpeculativeConfig
 
 FAMILIES = [
     [],
@@ -144,6 +146,38 @@ def pick_by_stage(items: Iterable[T], stage_of_item: Callable[[T], S], stage: in
 
 fault_swarms = st.lists(st.sampled_from(FAULT_KINDS), unique=True).map(sorted)
 
+# Speculative decoding (spec/speculative.md), drawn on top of any set-up: off (two thirds of the examples),
+# or (num_steps, topk, extra draft tokens) with a cycle of acceptance counts for the verifies (0 ..
+# max_accept each), so a failure shrinks to the acceptances that matter. Drawn as one value, the counts
+# only when speculation is on: an example without it draws one choice more than before.
+SpecDraw = tuple[int, int, int, list[int]]
+spec_draws: st.SearchStrategy[SpecDraw | None] = st.one_of(
+    st.none(),
+    st.none(),
+    st.tuples(
+        st.integers(1, 3),
+        st.sampled_from([1, 2, 4]),
+        st.integers(0, 3),
+        st.lists(st.integers(0, 3), min_size=1, max_size=6),
+    ),
+)
+
+
+def speculative_setup(setup: EngineSpec, drawn: SpecDraw | None) -> EngineSpec:
+    """``setup`` with the drawn speculative configuration, fitted to it: ``num_draft_tokens`` within the
+    tree, and under Mamba V2 with overlap few enough steps that two consecutive verifies cannot both
+    capture (the configuration's rule); none when even one step is too many."""
+    if drawn is None:
+        return setup
+    steps, topk, extra, _ = drawn
+    if setup.mamba_strategy == "extra_buffer" and setup.tree == "mamba_radix" and setup.overlap:
+        steps = min(steps, setup.mamba_track_interval // 2 - 1)
+        if steps < 1:
+            return setup
+    draft_tokens = min(steps + 1 + extra, steps * topk + 1)
+    spec = SpeculativeConfig(num_steps=steps, topk=topk, num_draft_tokens=draft_tokens)
+    return dataclasses.replace(setup, speculative=spec)
+
 
 class SchedulerMachine(RuleBasedStateMachine):
     faults: frozenset[str] = frozenset(FAULT_KINDS)  # a subclass whose init draws no swarm injects every kind
@@ -156,15 +190,19 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.max_in_flight = 0
         self.max_pressure = 0.0
 
-    @initialize(setup=setups(), faults=fault_swarms)
-    def init(self, setup: EngineSpec, faults: list[str]) -> None:
+    @initialize(setup=setups(), faults=fault_swarms, spec=spec_draws)
+    def init(self, setup: EngineSpec, faults: list[str], spec: SpecDraw | None = None) -> None:
+        setup = speculative_setup(setup, spec)
         self.setup = setup
         self.faults = frozenset(faults)
         self.sched = build_engine(setup)
         self.next_rid = 0
+        if self.sched.speculative is not None and spec is not None:
+            self.sched.speculative.draw.scripted(spec[3])
         event(
             f"tree={setup.tree} page={setup.page_size} overlap={setup.overlap}"
             + (" extra_buffer" if setup.mamba_strategy == "extra_buffer" else "")
+            + ("" if setup.speculative is None else f" speculative topk={setup.speculative.topk}")
         )
 
     @rule(
@@ -229,6 +267,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         sched = self.sched
         sched.check_handles_owned()
         sched.check_ended_requests_released()
+        if sched.speculative is not None:  # I-SPEC-ROW, I-SPEC-TAIL
+            sched.speculative.check_requests()
         accounting = sched.accounting
         recount = accounting.pool_terms()
         for terms in recount:

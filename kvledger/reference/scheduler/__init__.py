@@ -6,6 +6,7 @@ from kvledger.reference.scheduler.config import SchedulerConfig
 from kvledger.reference.scheduler.request import Req, ReqState
 from kvledger.reference.scheduler.runner import HashTokenRunner, ModelRunner, hash_next_token
 from kvledger.reference.scheduler.scheduler import FaultInjector, Scheduler, SchedulerStats
+from kvledger.reference.scheduler.spec_config import RowTooNarrow, SpeculativeConfig
 from kvledger.reference.scheduler.validate import UnknownRequest
 
 __all__ = [
@@ -16,10 +17,12 @@ __all__ = [
     "PrefillAdder",
     "Req",
     "ReqState",
+    "RowTooNarrow",
     "ScheduleBatch",
     "Scheduler",
     "SchedulerConfig",
     "SchedulerStats",
+    "SpeculativeConfig",
     "UnknownRequest",
     "hash_next_token",
 ]

@@ -143,7 +143,7 @@ class Accounting:
             return
         dirty, self._dirty = self._dirty, {}
         sums = [self._sums[k.name] for k in self.kinds]
-        ps, ctx = self.s.config.page_size, self.s.config.max_context_len
+        ps, ctx = self.s.config.page_size, self.s.config.max_allocated_len
         tracking = self.s.memory.tracking
         for req in dirty:
             if not ladder_holds(req, ps, ctx):
@@ -179,7 +179,7 @@ class Accounting:
         """I-REQ-LADDER for every request whose ladder fields changed since the last count (the count
         verifies them too); for every live request under ``recount_every_step``."""
         s = self.s
-        ps, ctx = s.config.page_size, s.config.max_context_len
+        ps, ctx = s.config.page_size, s.config.max_allocated_len
         if self.recount_every_step or not ENABLED:
             return all(ladder_holds(r, ps, ctx) for r in s.live_requests())
         for r in self._dirty:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -34,6 +35,7 @@ class ScheduleBatch:
     ref_rows: frozenset[int] = frozenset()
     ref_kv: frozenset[int] = frozenset()
     ref_mamba: frozenset[int] = frozenset()
+    spec: Any = None  # a verify batch's plan (speculative decoding: scheduler/speculative.py), else None
 
     def freeze_references(self) -> None:
         """Record what the forward reads and writes, at launch."""

@@ -8,6 +8,7 @@ from typing import Literal
 from kvledger.contracts.errors import InvalidArgument
 from kvledger.contracts.mamba_track import FLA_CHUNK_SIZE, mamba_cache_chunk_size, ping_pong_size
 from kvledger.reference.config_fields import Count, Size, check_fields
+from kvledger.reference.scheduler.spec_config import SpeculativeConfig
 
 CowReleasePolicy = Literal["if_not_appended", "keep"]
 """What happens to the copy-on-write Mamba slot of the request that stopped an admission round.
@@ -64,6 +65,16 @@ class SchedulerConfig:
     mamba_chunk_size: Size | None = (
         None  # V2: the kernel's chunk (None: FLA's 64); see mamba_cache_chunk_size
     )
+    # Speculative decoding (EAGLE/MTP; None: one token per decode step): spec/speculative.md.
+    speculative: SpeculativeConfig | None = None
+
+    @property
+    def max_allocated_len(self) -> int:
+        """The longest ``kv_allocated_len`` a request may reach: the context length, plus the speculative
+        over-allocation's row headroom (I-REQ-LADDER's bound; the rows must be this wide, I-SPEC-ROW)."""
+        spec = self.speculative
+        extra = 0 if spec is None else spec.row_headroom(self.page_size, self.overlap)
+        return self.max_context_len + extra
 
     @property
     def extra_buffer(self) -> bool:
@@ -108,6 +119,16 @@ class SchedulerConfig:
             )
         if self.extra_buffer:
             self._check_extra_buffer()
+        if self.extra_buffer and self.overlap and self.speculative is not None:
+            steps = self.speculative.max_accept + 1
+            if self.mamba_track_interval < 2 * steps:
+                # Two consecutive verifies advance up to 2 * (max_accept + 1) tokens; with overlap the second
+                # is launched before the first's capture flips the ping-pong index, so both may not capture.
+                raise InvalidArgument(
+                    f"mamba_track_interval {self.mamba_track_interval} with the overlap scheduler and"
+                    f" speculative decoding of up to {steps} tokens a step: two consecutive verifies could"
+                    f" both capture into one tracking half; use >= {2 * steps}"
+                )
 
     def _check_extra_buffer(self) -> None:
         """SGLang's checks for extra_buffer (``_validate_mamba_extra_buffer``), and one of kvledger's."""

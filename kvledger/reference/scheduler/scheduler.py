@@ -39,6 +39,7 @@ from kvledger.reference.scheduler.config import SchedulerConfig
 from kvledger.reference.scheduler.memory import ReqMemory
 from kvledger.reference.scheduler.request import Req, ReqState
 from kvledger.reference.scheduler.runner import HashTokenRunner, ModelRunner
+from kvledger.reference.scheduler.speculative import SpecDecoding
 from kvledger.reference.scheduler.tracking import MambaTracking
 from kvledger.reference.scheduler.validate import (
     UnknownRequest,
@@ -169,6 +170,8 @@ class Scheduler:
             tracking=tracking,
         )
         self.accounting = Accounting(self)
+        # Speculative decoding (None: one token per decode step): verify batches, spec/speculative.md.
+        self.speculative = None if config.speculative is None else SpecDecoding(self, config.speculative)
         self.on_step = on_step
         self.waiting: list[Req] = []
         self.running: list[Req] = []
@@ -263,7 +266,7 @@ class Scheduler:
             return "prompt + max_new_tokens exceeds the KV pool"
         if total > self.req_to_token_pool.max_context_len:
             return "prompt + max_new_tokens exceeds the req_to_token row length"
-        return None
+        return None if self.speculative is None else self.speculative.never_fits(req)
 
     # ------------------------------------------------------------------ queries
     def live_requests(self) -> list[Req]:
@@ -337,6 +340,8 @@ class Scheduler:
         if self.accounting.enabled:
             self.check_handles_owned()
             self.check_ended_requests_released()
+            if self.speculative is not None:
+                self.speculative.check_requests()
         self.accounting.after_step()
 
     def check_handles_owned(self, reqs: Sequence[Req] | None = None) -> int:
@@ -535,6 +540,9 @@ class Scheduler:
         decode_reqs = [r for r in self.running if not r.abort_requested]
         if not decode_reqs:
             return None
+        if self.speculative is not None:  # a verify batch: over-allocate the drafts' KV first
+            verify_loc = self.speculative.prepare_verify(decode_reqs)
+            return None if verify_loc is None else self.speculative.new_batch(decode_reqs, verify_loc)
         out = self.memory.prepare_decode(decode_reqs)
         if out is None:
             return None
@@ -542,10 +550,9 @@ class Scheduler:
 
     def _decode_fits(self) -> bool:
         counters = self.memory.counters
-        return (
-            self.memory.decode_demand_tokens(self.running)
-            <= counters.kv_available() + counters.kv_evictable()
-        )
+        spec = self.speculative
+        demand = (self.memory if spec is None else spec).decode_demand_tokens(self.running)
+        return demand <= counters.kv_available() + counters.kv_evictable()
 
     def _retract_until_decode_fits(self) -> list[Req]:
         retracted: list[Req] = []
@@ -651,14 +658,17 @@ class Scheduler:
     def _launch(self, batch: ScheduleBatch) -> None:
         """Run the forward now (stream order); only the bookkeeping of its results may lag."""
         batch.freeze_references()
-        batch.next_token_ids = self.runner.forward(
-            batch.reqs, batch.extend_lens, batch.out_cache_loc, batch.is_decode
-        )
+        if batch.spec is not None:
+            self.speculative.verify(batch)  # type: ignore[union-attr]  # only a speculative scheduler builds one
+        else:
+            batch.next_token_ids = self.runner.forward(
+                batch.reqs, batch.extend_lens, batch.out_cache_loc, batch.is_decode
+            )
+            for req, tok in zip(batch.reqs, batch.next_token_ids, strict=True):
+                if req is not batch.chunked_req:
+                    req.pending_output_ids.append(tok)
         for req in batch.reqs:
             req.mamba_track = None  # the forward carried out this round's capture (Mamba V2)
-        for req, tok in zip(batch.reqs, batch.next_token_ids, strict=True):
-            if req is not batch.chunked_req:
-                req.pending_output_ids.append(tok)
         if batch.is_decode:
             self.stats.decode_batches += 1
         else:
@@ -687,6 +697,9 @@ class Scheduler:
 
     def _process_results(self, batch: ScheduleBatch) -> None:
         assert batch.next_token_ids is not None
+        if batch.spec is not None:
+            self.speculative.process_results(batch)  # type: ignore[union-attr]
+            return
         for req, tok in zip(batch.reqs, batch.next_token_ids, strict=True):
             if req is batch.chunked_req:
                 continue  # its chunk's KV is cached when the next batch is built
