@@ -18,7 +18,7 @@ from kvledger.reference.config_fields import MAX_SIZE
 from kvledger.reference.engine import EngineSpec, build_engine, model_weights
 from kvledger.reference.pools import MambaPool, ReqToTokenPool, TokenToKVPoolAllocator
 from kvledger.reference.radix import MambaRadixCache, RadixCache
-from kvledger.reference.scheduler import FaultInjector, Scheduler, SchedulerConfig
+from kvledger.reference.scheduler import FaultInjector, Scheduler, SchedulerConfig, SpeculativeConfig
 from tests.sweep.scenes import Scene
 from tests.sweep.table import (
     DEGENERATE,
@@ -495,6 +495,61 @@ WEIGHTS: list[Row] = [
 ]
 
 
+QUEUED_REQUEST: list[Row] = [
+    Row(WRONG_TYPE, "a str rid", "InvalidArgument", lambda s: s.sched.queued_request("1")),
+    Row(
+        WRONG_TYPE,
+        "a request object instead of its rid",
+        "InvalidArgument",
+        lambda s: s.sched.queued_request(s.running),
+    ),
+    Row(NEGATIVE, "a negative rid", "InvalidArgument", lambda s: s.sched.queued_request(-1)),
+]
+
+Draft: Any = SpeculativeConfig
+
+SPECULATIVE: list[Row] = [
+    Row(DEGENERATE, "num_steps 0", "InvalidArgument", lambda s: Draft(num_steps=0)),
+    Row(
+        DEGENERATE,
+        "num_draft_tokens 1 (no draft to verify)",
+        "InvalidArgument",
+        lambda s: Draft(num_draft_tokens=1),
+    ),
+    Row(
+        OUT_OF_RANGE,
+        "more draft tokens than the draft tree holds",
+        "InvalidArgument",
+        lambda s: Draft(num_steps=2, topk=1, num_draft_tokens=4),
+    ),
+    Row(OUT_OF_RANGE, "accept_rate above 1", "InvalidArgument", lambda s: Draft(accept_rate=1.5)),
+    Row(NEGATIVE, "a negative accept_rate", "InvalidArgument", lambda s: Draft(accept_rate=-0.1)),
+    Row(WRONG_TYPE, "a NaN accept_rate", "InvalidArgument", lambda s: Draft(accept_rate=float("nan"))),
+    Row(WRONG_TYPE, "a str seed", "InvalidArgument", lambda s: Draft(seed="0")),
+    Row(OUT_OF_RANGE, "topk 2**70", "SizeOutOfRange", lambda s: Draft(topk=2**70)),
+]
+
+MTP: list[Row] = [
+    Row(DEGENERATE, "k 0", "InvalidArgument", lambda s: SpeculativeConfig.mtp(0)),
+    Row(WRONG_TYPE, "a str k", "InvalidArgument", lambda s: SpeculativeConfig.mtp(Draft("3"))),
+]
+
+FOOTPRINT: dict[str, list[Row]] = {
+    "alloc_len_per_decode": [
+        Row(DEGENERATE, "page_size 0", "InvalidArgument", lambda s: Draft().alloc_len_per_decode(0)),
+        Row(WRONG_TYPE, "a str page_size", "InvalidArgument", lambda s: Draft().alloc_len_per_decode("4")),
+    ],
+    "reserve": [
+        Row(NEGATIVE, "a negative page_size", "InvalidArgument", lambda s: Draft().reserve(-1, False)),
+        Row(WRONG_TYPE, "a str overlap", "InvalidArgument", lambda s: Draft().reserve(4, "yes")),
+    ],
+    "row_headroom": [
+        Row(DEGENERATE, "page_size 0", "InvalidArgument", lambda s: Draft().row_headroom(0, False)),
+        Row(WRONG_TYPE, "an int overlap", "InvalidArgument", lambda s: Draft().row_headroom(4, 1)),
+    ],
+}
+
+
 def _cases(member: str, scene: str, rows: list[Row], suffix: str = "") -> list[Case]:
     return [row.case(member, scene, suffix) for row in rows]
 
@@ -527,6 +582,10 @@ CASES: list[Case] = [
     *_cases("SchedulerConfig.__init__", "empty", CONFIG_V2),
     *_cases("build_engine", "empty", BUILD),
     *_cases("model_weights", "empty", WEIGHTS),
+    *_cases("SpeculativeConfig.__init__", "empty", SPECULATIVE),
+    *_cases("SpeculativeConfig.mtp", "empty", MTP),
+    *(c for name, rows in FOOTPRINT.items() for c in _cases(f"SpeculativeConfig.{name}", "empty", rows)),
+    *_both("queued_request", QUEUED_REQUEST),
 ]
 
 QUERIES: list[Query] = [
@@ -544,8 +603,10 @@ QUERIES: list[Query] = [
     ),
     *(
         Query(f"SchedulerConfig.{name}", "sched_v2", lambda s, n=name: getattr(s.sched.config, n))
-        for name in ("extra_buffer", "mamba_cache_chunk_size", "mamba_ping_pong_size")
+        for name in ("extra_buffer", "mamba_cache_chunk_size", "mamba_ping_pong_size", "max_allocated_len")
     ),
+    Query("Scheduler.batches_launched", "sched_overlap", lambda s: s.sched.batches_launched),
+    Query("SpeculativeConfig.max_accept", "empty", lambda s: SpeculativeConfig().max_accept),
     Query(
         "FaultInjector.__init__", "sched", lambda s: FaultInjector(), "a fresh injector: nothing to misuse"
     ),

@@ -149,7 +149,7 @@ def _batch(batch: Any) -> Any:
 
 def _scheduler(sched: Any) -> dict[str, Any]:
     reqs: dict[int, Any] = {}
-    for group in (sched.requests.values(), sched._live.values(), sched.waiting, sched.running, sched.done):
+    for group in (sched.requests.values(), sched.queued_requests(), sched.waiting, sched.running, sched.done):
         for r in group:
             reqs[id(r)] = r
     for batch in sched.inflight:
@@ -163,10 +163,10 @@ def _scheduler(sched: Any) -> dict[str, Any]:
         "inflight": tuple(_batch(b) for b in sched.inflight),
         "requests": tuple(sorted((rid, id(r)) for rid, r in sched.requests.items())),
         "done": tuple(map(id, sched.done)),
-        "live": tuple(sorted((rid, id(r)) for rid, r in sched._live.items())),
+        "live": tuple(sorted((r.rid, id(r)) for r in sched.queued_requests())),
         "request_fields": tuple(sorted(_request(r) for r in reqs.values())),
         "stats": _plain(dataclasses.asdict(sched.stats)),
-        "counters": (sched.step_no, sched.new_token_ratio, sched._next_batch_id, sched.accounting.checks_run),
+        "counters": (sched.step_no, sched.new_token_ratio, sched.batches_launched, sched.accounting.checks_run),
         "faults": (tuple(sorted(sched.faults.pending.items())), sched.faults.fired),
         "config": sched.config,
         # a PD instance: its transfer queues and leases, by identity and order

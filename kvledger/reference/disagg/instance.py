@@ -68,7 +68,7 @@ def check_queues(sched: PDScheduler) -> None:
     """
     for name, queue in sched.pd_queues().items():
         for req in queue:
-            if req.state is not QUEUE_STATES[name] or sched._live.get(req.rid) is not req:
+            if req.state is not QUEUE_STATES[name] or sched.queued_request(req.rid) is not req:
                 raise ContractViolation(f"PD queue {sched.side}.{name} holds {req!r} (state or liveness wrong)")
             if name in HOLDS_NOTHING and (req.handles() or req.kv_allocated_len):
                 raise ContractViolation(f"{req!r} in the {sched.side} {name} queue holds ids: {req.handles()}")

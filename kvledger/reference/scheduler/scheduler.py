@@ -283,6 +283,16 @@ class Scheduler:
         """
         return self._live.values()
 
+    def queued_request(self, rid: int) -> Req | None:
+        """The request queued under ``rid`` and not yet released, or None (what a queue check compares
+        its entries against). A rid that is not a non-negative int is refused (InvalidArgument)."""
+        return self._live.get(check_rid(rid))
+
+    @property
+    def batches_launched(self) -> int:
+        """How many batches this scheduler has built so far (the last batch id handed out)."""
+        return self._next_batch_id
+
     def ended_count(self) -> int:
         """Requests that finished, were aborted or were rejected so far."""
         st = self.stats

@@ -28,11 +28,19 @@ from dataclasses import dataclass
 from kvledger.contracts import spec_footprint as footprint
 from kvledger.contracts.errors import InvalidArgument
 from kvledger.contracts.seams import seam
-from kvledger.reference.config_fields import Size, check_fields
+from kvledger.reference.config_fields import Size, check_fields, check_size
 
 
 class RowTooNarrow(InvalidArgument):
     """The request-to-token rows cannot hold the speculative over-allocation (I-SPEC-ROW)."""
+
+
+def _check_layout(page_size: object, overlap: object = False) -> tuple[int, bool]:
+    """The engine layout a footprint question is asked for: a page size in ``[1, MAX_SIZE]`` and a bool."""
+    size = check_size(page_size, "speculative footprint: page_size")
+    if not isinstance(overlap, bool):
+        raise InvalidArgument(f"speculative footprint: overlap must be a bool, got {type(overlap).__name__}")
+    return size, overlap
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,7 @@ class SpeculativeConfig:
     @classmethod
     def mtp(cls, k: int, *, accept_rate: float = 0.7, seed: int = 0) -> SpeculativeConfig:
         """MTP/EAGLE with a chain of ``k`` drafts (topk 1): ``num_steps = k``, ``num_draft_tokens = k + 1``."""
+        check_size(k, "SpeculativeConfig.mtp: k", low=1)
         return cls(num_steps=k, topk=1, num_draft_tokens=k + 1, accept_rate=accept_rate, seed=seed)
 
     @property
@@ -73,15 +82,18 @@ class SpeculativeConfig:
 
     def alloc_len_per_decode(self, page_size: int) -> int:
         """KV tokens one request may allocate in one speculative decode step (SGLang's formula)."""
+        page_size, _ = _check_layout(page_size)
         return footprint.alloc_len_per_decode(self.num_steps, self.topk, self.num_draft_tokens, page_size)
 
     def reserve(self, page_size: int, overlap: bool) -> int:
         """KV tokens a request holds beyond its committed length before a verify: one step's allocation,
         two with the overlap scheduler (the committed length lags one step)."""
+        page_size, overlap = _check_layout(page_size, overlap)
         return footprint.reserve(self.num_steps, self.topk, self.num_draft_tokens, page_size, overlap)
 
     @seam
     def row_headroom(self, page_size: int, overlap: bool) -> int:
         """Row positions needed beyond the context length: SGLang's ``4 + num_draft_tokens``, and at page > 1
         the reserve plus a partly filled page (PR #26972)."""
+        page_size, overlap = _check_layout(page_size, overlap)
         return footprint.row_headroom(self.num_steps, self.topk, self.num_draft_tokens, page_size, overlap)
