@@ -63,6 +63,17 @@ def add_parser(sub: Any) -> None:
         help="base seed of the batches (default: 0)",
     )
     h.add_argument(
+        "--seeds",
+        metavar="N",
+        type=int_in(1, 1000),
+        default=None,
+        help=(
+            "measure detection: hunt at N seeds (--seed, --seed+1, ...), each stopped at its first failing"
+            " example (no shrink, no repro); report per exhibit in how many seeds it was found within the"
+            " budget, the median examples and seconds"
+        ),
+    )
+    h.add_argument(
         "--out",
         metavar="DIR",
         type=Path,
@@ -166,9 +177,13 @@ def run(ns: argparse.Namespace) -> int:
         raise UsageError(problem)
     for name in ns.exhibit or ():
         indexed(name)  # an unknown or out-of-scope name is refused before the catalogue (torch) loads
+    targets = _targets(ns)
+    if ns.seeds is not None:
+        from kvledger.cli.hunt_seeds import run_seeds
+
+        return run_seeds(ns, targets, _Live(ns.budget) if sys.stderr.isatty() else _Lines())
     from kvledger.museum.hunt import HuntResult, hunt
 
-    targets = _targets(ns)
     results: list[HuntResult] = []
     with _Live(ns.budget) if sys.stderr.isatty() else _Lines() as progress:
         for exhibit, machine in targets:
