@@ -63,6 +63,16 @@ def add_parser(sub: Any) -> None:
         help="base seed of the batches (default: 0)",
     )
     h.add_argument(
+        "--batches",
+        metavar="N",
+        type=int_in(1, 100_000),
+        default=None,
+        help=(
+            "also stop each hunt after N batches of 8 examples: a bound that does not depend on the"
+            " machine's load (default: the budget alone)"
+        ),
+    )
+    h.add_argument(
         "--seeds",
         metavar="N",
         type=int_in(1, 1000),
@@ -203,6 +213,7 @@ def run(ns: argparse.Namespace) -> int:
                 out_dir=ns.out,
                 verify=not ns.no_verify,
                 on_example=on_example,
+                max_batches=ns.batches,
             )
             results.append(result)
             progress.end(

@@ -47,12 +47,21 @@ def run_seeds(ns: argparse.Namespace, targets: list[tuple[Any, str | None]], pro
                 progress.end(f"{label} seed {run.seed}", verdict)
 
             detections.append(
-                detect(exhibit, seeds, machine=machine, budget=ns.budget, on_start=on_start, on_seed=on_seed)
+                detect(
+                    exhibit,
+                    seeds,
+                    machine=machine,
+                    budget=ns.budget,
+                    max_batches=ns.batches,
+                    on_start=on_start,
+                    on_seed=on_seed,
+                )
             )
     load_end = load_average()
     if ns.json:
         doc = {
             "budget_s": ns.budget,
+            "batches": ns.batches,
             "seeds": seeds,
             "load_average_start": load_start,
             "load_average_end": load_end,
@@ -60,7 +69,7 @@ def run_seeds(ns: argparse.Namespace, targets: list[tuple[Any, str | None]], pro
         }
         print(json.dumps(doc, indent=1))
     else:
-        _table(detections, seeds, ns.budget, load_start, load_end)
+        _table(detections, seeds, ns.budget, ns.batches, load_start, load_end)
     every_run = [run for d in detections for run in d.runs]
     if not ns.all and not ns.exhibit:  # a clean run
         return 1 if any(run.found for run in every_run) else 0
@@ -71,13 +80,30 @@ def _number(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def _table(detections: list[Any], seeds: list[int], budget: float, load_start: Any, load_end: Any) -> None:
+def _table(
+    detections: list[Any],
+    seeds: list[int],
+    budget: float,
+    batches: int | None,
+    load_start: Any,
+    load_end: Any,
+) -> None:
     from rich.table import Table
 
     loads = "" if load_start is None else f", load average {load_start:.1f} -> {load_end:.1f}"
-    title = f"kvledger hunt: detection over seeds {seeds[0]}..{seeds[-1]}, budget {budget:g} s{loads}"
+    bound = f"budget {budget:g} s" + ("" if batches is None else f" or {batches} batches of 8 examples")
+    title = f"kvledger hunt: detection over seeds {seeds[0]}..{seeds[-1]}, {bound}{loads}"
     table = Table(title=title)
-    for col in ("exhibit", "machine", "found", "listed", "median examples", "median s", "max s", "invariants"):
+    for col in (
+        "exhibit",
+        "machine",
+        "found",
+        "listed",
+        "median examples",
+        "median s",
+        "max s",
+        "invariants",
+    ):
         table.add_column(col, overflow="fold" if col in ("exhibit", "invariants") else "ellipsis")
     n = len(seeds)
     for d in detections:

@@ -260,7 +260,7 @@ EXHIBITS: tuple[dict[str, Any], ...] = (
         "huntable": True,
         "machine": "scheduler",
         "replaces": "MambaTracking.release",
-        "breaks": ["I-HANDLE-OWNED", "I-REQ-MAMBA", "I-COUNT"],
+        "breaks": ["I-HANDLE-OWNED", "I-REQ-MAMBA", "I-COUNT", "I-TRACK-POINT"],
         "upstream": "sgl-project/sglang#26941",
         "why_out_of_scope": "",
     },
