@@ -63,6 +63,27 @@ def add_parser(sub: Any) -> None:
         help="base seed of the batches (default: 0)",
     )
     h.add_argument(
+        "--batches",
+        metavar="N",
+        type=int_in(1, 100_000),
+        default=None,
+        help=(
+            "also stop each hunt after N batches of 8 examples: a bound that does not depend on the"
+            " machine's load (default: the budget alone)"
+        ),
+    )
+    h.add_argument(
+        "--seeds",
+        metavar="N",
+        type=int_in(1, 1000),
+        default=None,
+        help=(
+            "measure detection: hunt at N seeds (--seed, --seed+1, ...), each stopped at its first failing"
+            " example (no shrink, no repro); report per exhibit in how many seeds it was found within the"
+            " budget, the median examples and seconds"
+        ),
+    )
+    h.add_argument(
         "--out",
         metavar="DIR",
         type=Path,
@@ -166,9 +187,13 @@ def run(ns: argparse.Namespace) -> int:
         raise UsageError(problem)
     for name in ns.exhibit or ():
         indexed(name)  # an unknown or out-of-scope name is refused before the catalogue (torch) loads
+    targets = _targets(ns)
+    if ns.seeds is not None:
+        from kvledger.cli.hunt_seeds import run_seeds
+
+        return run_seeds(ns, targets, _Live(ns.budget) if sys.stderr.isatty() else _Lines())
     from kvledger.museum.hunt import HuntResult, hunt
 
-    targets = _targets(ns)
     results: list[HuntResult] = []
     with _Live(ns.budget) if sys.stderr.isatty() else _Lines() as progress:
         for exhibit, machine in targets:
@@ -188,6 +213,7 @@ def run(ns: argparse.Namespace) -> int:
                 out_dir=ns.out,
                 verify=not ns.no_verify,
                 on_example=on_example,
+                max_batches=ns.batches,
             )
             results.append(result)
             progress.end(

@@ -334,8 +334,10 @@ EXHIBITS: tuple[Exhibit, ...] = (
             "freed the tracking slots but left mamba_ping_pong_track_buffer set, and alloc skips the "
             "allocation when it is set: a retracted (or aborted and retried) request came back with slots "
             "it no longer owned, free or someone else's, while the counting identity stayed balanced."
+            " The tracked length is left set with the handle: a request released with a stale one breaks"
+            " I-TRACK-POINT at once (the shortest way the hunt meets it, since its edge draws)."
         ),
-        breaks=("I-HANDLE-OWNED", "I-REQ-MAMBA", "I-COUNT"),
+        breaks=("I-HANDLE-OWNED", "I-REQ-MAMBA", "I-COUNT", "I-TRACK-POINT"),
     ),
     Exhibit(
         id="N4",

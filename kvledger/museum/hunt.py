@@ -131,7 +131,8 @@ def _hunting(base: type[RuleBasedStateMachine], clock: _Clock, seed: int) -> typ
     return cls
 
 
-def _settings() -> settings:
+def _settings(shrink: bool = True) -> settings:
+    phases = (Phase.generate, Phase.target, Phase.shrink) if shrink else (Phase.generate, Phase.target)
     return settings(
         max_examples=BATCH_EXAMPLES,
         stateful_step_count=STEPS_PER_EXAMPLE,
@@ -143,7 +144,7 @@ def _settings() -> settings:
         # "slips" to whichever failure has the smallest example when its shrink time runs out, which on
         # a busy machine can be a secondary plain assert instead of the violation that caused it.
         report_multiple_bugs=True,
-        phases=(Phase.generate, Phase.target, Phase.shrink),
+        phases=phases,
         suppress_health_check=list(HealthCheck),
         print_blob=False,
     )
@@ -380,10 +381,13 @@ def hunt(
     max_batches: int | None = None,
     minimize_seconds: float = 20.0,
     on_example: Callable[[int], None] = lambda n: None,
+    shrink: bool = True,
 ) -> HuntResult:
     """Hunt one exhibit (or, with ``exhibit=None``, run clean) with its machine for ``budget`` seconds, or
     for ``max_batches`` batches of ``BATCH_EXAMPLES`` examples (a bound that does not depend on the
-    clock: with a fixed seed the hunt is then deterministic, which is what a test may assert)."""
+    clock: with a fixed seed the hunt is then deterministic, which is what a test may assert).
+    ``shrink=False`` stops at the first failing example (no shrink, no step deletion): what a detection
+    measurement (:mod:`.detection`) needs, at a fraction of the cost."""
     name = machine or (exhibit.machine if exhibit else "scheduler")
     base = machine_class(name)
     clock = _Clock(budget, shrink_seconds, on_example)
@@ -397,7 +401,7 @@ def hunt(
             report.clear()
             try:
                 with with_reporter(lambda value: report.append(str(value))):
-                    run_state_machine_as_test(cls, settings=_settings())
+                    run_state_machine_as_test(cls, settings=_settings(shrink))
             except Unsatisfiable:
                 break  # the whole batch started after the deadline
             except Exception as exc:
@@ -413,7 +417,7 @@ def hunt(
     first = clock.first_failure or end
     inv = invariant_of(failure)
     steps = _steps(report, failure, base.__name__)
-    if steps and minimize_seconds > 0:
+    if steps and shrink and minimize_seconds > 0:
         with _installed(exhibit):
             steps = minimize_steps(steps, inv, name, minimize_seconds)
     end = time.monotonic()

@@ -7,10 +7,12 @@ injected allocation failures of the kinds this example enabled (a swarm of fault
 example; Hypothesis already draws a swarm of rules), forced retractions; overlap on and off, page 1 and
 > 1, with the Mamba radix cache (V1 or V2, either copy-on-write release policy), the plain radix cache
 or none; tiny pools (down to 16 KV
-tokens, few Mamba slots, few rows). After every rule: I-HANDLE-OWNED, I-OWNER-RELEASE at the step
-boundary, the busy identity per pool (the scheduler checks it itself; the machine calls it again so a
-disabled switch cannot hide it), the ledger cross-check, every pool's and the tree's audit, and
-prediction == commitment (an admission rolls back only for an injected fault). At drain: every request
+tokens, few Mamba slots, few rows); requests drawn at the capacity edges (about one arrival in three at,
+one below or one above a boundary: :func:`request_edges`, :mod:`.edges`) and bursts of as many arrivals
+as rows, running slots or Mamba slots hold, one fewer or one more. After every rule: I-HANDLE-OWNED,
+I-OWNER-RELEASE at the step boundary, the busy identity per pool (the scheduler checks it itself; the
+machine calls it again so a disabled switch cannot hide it), the ledger cross-check, every pool's and the
+tree's audit, and prediction == commitment (an admission rolls back only for an injected fault). At drain: every request
 finished, aborted or rejected with a reason (I-LIVENESS), the strong idle identity, and every finished
 request's output equals the same request run alone with no cache (I-OUTPUT-ORACLE).
 
@@ -31,6 +33,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from kvledger.contracts.errors import ContractViolation
 from kvledger.contracts.identity import check_busy_identity
 from kvledger.contracts.oracle import check_output_oracle
+from kvledger.museum.machines.edges import OFFSETS, Edge, edge_draws, fit, multiples
 from kvledger.museum.machines.notes import event, target
 from kvledger.museum.machines.oracles import expected_output
 from kvledger.reference.engine import EngineSpec, TreeKind, build_engine
@@ -48,6 +51,7 @@ T = TypeVar("T")
 S = TypeVar("S", str, tuple[str, str])  # a stage: a name, or a pair of names (PD: prefill, decode)
 
 FAULT_KINDS = ("row", "mamba", "kv")
+MAX_CONTEXT_LEN = 96
 CHECKED_DRAIN_STEPS = 200
 
 
@@ -61,6 +65,47 @@ def v2_options(draw: st.DrawFn, page_size: int, overlap: bool) -> dict[str, obje
         "mamba_chunk_size": draw(st.sampled_from([2, 4, 8])),
         "mamba_track_interval": max(interval, 2) if overlap else interval,
     }
+
+
+def max_context_len_edges(max_context_len: int, page_size: int) -> list[int]:
+    """KV pool sizes around the one that holds the longest legal request alone with one spare page (the
+    arrival check's rule), a page below and a page above it."""
+    fits = -(-max_context_len // page_size) * page_size + page_size
+    return [fits + o * page_size for o in OFFSETS]
+
+
+def request_edges(setup: EngineSpec) -> list[tuple[str, int]]:
+    """The boundaries a request's length can sit at, as ``("prompt" | "total", tokens)`` (total: prompt +
+    max_new tokens, what the arrival check and the decode reservation count): the row width and context
+    limit, the KV pool (fits alone with its spare page; the whole pool), page multiples, the chunked
+    prefill size, the prefill budget, and under Mamba V2 the capture grid and the track interval."""
+    ps = setup.page_size
+    edges = [("total", setup.max_context_len), ("total", setup.kv_tokens - ps), ("total", setup.kv_tokens)]
+    edges += [("total", n) for n in multiples(ps, setup.max_context_len)]
+    edges += [("prompt", n) for n in multiples(ps, setup.max_context_len)]
+    edges += [("prompt", setup.max_prefill)] + ([("prompt", setup.chunk)] if setup.chunk else [])
+    if setup.mamba_strategy == "extra_buffer" and setup.tree == "mamba_radix":
+        grid = max(ps, setup.mamba_chunk_size or ps)
+        edges += [("prompt", n) for n in multiples(grid, setup.max_context_len)]
+        edges += [("prompt", setup.mamba_track_interval), ("total", setup.mamba_track_interval)]
+    return edges
+
+
+def land(
+    setup: EngineSpec, prompt: list[int], max_new: int, edge: Edge, filler: list[int]
+) -> tuple[list[int], int]:
+    """``prompt`` and ``max_new`` moved so that the request sits at the boundary ``edge`` names, one below
+    or one above it (a prompt extended by repeating ``filler``, or cut); unchanged for no edge."""
+    if edge is None:
+        return prompt, max_new
+    edges = request_edges(setup)
+    pick, offset = edge
+    kind, at = edges[pick % len(edges)]
+    length = max(at + offset, 1)
+    if kind == "total":
+        max_new = max(min(max_new, length - 1), 1)
+        length = max(length - max_new, 1)
+    return fit(prompt, length, filler), max_new
 
 
 def chunk_sizes(page_size: int, grid: int) -> list[int | None]:
@@ -91,7 +136,11 @@ def setups(
     # found by this machine, fixed by PrefillAdder.room_to_match).
     policies: list[CowReleasePolicy] = ["if_not_appended", "keep"]
     tiny, roomy, top = (64, 96, 256) if page_size == 16 else (16, 48, 160)
-    kv = draw(st.one_of(st.integers(tiny, roomy), st.integers(roomy, top)))
+    # A third of the pools sit at the edge of the longest legal request (prompt + max_new at
+    # max_context_len): one page short of fitting it alone, exactly fitting it with the spare page the
+    # arrival check asks for, or one page more.
+    longest = max_context_len_edges(MAX_CONTEXT_LEN, page_size)
+    kv = draw(st.one_of(st.integers(tiny, roomy), st.integers(roomy, top), st.sampled_from(longest)))
     return EngineSpec(
         page_size=page_size,
         tree=tree,
@@ -104,7 +153,7 @@ def setups(
         max_prefill=draw(st.sampled_from([16, 32, 64])),
         overlap=overlap,
         cow_release_policy=draw(st.sampled_from(policies)),
-        max_context_len=96,
+        max_context_len=MAX_CONTEXT_LEN,
         eos_token_id=draw(st.sampled_from([None, 7])),
         **(v2 or {"mamba_strategy": "no_buffer"}),  # type: ignore[arg-type]  # V1 unless V2 was drawn
     )
@@ -209,9 +258,37 @@ class SchedulerMachine(RuleBasedStateMachine):
         family=st.sampled_from(range(len(FAMILIES))),
         suffix=st.lists(st.integers(0, 99), min_size=1, max_size=20),
         max_new=st.integers(1, 12),
+        edge=edge_draws,
     )
-    def arrive(self, family: int, suffix: list[int], max_new: int) -> None:
-        req = self.sched.add_request(self.next_rid, FAMILIES[family] + suffix, max_new)
+    def arrive(self, family: int, suffix: list[int], max_new: int, edge: Edge = None) -> None:
+        """A request; with an edge drawn, its length sits at a capacity boundary, one below or one above
+        (:func:`request_edges`; the drawn tokens repeat to the length, or are cut)."""
+        prompt, max_new = land(self.setup, FAMILIES[family] + suffix, max_new, edge, suffix)
+        if edge is not None:
+            event("arrival at a capacity edge")
+        self.add(prompt, max_new)
+
+    @rule(
+        family=st.sampled_from(range(len(FAMILIES))),
+        suffix=st.lists(st.integers(0, 99), min_size=1, max_size=20),
+        max_new=st.integers(1, 12),
+        capacity=st.integers(0, 63),
+        offset=st.sampled_from(OFFSETS),
+    )
+    def arrive_at_capacity(
+        self, family: int, suffix: list[int], max_new: int, capacity: int, offset: int
+    ) -> None:
+        """As many requests at once as a count capacity holds (request rows, running requests, Mamba
+        slots), one fewer or one more; they share the prompt up to its last token (a branching point)."""
+        setup = self.setup
+        counts = [setup.rows, setup.max_running, *([setup.mamba_slots] if setup.hybrid else [])]
+        n = max(counts[capacity % len(counts)] + offset, 1)
+        event("arrivals at a count capacity")
+        for i in range(n):
+            self.add(FAMILIES[family] + suffix + [i], max_new)
+
+    def add(self, prompt: list[int], max_new: int) -> None:
+        req = self.sched.add_request(self.next_rid, prompt, max_new)
         self.next_rid += 1
         if req.state is ReqState.REJECTED:
             event("rejected at arrival")

@@ -1,0 +1,80 @@
+"""The generic machines as a fuzz campaign: many items, any number of pytest-xdist workers, one example
+database (``scripts/campaign.py`` runs it; collected only under ``KVLEDGER_CAMPAIGN=1``).
+
+Each item runs one machine for ``KVLEDGER_CAMPAIGN_EXAMPLES`` examples with Hypothesis's random seed,
+so the items explore different streams; every worker reads and writes the example database at
+``KVLEDGER_FUZZ_DB`` (a directory; Hypothesis's directory database is safe for several processes). A
+failure one worker finds is saved there and replayed first by every later item of that machine, on any
+worker, in this campaign and the next. ``KVLEDGER_CAMPAIGN_EXHIBIT`` installs a museum exhibit for the
+whole campaign (what the campaign's tests use to show a failure shared through the database); without
+one the campaign is a clean run and any failure is a bug.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis.stateful import run_state_machine_as_test
+
+from kvledger.museum.hunt import machine_class
+from kvledger.museum.machines import MACHINES
+
+SHARDS = int(os.environ.get("KVLEDGER_CAMPAIGN_SHARDS", "4"))
+EXAMPLES = int(os.environ.get("KVLEDGER_CAMPAIGN_EXAMPLES", "50"))
+CHOSEN = os.environ.get("KVLEDGER_CAMPAIGN_MACHINES", ",".join(MACHINES)).split(",")
+EXHIBIT = os.environ.get("KVLEDGER_CAMPAIGN_EXHIBIT") or None
+# Replay only what the database holds, generate nothing: after a fix, every known failure re-run at once.
+REPLAY_ONLY = os.environ.get("KVLEDGER_CAMPAIGN_REPLAY_ONLY") == "1"
+
+
+def _settings() -> settings:
+    return settings(
+        max_examples=EXAMPLES,
+        stateful_step_count=40,
+        deadline=None,
+        derandomize=False,
+        database=DirectoryBasedExampleDatabase(Path(os.environ.get("KVLEDGER_FUZZ_DB", ".hypothesis/fuzz-db"))),
+        phases=(Phase.reuse,) if REPLAY_ONLY else (Phase.reuse, Phase.generate, Phase.target, Phase.shrink),
+        suppress_health_check=list(HealthCheck),
+        print_blob=True,
+    )
+
+
+def _installed() -> Any:
+    if EXHIBIT is None:
+        return contextlib.nullcontext()
+    from kvledger.museum import exhibit
+
+    return exhibit(EXHIBIT).installed()
+
+
+@pytest.mark.parametrize("shard", range(SHARDS))
+@pytest.mark.parametrize("machine", CHOSEN)
+def test_machine(machine: str, shard: int, record_property: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    base = machine_class(machine)
+    examples = 0
+    original = base.__init__
+
+    def counting_init(self: Any) -> None:
+        nonlocal examples
+        examples += 1
+        original(self)
+
+    # The class itself stays the factory (its digest is the database key every worker shares); only its
+    # __init__ counts, for this item.
+    monkeypatch.setattr(base, "__init__", counting_init)
+    record_property("machine", machine)
+    start = time.monotonic()
+    try:
+        with _installed():
+            run_state_machine_as_test(base, settings=_settings())
+    finally:
+        record_property("examples", examples)
+        record_property("seconds", time.monotonic() - start)
