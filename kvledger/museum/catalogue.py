@@ -97,7 +97,9 @@ EXHIBITS: tuple[Exhibit, ...] = (
             "the over-free much later (mamba_available_size=473, mamba_evictable_size=4 for a pool of 476). "
             "This is also the second seed (#12432 chunk path)."
         ),
-        breaks=("I-HANDLE-OWNED", "I-NODUP-FREE", "I-EXCLUSIVE"),
+        # I-IDLE-IDENTITY too: upstream's own idle check is where the over-free surfaced, and a hunt whose
+        # shrink stops early (a clock-cut shrink under load) may report that failure of the same bug first.
+        breaks=("I-HANDLE-OWNED", "I-NODUP-FREE", "I-EXCLUSIVE", "I-IDLE-IDENTITY"),
         reenact=pd_bugs.b4_chunk_frees_mamba_slot,
         replaces=replaced_name(PrefillScheduler, "process_prefill_chunk"),
         machine="pd",
