@@ -564,6 +564,8 @@ class Ledger:
         self._count[src.account] -= n
         if not self._held[src_code] and src_code > PENDING_CODE:
             self._release_code(src_code)
+        if src.giver is not None:
+            src.giver(src)
 
     def _on_retag(self, owner: Owner, old: Account, new: Account, op: str) -> None:
         """Called by :meth:`Owner.set_account`: the owner's ids change account, not owner."""
@@ -703,6 +705,11 @@ class OwnerTable(Ledger):
 
     Moves of a few ids (a decode step's: one id per request) stay in Python ints, read and written through
     a memoryview of the owner table: a handful of numpy calls on a tiny array cost more than the loop.
+    An allocation (a move out of the free list, ids as the pool's own numpy array) is recorded without
+    re-checking that the ids were free: the pool's free list took them, and its state bytes refuse a
+    double free at every level. So this table is for a pool's own bookkeeping; a ledger that watches
+    another implementation's allocator (``kvledger.engines.sglang``, the audit's replay) is a
+    :class:`Ledger`, which checks every move.
     """
 
     debug = False
@@ -731,6 +738,21 @@ class OwnerTable(Ledger):
 
     def transfer(self, ids: Any, src: Owner, dst: Owner, op: str) -> None:
         codes = self._codes
+        if src is FREE_LIST and type(ids) is np.ndarray and dst is not src:
+            # An allocation: ids the pool took off its own free list (see transfer_each).
+            n = ids.size
+            if n:
+                dst_code = codes.get(dst) or self._code_of(dst)
+                if n <= SMALL_MOVE:
+                    mv = self._mv
+                    for i in ids.tolist():
+                        mv[i] = dst_code
+                else:
+                    self._own[ids] = dst_code
+                self._moved(FREE_LIST, FREE_CODE, dst, dst_code, n)
+                if self.observer is not None:
+                    self.observer.moved(self, ids, src, dst, op)
+            return
         src_code = codes.get(src)
         lst = self._small(ids)
         if lst is not None and src_code is not None:
@@ -773,8 +795,18 @@ class OwnerTable(Ledger):
         count[src.account] -= n
         if not held[src_code] and src_code > PENDING_CODE:
             self._release_code(src_code)
+        if src.giver is not None:
+            src.giver(src)
 
     def transfer_each(self, ids: Any, src: Owner, dsts: Sequence[Owner], op: str) -> None:
+        if src is FREE_LIST and type(ids) is np.ndarray and ids.size == len(dsts):
+            # A hand-out from the free list (a decode step's allocation): the pool took these ids off its
+            # own free list, whose state bytes already refuse a double free, so the owner table only
+            # records the new owners (the ``ledger`` level checks this move too).
+            self._hand_out(ids, dsts)
+            if self.observer is not None:
+                self.observer.moved(self, ids, src, list(dsts), op)
+            return
         a = as_id_array(ids)
         n = a.size
         if not self._batch_shape_ok(n, src, dsts, op):
@@ -795,6 +827,17 @@ class OwnerTable(Ledger):
         self._settle(src, src_code, n)  # type: ignore[arg-type]
         if self.observer is not None:
             self.observer.moved(self, a, src, list(dsts), op)
+
+    def _hand_out(self, a: np.ndarray, dsts: Sequence[Owner]) -> None:
+        mv, get, held, count = self._mv, self._codes.get, self._held, self._count
+        for i, d in zip(a.tolist(), dsts, strict=True):
+            c = get(d) or self._code_of(d)
+            mv[i] = c
+            held[c] += 1
+            count[d._account] += 1
+        n = len(dsts)
+        held[FREE_CODE] -= n
+        count[FREE] -= n
 
     def require_held_by(self, ids: Any, owner: Owner, op: str, *, distinct: bool = False) -> None:
         lst = self._small(ids)

@@ -273,6 +273,13 @@ class Scheduler:
             r for r in self._live.values() if not r.state.is_done or r.owner.account in self.parked_accounts
         ]
 
+    def _live_among(self, reqs: Iterable[Req]) -> list[Req]:
+        """The requests of ``reqs`` that :meth:`live_requests` lists."""
+        live, parked = self._live, self.parked_accounts
+        return [
+            r for r in reqs if live.get(r.rid) is r and (not r.state.is_done or r.owner.account in parked)
+        ]
+
     def queued_requests(self) -> Iterable[Req]:
         """Every request queued and not yet released, unfiltered (a view: the count identities' fast path).
 
@@ -335,7 +342,8 @@ class Scheduler:
         """The checks after every step: handles first (their message names the slot and the holder), then
         that ended requests released what they held, then the busy identity and the ledger cross-check."""
         if self.accounting.enabled:
-            self.check_handles_owned()
+            changed = self.accounting.changed_requests()  # O(changed), not O(live): see there
+            self.check_handles_owned(None if changed is None else self._live_among(changed))
             self.check_ended_requests_released()
         self.accounting.after_step()
 
