@@ -351,12 +351,21 @@ class Scheduler:
         """I-HANDLE-OWNED: every id a handle of ``reqs`` (default: every live request) names is owned by
         that request. O(requests checked), never O(pool); returns the number of ids checked."""
         ledgers = {name: pool.ledger for name, pool in self.accounting.pools_by_name().items()}
-        claims = (
-            HandleClaim(r.owner, field_name, pool, ids)
-            for r in (self.live_requests() if reqs is None else reqs)
-            for field_name, pool, ids in r.handles()
-        )
-        return check_handles_owned(claims, ledgers)
+        # The common case (every handle owned) answered by the ledgers' Python fast path; a claim that
+        # fails it goes to check_handles_owned, which raises with the evidence (issue 24: this runs twice
+        # per step over the running requests, so no claim objects are made for the handles that hold).
+        checked, suspect = 0, []
+        for r in self.live_requests() if reqs is None else reqs:
+            owner = r.owner
+            for field_name, pool, ids in r.handles():
+                ledger = ledgers.get(pool)
+                if ledger is None or not ledger.enabled:
+                    continue
+                checked += len(ids)
+                if not ledger.holds(ids, owner):
+                    suspect.append(HandleClaim(owner, field_name, pool, ids))
+        check_handles_owned(suspect, ledgers)
+        return checked
 
     def check_ended_requests_released(self) -> None:
         """I-OWNER-RELEASE at the step boundary: a request that has ended was released, or is parked in one
