@@ -303,8 +303,8 @@ def run(ns: argparse.Namespace) -> int:
 
     if ns.contracts is not None and ns.checks is not None:
         return usage_error(NAME, "--contracts and --checks both set the checking level: give one of them")
-    if ns.contracts is not None and (ns.contracts == "on") != switch.ENABLED:
-        _reexec_with_contracts(ns.contracts)
+    if ns.contracts is not None and ("full" if ns.contracts == "on" else "release") != switch.LEVEL.label:
+        _reexec_with_contracts(ns.contracts)  # the alias of --checks full / release
     apply_checks(ns)
     opts = _sim_options(ns)
     _announce_long_run(ns, opts.workload)
