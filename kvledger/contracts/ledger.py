@@ -221,16 +221,20 @@ class Ledger:
     """
 
     enabled = True
-    debug = True
-    """Debug data checks ride on this ledger: freed slots are poisoned, reads are checked (``ledger``)."""
 
-    def __init__(self, pool: str, domain: range, *, unit: int = 1, history: int | None = None) -> None:
+    def __init__(
+        self, pool: str, domain: range, *, unit: int = 1, history: int | None = None, debug: bool = True
+    ) -> None:
         if domain.step != 1 or domain.start < 0 or len(domain) == 0:
             raise ValueError(f"ledger domain must be a non-empty contiguous range of ids >= 0, got {domain}")
         self.pool = pool
         self.domain = domain
         self.size = len(domain)
         self.unit = unit
+        # The data checks ride on this flag: the pool poisons freed slots and zeroes handed-out ones, the
+        # tiny model checks what its reads see (the level ``full``; a pool's ledger gets it from
+        # make_ledger).
+        self.debug = debug
         self.step = 0
         # The clock of whoever drives the pool, recorded with every move so reports date moves in its
         # terms: the scheduler sets ``epoch`` to its step number (``clock`` "scheduler step"), an audit to
@@ -718,8 +722,7 @@ class OwnerTable(Ledger):
     The same owner codes, registry, counts and checks as :class:`Ledger` (so every foreign free, foreign
     insert or adopted slot is refused the same way, with the same typed errors), without what makes a
     ledger a debugging tool: no move log (a report names the id and its owner, not its last moves), no
-    I-COUNT check at each move (the scheduler's count identities check the counts after every step), and
-    no poisoning of freed slots (``debug`` is False).
+    I-COUNT check at each move (the scheduler's count identities check the counts after every step).
 
     Moves of a few ids (a decode step's: one id per request) stay in Python ints, read and written through
     a memoryview of the owner table: a handful of numpy calls on a tiny array cost more than the loop.
@@ -730,10 +733,8 @@ class OwnerTable(Ledger):
     :class:`Ledger`, which checks every move.
     """
 
-    debug = False
-
     def __init__(self, pool: str, domain: range, *, unit: int = 1) -> None:
-        super().__init__(pool, domain, unit=unit, history=1)
+        super().__init__(pool, domain, unit=unit, history=1, debug=False)
 
     def _small(self, ids: Any) -> list[int] | None:
         """``ids`` as a short list of in-range ints, or None (many ids, odd types or out of range)."""
@@ -961,7 +962,7 @@ def make_ledger(pool: str, domain: range, *, unit: int = 1) -> AnyLedger:
     a :class:`Ledger` (``ledger``, ``full``), an :class:`OwnerTable` (``owners``) or the no-op one."""
     level = ledger_level()
     if level >= CheckLevel.LEDGER:
-        return Ledger(pool, domain, unit=unit)
+        return Ledger(pool, domain, unit=unit, debug=level.contracts)
     if level is CheckLevel.OWNERS:
         return OwnerTable(pool, domain, unit=unit)
     return NullLedger(pool, domain, unit=unit)

@@ -10,11 +10,12 @@ cost and what each catches):
   checked with one vectorised gather on every call that names ids. Foreign frees, foreign inserts,
   adopted Mamba slots and continued foreign pages are typed errors (``ForeignSlot``), state unchanged.
   No move history, no poisoning of freed slots.
-* ``ledger``: plus the history of moves (violations name the culprit and the slot's last moves) and
-  the data checks that need a ledger: freed KV and Mamba slots are poisoned, the tiny model's runner
-  checks what its reads see.
-* ``full``: plus icontract pre/postconditions and class invariants, and the scheduler's incremental
-  identity cross-checked against the ledgers after every step (the debug build of earlier releases).
+* ``ledger``: plus the history of moves (violations name the culprit and the slot's last moves), and
+  every move checked, the pools' internal ones included.
+* ``full``: plus icontract pre/postconditions and class invariants, the scheduler's incremental
+  identity cross-checked against the ledgers after every step, and the data checks: freed KV and Mamba
+  slots are poisoned and handed-out ones zeroed, the tiny model's runner checks what its reads see
+  (the debug build of earlier releases).
 
 ``full`` is special: icontract's decorators are applied when a module is imported, so whether they run
 is fixed for the whole process (:data:`kvledger.contracts.switch.LEVEL`). The three others differ only
@@ -49,7 +50,7 @@ class CheckLevel(enum.IntEnum):
 
     @property
     def keeps_history(self) -> bool:
-        """Ledgers keep the move log, and freed slots are poisoned (the data checks)."""
+        """Ledgers keep the move log and check every move."""
         return self >= CheckLevel.LEDGER
 
     @property

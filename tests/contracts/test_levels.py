@@ -146,6 +146,7 @@ def test_engine_spec_picks_the_pools_ledgers(level: CheckLevel, ledger: type) ->
     sched = build_engine(EngineSpec(checks=level))
     pools = (sched.kv_allocator, sched.req_to_token_pool, sched.mamba_pool)
     assert all(type(p.ledger) is ledger for p in pools), [type(p.ledger).__name__ for p in pools]
+    assert not any(p.ledger.debug for p in pools)  # the data checks (poisoning) are the level full's
     assert switch.ledger_level() is switch.LEVEL  # the builder put the process's level back
 
 
@@ -190,4 +191,4 @@ def test_owner_table_refuses_a_repeated_id_and_keeps_no_history() -> None:
     assert table.held_count(a) == 2 and table.owner_of(1) is FREE_LIST
     assert table.history_of(1) == [] and "no move history" in table.describe([1], "x")
     table.audit(free_ids=[1, 2, *range(45, 65)])  # the counts and the table agree
-    assert table.debug is False and Ledger.debug is True and NullLedger.debug is False
+    assert table.debug is False and Ledger("x", range(1, 3)).debug is True and NullLedger.debug is False
