@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command (README, CI): lint, invariant traceability, type checks, the docs build, CrossHair proofs,
-# Triton-interpreter kernel tests, the bad-input sweep with contracts off, then the suite.
+# Triton-interpreter kernel tests, the bad-input sweep at the levels release and owners, then the suite.
 #
 # Every stage runs, whatever an earlier one did: a failure is remembered, and the script ends with the
 # list of the stages that failed (exit 1). So one red stage (a proof that timed out on a busy machine)
@@ -40,8 +40,10 @@ stage "crosshair (the registry's proof targets: every postcondition declared pro
   "$PY" scripts/crosshair_gate.py
 stage "kernels under the Triton interpreter (own process: TRITON_INTERPRET is read at import)" \
   env TRITON_INTERPRET=1 "$PY" -m pytest -q -m interp tests/kernels -p no:cacheprovider
-stage "bad-input sweep with contracts off (own process: KVLEDGER_CONTRACTS is read at import)" \
-  env KVLEDGER_CONTRACTS=0 "$PY" -m pytest -q tests/sweep -p no:cacheprovider
+stage "bad-input sweep at the level release (own process: the checking level is read at import)" \
+  env KVLEDGER_CHECKS=release "$PY" -m pytest -q tests/sweep -p no:cacheprovider
+stage "bad-input sweep at the level owners (every row, nothing forced on; spec/checking-levels.md)" \
+  env KVLEDGER_CHECKS=owners "$PY" -m pytest -q tests/sweep -p no:cacheprovider
 stage "test suite (contracts on, Hypothesis profile ${HYPOTHESIS_PROFILE:-ci})" \
   env HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}" "$PY" -m pytest -q -m "not interp and not gpu and not deep" "$@"
 

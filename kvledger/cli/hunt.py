@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kvledger.cli import interrupt
+from kvledger.cli.checks import add_checks_option, apply_checks
 from kvledger.cli.museum import indexed
 from kvledger.cli.options import UsageError, int_in, seconds
 from kvledger.cli.output import console
@@ -94,6 +95,7 @@ def add_parser(sub: Any) -> None:
     h.add_argument(
         "--json", action="store_true", help="print one JSON document on stdout (progress on stderr)"
     )
+    add_checks_option(h)  # detection per checking level (spec/checking-levels.md)
 
 
 def out_dir_problem(path: Path) -> str | None:
@@ -187,6 +189,7 @@ def run(ns: argparse.Namespace) -> int:
         raise UsageError(problem)
     for name in ns.exhibit or ():
         indexed(name)  # an unknown or out-of-scope name is refused before the catalogue (torch) loads
+    apply_checks(ns)  # another level than the process's: a new process, started at it
     targets = _targets(ns)
     if ns.seeds is not None:
         from kvledger.cli.hunt_seeds import run_seeds
@@ -220,7 +223,9 @@ def run(ns: argparse.Namespace) -> int:
                 label, f"found {result.invariant} in {result.seconds:.1f} s" if result.found else "not found"
             )
     if ns.json:
-        doc = {"budget_s": ns.budget, "seed": ns.seed, "results": [r.as_json() for r in results]}
+        from kvledger.contracts.switch import LEVEL
+
+        doc = {"budget_s": ns.budget, "seed": ns.seed, "checks": LEVEL.label, "results": [r.as_json() for r in results]}
         print(json.dumps(doc, indent=1))
     else:
         _summary(results)

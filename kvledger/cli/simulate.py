@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
+from kvledger.cli.checks import add_checks_option, apply_checks
 from kvledger.cli.options import UsageError, bounded_help, int_in, probability, usage_error
 from kvledger.cli.output import console as make_console
 from kvledger.cli.output import staged
@@ -166,8 +167,12 @@ def add_parser(sub: Any) -> None:
         "--contracts",
         choices=["on", "off"],
         default=None,
-        help="override KVLEDGER_CONTRACTS, re-executing the process with it set (default: the env var, on)",
+        help=(
+            "override KVLEDGER_CONTRACTS, re-executing the process with it set (default: the env var, on);"
+            " the alias of --checks full (on) and --checks release (off)"
+        ),
     )
+    add_checks_option(o)
     seed = int_in(-(2**63), 2**63 - 1)
     o.add_argument("--seed", metavar="N", type=seed, default=0, help="workload seed (default: %(default)s)")
     o.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
@@ -200,7 +205,11 @@ def _reexec_with_contracts(value: str) -> NoReturn:
     """Contracts are fixed at import: switching them means a new process with the env var set."""
     from kvledger.contracts import switch
 
-    env = dict(os.environ, **{switch.ENV_VAR: "1" if value == "on" else "0"})
+    # KVLEDGER_CHECKS wins over its alias when both are set: set both, so the new process agrees
+    env = dict(
+        os.environ,
+        **{switch.ENV_VAR: "1" if value == "on" else "0", switch.LEVEL_ENV_VAR: "full" if value == "on" else "release"},
+    )
     args = list(sys.argv[1:])
     i = args.index("--contracts")
     del args[i : i + 2]
@@ -316,8 +325,11 @@ def run(ns: argparse.Namespace) -> int:
         return usage_error(NAME, problem)
     from kvledger.contracts import switch
 
-    if ns.contracts is not None and (ns.contracts == "on") != switch.ENABLED:
-        _reexec_with_contracts(ns.contracts)
+    if ns.contracts is not None and ns.checks is not None:
+        return usage_error(NAME, "--contracts and --checks both set the checking level: give one of them")
+    if ns.contracts is not None and ("full" if ns.contracts == "on" else "release") != switch.LEVEL.label:
+        _reexec_with_contracts(ns.contracts)  # the alias of --checks full / release
+    apply_checks(ns)
     opts = _sim_options(ns)
     _announce_long_run(ns, opts.workload)
     if ns.pd:

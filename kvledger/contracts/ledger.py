@@ -38,8 +38,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from kvledger.contracts.errors import ContractViolation, DuplicateIds, ForeignSlot
+from kvledger.contracts.levels import CheckLevel
 from kvledger.contracts.owners import FREE, FREE_LIST, PENDING_FREE, Account, Owner
-from kvledger.contracts.switch import ensure, ledgers_enabled
+from kvledger.contracts.switch import ensure, ledger_level
 
 
 def _history_setting() -> int:
@@ -63,6 +64,9 @@ entry costs about 150 bytes, plus 4 bytes per id for moves of several ids."""
 MOVES_PER_SLOT_IN_REPORT = 6
 
 NO_OWNER, FREE_CODE, PENDING_CODE = 0, 1, 2  # codes every ledger reserves
+
+SMALL_MOVE = 16
+"""Moves of at most this many ids take the owner table's Python path (:class:`OwnerTable`)."""
 
 
 @dataclass(frozen=True)
@@ -218,13 +222,19 @@ class Ledger:
 
     enabled = True
 
-    def __init__(self, pool: str, domain: range, *, unit: int = 1, history: int | None = None) -> None:
+    def __init__(
+        self, pool: str, domain: range, *, unit: int = 1, history: int | None = None, debug: bool = True
+    ) -> None:
         if domain.step != 1 or domain.start < 0 or len(domain) == 0:
             raise ValueError(f"ledger domain must be a non-empty contiguous range of ids >= 0, got {domain}")
         self.pool = pool
         self.domain = domain
         self.size = len(domain)
         self.unit = unit
+        # The data checks ride on this flag: the pool poisons freed slots and zeroes handed-out ones, the
+        # tiny model checks what its reads see (the level ``full``; a pool's ledger gets it from
+        # make_ledger).
+        self.debug = debug
         self.step = 0
         # The clock of whoever drives the pool, recorded with every move so reports date moves in its
         # terms: the scheduler sets ``epoch`` to its step number (``clock`` "scheduler step"), an audit to
@@ -236,6 +246,7 @@ class Ledger:
         # Owner codes per id: 0 for ids outside the domain (reserved padding ids), else a registry code.
         self._own = np.zeros(domain.stop, dtype=np.int32)
         self._own[domain.start :] = FREE_CODE
+        self._mv: memoryview = self._own.data  # the same int32 buffer, indexed as Python ints (few ids)
         self._owners: list[Owner | None] = [None, FREE_LIST, self.pending_owner]
         self._codes: dict[Owner, int] = {FREE_LIST: FREE_CODE, self.pending_owner: PENDING_CODE}
         self._held: list[int] = [0, self.size, 0]  # ids held per code
@@ -323,6 +334,14 @@ class Ledger:
         """Whether every id is held by ``owner`` (vectorised; the postcondition of :meth:`transfer`)."""
         a = as_id_array(ids)
         return a.size == 0 or self._held_by(a, self._codes.get(owner))
+
+    def holds(self, ids: Sequence[int], owner: Owner) -> bool:
+        """Whether ``owner`` holds every id of a short list of ints (a handle's): Python ints, no numpy."""
+        code = self._codes.get(owner)
+        if code is None:
+            return not ids
+        mv, top = self._mv, len(self._mv)
+        return all(type(i) is int and 0 <= i < top and mv[i] == code for i in ids)
 
     def all_held_each(self, ids: Any, owners: Sequence[Owner]) -> bool:
         """Whether ``ids[i]`` is held by ``owners[i]`` for every i (vectorised)."""
@@ -475,16 +494,26 @@ class Ledger:
         if n == 0:
             return
         src_code = self._codes.get(src)
-        self._check_move(a, src_code, src, dst, op)
+        mv = self._mv
+        # A few ids: checked, moved and logged as Python ints through the memoryview (cheaper than the
+        # numpy calls of the general path, which any doubt falls through to for the evidence).
+        lst: list[int] | None = a.tolist() if n <= SMALL_MOVE and a.dtype == np.int64 else None
+        if lst is None or src_code is None or not self._small_held(lst, src_code):
+            self._check_move(a, src_code, src, dst, op)
+            lst = None
         if dst is not src:  # a move to oneself only leaves a trace in the log
             dst_code = self._code_of(dst)
-            self._own[a] = dst_code
+            if lst is None:
+                self._own[a] = dst_code
+            else:
+                for i in lst:
+                    mv[i] = dst_code
             self._held[dst_code] += n
-            self._count[dst.account] = self._count.get(dst.account, 0) + n
+            self._count[dst._account] += n
             self._settle(src, src_code, n)  # type: ignore[arg-type]  # _check_move proved it registered
         self._log.append(
-            (self.step, op, (int(a[0]),) if n == 1 else a.astype(np.int32), src.serial, src.kind, src.key,
-             src.account.name, dst.serial, dst.kind, dst.key, dst.account.name, self.epoch)
+            (self.step, op, tuple(lst) if lst is not None else a.astype(np.int32), src.serial, src.kind,
+             src.key, src._account.name, dst.serial, dst.kind, dst.key, dst._account.name, self.epoch)
         )  # fmt: skip
         self.step += 1
         if self.observer is not None:
@@ -499,12 +528,8 @@ class Ledger:
         """
         a = as_id_array(ids)
         n = a.size
-        if n != len(dsts):
-            raise ContractViolation(f"[{self.pool}] {op}: {n} ids for {len(dsts)} owners")
-        if n == 0:
+        if not self._batch_shape_ok(n, src, dsts, op):
             return
-        if any(d is src for d in dsts):
-            raise ContractViolation(f"[{self.pool}] {op}: {src!r} cannot hand ids to itself in a batch")
         src_code = self._codes.get(src)
         self._check_move(a, src_code, src, dsts[0] if n == 1 else None, op)
         get = self._codes.get
@@ -527,8 +552,29 @@ class Ledger:
             self.observer.moved(self, a, src, list(dsts), op)
         self._check_count(op)
 
+    def _batch_shape_ok(self, n: int, src: Owner, dsts: Sequence[Owner], op: str) -> bool:
+        """A batched hand-out names one owner per id, none of them the source; False: nothing to move."""
+        if n != len(dsts):
+            raise ContractViolation(f"[{self.pool}] {op}: {n} ids for {len(dsts)} owners")
+        if any(d is src for d in dsts):
+            raise ContractViolation(f"[{self.pool}] {op}: {src!r} cannot hand ids to itself in a batch")
+        return n > 0
+
+    def _small_held(self, lst: list[int], code: int) -> bool:
+        """Every id of a short list of ints is held by ``code``, none repeated."""
+        mv, top = self._mv, len(self._mv)
+        return all(0 <= i < top and mv[i] == code for i in lst) and (len(lst) == 1 or len(set(lst)) == len(lst))
+
     def _check_move(self, a: np.ndarray, src_code: int | None, src: Owner, dst: Owner | None, op: str) -> None:
         """Every id held by ``src``, none repeated; else ContractViolation with the evidence."""
+        n = a.size
+        if 1 < n <= SMALL_MOVE and src_code is not None and a.dtype == np.int64:
+            # A few ids (a request's pages, a decode step's): Python ints through the memoryview beat the
+            # handful of numpy calls below; any doubt falls through to them for the evidence.
+            lst = a.tolist()
+            mv, top = self._mv, len(self._mv)
+            if all(0 <= i < top and mv[i] == src_code for i in lst) and len(set(lst)) == n:
+                return
         if not self._held_by(a, src_code):
             wrong = self._not_held_by(a, src_code)
             to = f" on their way to {dst!r}" if dst is not None else ""
@@ -549,6 +595,8 @@ class Ledger:
         self._count[src.account] -= n
         if not self._held[src_code] and src_code > PENDING_CODE:
             self._release_code(src_code)
+        if src.giver is not None:
+            src.giver(src)
 
     def _on_retag(self, owner: Owner, old: Account, new: Account, op: str) -> None:
         """Called by :meth:`Owner.set_account`: the owner's ids change account, not owner."""
@@ -568,14 +616,9 @@ class Ledger:
 
     def _check_count(self, op: str) -> None:
         """I-COUNT at the boundary: the accounts sum to the pool size, none negative."""
-        total = 0
-        for n in self._count.values():
-            if n < 0:
-                break
-            total += n
-        else:
-            if total == self.size:
-                return
+        counts = self._count.values()
+        if sum(counts) == self.size and min(counts) >= 0:
+            return
         raise ContractViolation(
             f"[{self.pool}] {op}: I-COUNT: the accounts sum to the pool size violated:"
             f" {dict(self._count)} sum to {sum(self._count.values())}, size {self.size}"
@@ -677,10 +720,186 @@ class Ledger:
         return f"Ledger({self.pool}, size={self.size}, {self.account_sizes()})"
 
 
+class OwnerTable(Ledger):
+    """The ledger of the ``owners`` level: who holds every id, checked on every move, and nothing else.
+
+    The same owner codes, registry, counts and checks as :class:`Ledger` (so every foreign free, foreign
+    insert or adopted slot is refused the same way, with the same typed errors), without what makes a
+    ledger a debugging tool: no move log (a report names the id and its owner, not its last moves), no
+    I-COUNT check at each move (the scheduler's count identities check the counts after every step).
+
+    Moves of a few ids (a decode step's: one id per request) stay in Python ints, read and written through
+    a memoryview of the owner table: a handful of numpy calls on a tiny array cost more than the loop.
+    An allocation (a move out of the free list, ids as the pool's own numpy array) is recorded without
+    re-checking that the ids were free: the pool's free list took them, and its state bytes refuse a
+    double free at every level. So this table is for a pool's own bookkeeping; a ledger that watches
+    another implementation's allocator (``kvledger.engines.sglang``, the audit's replay) is a
+    :class:`Ledger`, which checks every move.
+    """
+
+    def __init__(self, pool: str, domain: range, *, unit: int = 1) -> None:
+        super().__init__(pool, domain, unit=unit, history=1, debug=False)
+
+    def _small(self, ids: Any) -> list[int] | None:
+        """``ids`` as a short list of in-range ints, or None (many ids, odd types or out of range)."""
+        if type(ids) is list:
+            lst = ids
+        else:
+            n = ids.size if isinstance(ids, np.ndarray) else ids.numel() if hasattr(ids, "numel") else None
+            if n is None or n > SMALL_MOVE:
+                return None
+            lst = ids.tolist()
+            if type(lst) is not list:
+                return None
+        if len(lst) > SMALL_MOVE:
+            return None
+        top = len(self._own)
+        for i in lst:
+            if type(i) is not int or not 0 <= i < top:
+                return None
+        return lst
+
+    def transfer(self, ids: Any, src: Owner, dst: Owner, op: str) -> None:
+        codes = self._codes
+        if src is FREE_LIST and type(ids) is np.ndarray and dst is not src:
+            # An allocation: ids the pool took off its own free list (see transfer_each).
+            n = ids.size
+            if n:
+                dst_code = codes.get(dst) or self._code_of(dst)
+                if n <= SMALL_MOVE:
+                    mv = self._mv
+                    for i in ids.tolist():
+                        mv[i] = dst_code
+                else:
+                    self._own[ids] = dst_code
+                self._moved(FREE_LIST, FREE_CODE, dst, dst_code, n)
+                if self.observer is not None:
+                    self.observer.moved(self, ids, src, dst, op)
+            return
+        src_code = codes.get(src)
+        lst = self._small(ids)
+        if lst is not None and src_code is not None:
+            mv = self._mv
+            n = len(lst)
+            if n == 0:
+                return
+            ok = True
+            for i in lst:
+                if mv[i] != src_code:
+                    ok = False
+                    break
+            if ok and (n == 1 or len(set(lst)) == n):
+                if dst is not src:
+                    dst_code = codes.get(dst) or self._code_of(dst)
+                    for i in lst:
+                        mv[i] = dst_code
+                    self._moved(src, src_code, dst, dst_code, n)
+                if self.observer is not None:
+                    self.observer.moved(self, np.asarray(lst, dtype=np.int64), src, dst, op)
+                return
+        a = as_id_array(ids)
+        n = a.size
+        if n == 0:
+            return
+        self._check_move(a, src_code, src, dst, op)  # the general path: raises with the evidence
+        if dst is not src:
+            dst_code = codes.get(dst) or self._code_of(dst)
+            self._own[a] = dst_code
+            self._moved(src, src_code, dst, dst_code, n)  # type: ignore[arg-type]  # checked: registered
+        if self.observer is not None:
+            self.observer.moved(self, a, src, dst, op)
+
+    def _moved(self, src: Owner, src_code: int, dst: Owner, dst_code: int, n: int) -> None:
+        held = self._held
+        held[dst_code] += n
+        held[src_code] -= n
+        count = self._count
+        count[dst.account] += n
+        count[src.account] -= n
+        if not held[src_code] and src_code > PENDING_CODE:
+            self._release_code(src_code)
+        if src.giver is not None:
+            src.giver(src)
+
+    def transfer_each(self, ids: Any, src: Owner, dsts: Sequence[Owner], op: str) -> None:
+        if src is FREE_LIST and type(ids) is np.ndarray and ids.size == len(dsts):
+            # A hand-out from the free list (a decode step's allocation): the pool took these ids off its
+            # own free list, whose state bytes already refuse a double free, so the owner table only
+            # records the new owners (the ``ledger`` level checks this move too).
+            self._hand_out(ids, dsts)
+            if self.observer is not None:
+                self.observer.moved(self, ids, src, list(dsts), op)
+            return
+        a = as_id_array(ids)
+        n = a.size
+        if not self._batch_shape_ok(n, src, dsts, op):
+            return
+        src_code = self._codes.get(src)
+        lst = self._small(a) if n <= SMALL_MOVE else None
+        mv = self._mv
+        if lst is None or src_code is None or any(mv[i] != src_code for i in lst) or len(set(lst)) != n:
+            self._check_move(a, src_code, src, dsts[0] if n == 1 else None, op)
+            lst = a.tolist()
+        get = self._codes.get
+        held = self._held
+        for i, d in zip(lst, dsts, strict=True):
+            c = get(d) or self._code_of(d)
+            mv[i] = c
+            held[c] += 1
+        self._count.update(d.account for d in dsts)
+        self._settle(src, src_code, n)  # type: ignore[arg-type]
+        if self.observer is not None:
+            self.observer.moved(self, a, src, list(dsts), op)
+
+    def _hand_out(self, a: np.ndarray, dsts: Sequence[Owner]) -> None:
+        mv, get, held, count = self._mv, self._codes.get, self._held, self._count
+        for i, d in zip(a.tolist(), dsts, strict=True):
+            c = get(d) or self._code_of(d)
+            mv[i] = c
+            held[c] += 1
+            count[d._account] += 1
+        n = len(dsts)
+        held[FREE_CODE] -= n
+        count[FREE] -= n
+
+    def require_held_by(self, ids: Any, owner: Owner, op: str, *, distinct: bool = False) -> None:
+        lst = self._small(ids)
+        code = self._codes.get(owner)
+        if lst is not None and code is not None:
+            mv = self._mv
+            if all(mv[i] == code for i in lst) and (not distinct or len(set(lst)) == len(lst)):
+                return
+        super().require_held_by(ids, owner, op, distinct=distinct)
+
+    def _on_retag(self, owner: Owner, old: Account, new: Account, op: str) -> None:
+        code = self._codes.get(owner)
+        n = 0 if code is None else self._held[code]
+        if n:
+            self._count[old] -= n
+            self._count[new] += n
+        if self.observer is not None:
+            self.observer.retagged(self, owner, old, new, op)
+
+    def history_of(self, slot: int, limit: int = MOVES_PER_SLOT_IN_REPORT) -> list[Move]:
+        return []
+
+    def describe_slots(self, slots: Iterable[int], claims: Mapping[int, str] | None = None) -> list[str]:
+        lines = []
+        for slot in list(slots)[:8]:
+            claim = None if claims is None else claims.get(slot)
+            lines.append(f"  slot {slot}: owner {self.owner_of(slot)!r}" + ("" if claim is None else f"; {claim}"))
+        lines.append("    (checking level owners: no move history; run at the level ledger for the last moves)")
+        return lines
+
+    def __repr__(self) -> str:
+        return f"OwnerTable({self.pool}, size={self.size}, {self.account_sizes()})"
+
+
 class NullLedger:
-    """The ledger when contracts are off: every method is a no-op, every query answers 'unknown'."""
+    """The ledger of the ``release`` level: every method is a no-op, every query answers 'unknown'."""
 
     enabled = False
+    debug = False
 
     def __init__(self, pool: str, domain: range, *, unit: int = 1) -> None:
         self.pool = pool
@@ -730,7 +949,7 @@ class NullLedger:
         return []
 
     def describe(self, slots: Iterable[int], headline: str, claims: Mapping[int, str] | None = None) -> str:
-        return f"[{self.pool}] {headline} (no ledger: contracts are off)"
+        return f"[{self.pool}] {headline} (no ledger: checking level release)"
 
     def describe_slots(self, slots: Iterable[int], claims: Mapping[int, str] | None = None) -> list[str]:
         return []
@@ -743,7 +962,11 @@ AnyLedger = Ledger | NullLedger
 
 
 def make_ledger(pool: str, domain: range, *, unit: int = 1) -> AnyLedger:
-    """A real ledger when ledgers are enabled (the switch), else the no-op one."""
-    if ledgers_enabled():
-        return Ledger(pool, domain, unit=unit)
+    """The ledger of the level pools are built at now (:func:`~kvledger.contracts.switch.ledger_level`):
+    a :class:`Ledger` (``ledger``, ``full``), an :class:`OwnerTable` (``owners``) or the no-op one."""
+    level = ledger_level()
+    if level >= CheckLevel.LEDGER:
+        return Ledger(pool, domain, unit=unit, debug=level.contracts)
+    if level is CheckLevel.OWNERS:
+        return OwnerTable(pool, domain, unit=unit)
     return NullLedger(pool, domain, unit=unit)

@@ -120,7 +120,7 @@ class Owner:
     reference, so a finished request's owner is not kept alive by the history of its moves.
     """
 
-    __slots__ = ("_account", "_ledgers", "key", "kind", "serial", "watcher")
+    __slots__ = ("_account", "_ledgers", "giver", "key", "kind", "serial", "watcher")
 
     def __init__(self, kind: str, key: Hashable, account: Account) -> None:
         self.kind = kind
@@ -132,6 +132,9 @@ class Owner:
         self._ledgers: list[RetagListener] = []
         # Called with the owner after every account change (the scheduler's incremental identity).
         self.watcher: Callable[[Owner], None] | None = None
+        # Called with the owner after ids left it in a ledger (a free, a hand-over): the scheduler's
+        # per-step I-HANDLE-OWNED check then looks again at this holder's handles (issue 24).
+        self.giver: Callable[[Owner], None] | None = None
 
     @property
     def account(self) -> Account:

@@ -1,15 +1,21 @@
-"""The one switch that turns kvledger's contracts and ledger on or off.
+"""The process's checking level, and the switches derived from it (spec/checking-levels.md).
 
-``KVLEDGER_CONTRACTS=1`` (the default) or ``0``, read once when this module is imported.
+The level (:class:`~kvledger.contracts.levels.CheckLevel`: ``release``, ``owners``, ``ledger``, ``full``)
+is read once, when this module is imported, from ``KVLEDGER_CHECKS``; when that is unset,
+``KVLEDGER_CONTRACTS`` (the switch of earlier releases) is its alias: ``1`` means ``full``, ``0`` means
+``release``; when both are set, ``KVLEDGER_CHECKS`` wins. Neither set: ``full``
+(:data:`~kvledger.contracts.levels.DEFAULT_LEVEL`). The CLI's ``--checks LEVEL`` sets the variable and
+starts a new process.
 
 * The icontract decorators (``require``/``ensure``/``invariant``/``snapshot`` below) are built with
-  ``enabled=ENABLED``; when off, icontract returns the undecorated function, so the cost is exactly zero.
-  Because decorators are applied at import, they cannot be toggled inside a running process: to run
-  with contracts off, start a new process with ``KVLEDGER_CONTRACTS=0``.
-* The ledger and the explicit ``check_*`` calls are runtime objects. :func:`ledgers_enabled` tells
-  whether a pool built *now* gets a real :class:`~kvledger.contracts.ledger.Ledger` or the no-op
-  :class:`~kvledger.contracts.ledger.NullLedger`; tests flip it for objects they construct with
-  :func:`override_ledgers` (documented test API). It never re-decorates anything.
+  ``enabled=ENABLED`` (the level is ``full``); when off, icontract returns the undecorated function, so
+  the cost is exactly zero. Because decorators are applied at import, they cannot be toggled inside a
+  running process: to run at another level, start a new process.
+* The ledgers are runtime objects. :func:`ledger_level` tells which kind of ledger a pool built *now*
+  gets: none (``release``: the no-op :class:`~kvledger.contracts.ledger.NullLedger`), an owner table
+  (``owners``) or a ledger with its move history (``ledger``, ``full``). The engine builder sets it from
+  ``EngineSpec.checks`` with :func:`building_at`; tests flip it with :func:`override_ledgers` (documented
+  test API). It never re-decorates anything.
 
 This module is torch-free and import-light on purpose: CrossHair imports it.
 """
@@ -23,7 +29,8 @@ from collections.abc import Iterator
 
 import icontract
 
-from kvledger.contracts.errors import ContractViolation
+from kvledger.contracts.errors import ContractViolation, InvalidArgument
+from kvledger.contracts.levels import DEFAULT_LEVEL, CheckLevel, parse_level
 
 ENV_VAR = "KVLEDGER_CONTRACTS"
 
@@ -40,7 +47,27 @@ def _read_env(value: str | None) -> bool:
     raise ValueError(f"{ENV_VAR} must be 0 or 1, got {value!r}")
 
 
-ENABLED: bool = _read_env(os.environ.get(ENV_VAR))
+LEVEL_ENV_VAR = "KVLEDGER_CHECKS"
+
+
+def _read_level(checks: str | None, contracts: str | None) -> CheckLevel:
+    """The process's level: ``KVLEDGER_CHECKS`` when set, else its alias ``KVLEDGER_CONTRACTS`` (``1``:
+    ``full``, ``0``: ``release``), else the default. ``KVLEDGER_CHECKS`` wins when both are set."""
+    if checks is not None and checks.strip():
+        try:
+            return parse_level(checks)
+        except ValueError as exc:
+            raise ValueError(f"{LEVEL_ENV_VAR}: {exc}") from None
+    if contracts is None:
+        return DEFAULT_LEVEL
+    return CheckLevel.FULL if _read_env(contracts) else CheckLevel.RELEASE
+
+
+LEVEL: CheckLevel = _read_level(os.environ.get(LEVEL_ENV_VAR), os.environ.get(ENV_VAR))
+"""The process's checking level, fixed at import."""
+
+ENABLED: bool = LEVEL.contracts
+"""icontract's conditions and the scheduler's per-step cross-checks run (the level is ``full``)."""
 
 FAST_ENV_VAR = "KVLEDGER_FAST_CONTRACTS"
 FAST_CONTRACTS: bool = False
@@ -58,26 +85,51 @@ ensure = functools.partial(icontract.ensure, enabled=ENABLED, error=ContractViol
 invariant = functools.partial(icontract.invariant, enabled=ENABLED, error=ContractViolation)
 snapshot = functools.partial(icontract.snapshot, enabled=ENABLED)
 
-_ledgers_on: bool = ENABLED
+_ledger_level: CheckLevel = LEVEL
+
+
+def ledger_level() -> CheckLevel:
+    """The level a pool or cache constructed now is built at (which ledger it gets)."""
+    return _ledger_level
 
 
 def ledgers_enabled() -> bool:
-    """Whether a pool or cache constructed now records ownership in a real ledger."""
-    return _ledgers_on
+    """Whether a pool or cache constructed now records ownership in a real ledger (``owners`` or more)."""
+    return _ledger_level.tracks_owners
+
+
+@contextlib.contextmanager
+def building_at(level: CheckLevel | None) -> Iterator[None]:
+    """Construct pools at ``level`` (None: as now). ``full`` needs a process at ``full`` (import-time)."""
+    global _ledger_level
+    if level is None:
+        yield
+        return
+    if level.contracts and not ENABLED:
+        raise InvalidArgument(
+            f"checking level full needs a process started at full ({LEVEL_ENV_VAR}=full): this one runs"
+            f" at {LEVEL.label}, and icontract's decorators were applied when it imported kvledger"
+        )
+    previous = _ledger_level
+    _ledger_level = level
+    try:
+        yield
+    finally:
+        _ledger_level = previous
 
 
 @contextlib.contextmanager
 def override_ledgers(enabled: bool) -> Iterator[None]:
-    """Test API: construct pools with (or without) a ledger, whatever the env var says.
+    """Test API: construct pools with (or without) a ledger, whatever the level says.
 
     Only affects objects built inside the ``with`` block. The icontract decorators keep the state
-    they got at import; ``enabled=True`` under ``KVLEDGER_CONTRACTS=0`` therefore gives ledger checks
-    without pre/postconditions.
+    they got at import; ``enabled=True`` in a process below ``full`` therefore gives ledger checks
+    (with history) without pre/postconditions.
     """
-    global _ledgers_on
-    previous = _ledgers_on
-    _ledgers_on = enabled
+    global _ledger_level
+    previous = _ledger_level
+    _ledger_level = max(_ledger_level, CheckLevel.LEDGER) if enabled else CheckLevel.RELEASE
     try:
         yield
     finally:
-        _ledgers_on = previous
+        _ledger_level = previous

@@ -10,7 +10,9 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from kvledger.contracts import switch
 from kvledger.contracts.errors import InvalidArgument
+from kvledger.contracts.levels import CheckLevel
 from kvledger.contracts.mamba_track import FLA_CHUNK_SIZE
 from kvledger.reference.config_fields import Count, Size, allocating, check_fields, check_fits_memory
 from kvledger.reference.model import TinyHybridConfig, TinyHybridRunner, TinyHybridWeights
@@ -65,9 +67,17 @@ class EngineSpec:
     mamba_track_interval: Size = 256
     mamba_chunk_size: Size | None = None  # V2's kernel chunk (None: 64); the capture grid is max(it, page)
     speculative: SpeculativeConfig | None = None  # EAGLE/MTP (spec/speculative.md); rows widened to fit
+    # The checking level the pools are built at (spec/checking-levels.md); None: the process's level
+    # (``KVLEDGER_CHECKS``, read once at import). ``full`` only in a process started at full.
+    checks: CheckLevel | None = None
 
     def __post_init__(self) -> None:
         check_fields(self)  # every field of its annotated type and within its bounds (MAX_SIZE)
+        if self.checks is not None and self.checks.contracts and not switch.ENABLED:
+            raise InvalidArgument(
+                f"EngineSpec.checks full needs a process started at full ({switch.LEVEL_ENV_VAR}=full);"
+                f" this one runs at {switch.LEVEL.label} (icontract's decorators are applied at import)"
+            )
         if self.kv_tokens < self.page_size:
             raise InvalidArgument(
                 f"EngineSpec: kv_tokens {self.kv_tokens} is less than one page of {self.page_size}"
@@ -180,7 +190,7 @@ def build_parts(spec: EngineSpec) -> EngineParts:
     with allocating(
         f"engine {spec.name_prefix or ''}(kv_tokens={spec.kv_tokens}, rows={spec.rows},"
         f" max_context_len={spec.max_context_len}, mamba_slots={spec.mamba_slots})"
-    ):
+    ), switch.building_at(spec.checks):  # the level picks each pool's ledger
         return _build_parts(spec, config)
 
 
@@ -228,7 +238,7 @@ def _build_parts(spec: EngineSpec, config: SchedulerConfig) -> EngineParts:
             kv_buffer=kv_buffer,
             req_to_token_pool=rows,
             mamba_pool=mamba,
-            check_integrity=kv.ledger.enabled,  # debug builds check what the reads see; release builds don't
+            check_integrity=kv.ledger.debug,  # debug builds check what the reads see; release builds don't
         )
     return EngineParts(config, kv, rows, mamba, tree, runner, kv_buffer)
 

@@ -20,6 +20,7 @@ from typing import IO, Any
 from kvledger.audit.record import Recorder
 from kvledger.contracts import switch
 from kvledger.contracts.errors import ContractViolation, IdentityFailure
+from kvledger.contracts.levels import CheckLevel
 from kvledger.reference.engine import EngineSpec, ModelKind, TreeKind, build_engine
 from kvledger.reference.scheduler.config import MambaSchedulerStrategy
 from kvledger.reference.scheduler.spec_config import SpeculativeConfig
@@ -98,6 +99,8 @@ class SimOptions:
             accept_rate=self.speculative_accept_rate,
             seed=self.workload.seed,
         )
+    # The checking level the engine is built at (spec/checking-levels.md); None: the process's level.
+    checks: CheckLevel | None = None
 
     def engine_spec(self) -> EngineSpec:
         wl = self.workload
@@ -123,6 +126,7 @@ class SimOptions:
             mamba_track_interval=self.mamba_track_interval,
             mamba_chunk_size=self.mamba_chunk_size,
             speculative=self.speculative_config(),
+            checks=self.checks,
         )
 
 
@@ -164,6 +168,7 @@ class SimResult:
     failed_at_step: int | None = None  # the step the run stopped at on a violation or identity failure
     units: dict[str, str] = field(default_factory=dict)  # per pool: what its terms count (tokens, rows, slots)
     speculative: dict[str, Any] | None = None  # speculative decoding's figures (None: off)
+    checks: str = ""  # the checking level the engine ran at (release, owners, ledger, full)
 
     @property
     def failed(self) -> bool:
@@ -237,6 +242,7 @@ def run_simulation(
     return SimResult(
         options=_options_dict(opts),
         contracts=switch.ENABLED,
+        checks=(switch.LEVEL if opts.checks is None else opts.checks).label,
         steps=sched.step_no,
         wall_s=round(wall, 3),
         steps_per_s=round(sched.step_no / wall, 1) if wall > 0 else 0.0,
@@ -311,6 +317,7 @@ def _last_snapshot(timeline: Timeline, sched: Any) -> None:
 def _options_dict(opts: SimOptions) -> dict[str, Any]:
     d = asdict(opts)
     d.update(d.pop("workload"))
+    del d["checks"]  # reported on its own (SimResult.checks)
     if d["max_waiting"] is None:  # open-loop arrivals (the default): the summary reads as it always did
         del d["max_waiting"]
     return d

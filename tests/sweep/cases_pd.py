@@ -645,7 +645,6 @@ QUERIES: list[Query] = [
         Query(f"MetadataBufferPool.{name}", "metadata", lambda s, n=name: getattr(s.pool, n)())
         for name in ("audit", "available_size", "pending_free_size", "free_ids", "pending_ids")
     ),
-    Query("MetadataBufferPool.ledger", "metadata", lambda s: s.pool.ledger),
     *(
         Query(f"PDSystem.{name}", "pd", lambda s, n=name: getattr(s.system, n)())
         for name in ("describe", "has_work", "instances", "is_quiescent", "check_leases", "check_drain")

@@ -1024,7 +1024,6 @@ QUERIES: list[Query] = [
         for q in (
             _q(cls, kind, "available_size", lambda s: s.pool.available_size()),
             _q(cls, kind, "pending_free_size", lambda s: s.pool.pending_free_size()),
-            _q(cls, kind, "ledger", lambda s: s.pool.ledger),
             _q(cls, kind, "free_ids", lambda s: s.pool.free_ids()),
             _q(cls, kind, "pending_ids", lambda s: s.pool.pending_ids()),
             _q(cls, kind, "audit", lambda s: s.pool.audit(), "a full recount"),

@@ -6,8 +6,8 @@ other attributes are the handles the bad calls use: owners, ids held by each, fr
 out-of-range ids, nodes and locks (live, released, deleted, from another cache), requests in every
 state and batches (in flight, processed, from another scheduler).
 
-Pools and caches are built with ledgers as ``ledgers_enabled()`` says; the sweep builds the scene of a
-case that needs the ownership ledger (``Case.needs_ledger``) under ``override_ledgers(True)``.
+Pools and caches are built at the process's checking level (``KVLEDGER_CHECKS``), nothing forced on: a
+row that needs to know who holds an id (``Case.needs_owners``) is claimed from the level ``owners`` up.
 """
 
 from __future__ import annotations

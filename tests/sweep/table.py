@@ -10,16 +10,15 @@ public method, static or class method and property. A member the table has no ro
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from kvledger.contracts import errors
 from kvledger.contracts.errors import KVLedgerError
-from kvledger.contracts.switch import override_ledgers
+from kvledger.contracts.switch import ledgers_enabled
 from tests.sweep import snapshot
 from tests.sweep.scenes import SCENES, Scene
 
@@ -38,8 +37,9 @@ CATEGORIES = (WRONG_TYPE, OUT_OF_RANGE, NEGATIVE, DUPLICATE, FOREIGN, DOUBLE, WR
 @dataclasses.dataclass(frozen=True)
 class Case:
     """One bad call: ``call(scene)`` must raise ``error`` (a KVLedgerError subclass, by name) and change
-    nothing. ``needs_ledger``: only the ownership ledger can tell (which owner holds a held id), so the
-    scene is built with ledgers on even when contracts are off."""
+    nothing. ``needs_owners``: only a level that knows who holds each id can tell (``owners`` and up,
+    spec/checking-levels.md); at ``release`` the row is not claimed. Nothing is forced on: every row runs
+    at the level of the process (``KVLEDGER_CHECKS``)."""
 
     member: str  # "Class.method", "Class.__init__" or "function"
     category: str
@@ -47,7 +47,7 @@ class Case:
     scene: str
     call: Callable[[Scene], object]
     error: str = "KVLedgerError"
-    needs_ledger: bool = False
+    needs_owners: bool = False
     setup: Callable[[Scene], object] | None = None  # puts the scene in the state the call is bad in
 
     @property
@@ -67,12 +67,12 @@ class Row:
     label: str
     error: str
     call: Call
-    needs_ledger: bool = False
+    needs_owners: bool = False
     setup: Call | None = None
 
     def case(self, member: str, scene: str, suffix: str = "") -> Case:
         label = self.label + suffix
-        return Case(member, self.category, label, scene, self.call, self.error, self.needs_ledger, self.setup)
+        return Case(member, self.category, label, scene, self.call, self.error, self.needs_owners, self.setup)
 
 
 def method_cases(cls: str, scene: str, rows: dict[str, list[Row]], suffix: str = "") -> list[Case]:
@@ -256,18 +256,15 @@ class Outcome:
         return "; ".join(parts)
 
 
-@contextlib.contextmanager
-def _ledgers(needed: bool) -> Iterator[None]:
-    if needed:
-        with override_ledgers(True):
-            yield
-    else:
-        yield
+def build_scene(scene: str) -> Scene:
+    """A fresh scene, its pools and caches built at the process's checking level."""
+    return SCENES[scene]()
 
 
-def build_scene(scene: str, needs_ledger: bool = False) -> Scene:
-    with _ledgers(needs_ledger):
-        return SCENES[scene]()
+def claimed(case: Case) -> bool:
+    """Whether the process's checking level promises to refuse ``case`` (README, spec/checking-levels.md):
+    every row from ``owners`` up; at ``release``, the rows that need no owner."""
+    return ledgers_enabled() or not case.needs_owners
 
 
 def audit(scene: Scene) -> None:
@@ -286,14 +283,13 @@ def audit(scene: Scene) -> None:
 
 
 def run_case(case: Case) -> Outcome:
-    scene = build_scene(case.scene, case.needs_ledger)
+    scene = build_scene(case.scene)
     if case.setup is not None:
         case.setup(scene)
     before = snapshot.take(*scene.roots)
     raised: BaseException | None = None
     try:
-        with _ledgers(case.needs_ledger):
-            case.call(scene)
+        case.call(scene)
     except Exception as exc:
         raised = exc
     after = snapshot.take(*scene.roots)

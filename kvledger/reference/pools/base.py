@@ -35,6 +35,10 @@ class IdPool:
     name: str
     device: torch.device
     free_list: IdFreeList
+    ledger: AnyLedger
+    """Who holds each id (``unit`` units per id); a ``NullLedger`` at the checking level ``release``. A
+    plain attribute, not a property: icontract checks a class's invariants around every public property
+    read, and the scheduler's per-step checks read it thousands of times a run (issue 24)."""
 
     def _init_pool(
         self,
@@ -57,12 +61,8 @@ class IdPool:
         check_fits_memory(ID_BOOKKEEPING_BYTES * (first + count), f"{type(self).__name__} {self.name!r}")
         with allocating(f"{type(self).__name__} {self.name!r}: {count} ids"):
             self.free_list = IdFreeList(self.name, first, count, self.device, unit=unit, reuse=reuse)
+        self.ledger = self.free_list.ledger
         return self.free_list
-
-    @property
-    def ledger(self) -> AnyLedger:
-        """Who holds each id (``unit`` units per id); a ``NullLedger`` when contracts are off."""
-        return self.free_list.ledger
 
     def available_size(self) -> int:
         """Free units (a free group's buffered ids are not available until it ends)."""

@@ -287,12 +287,9 @@ class IdFreeList:
             ok = all(first <= i <= last and st[i] == HELD for i in lst) and len(set(lst)) == n
         if not ok:
             self._refuse_release(np.asarray(lst, dtype=np.int64), op, unit)
-        if self._ledger_on:
-            a = np.asarray(lst, dtype=np.int64)
-            self.ledger.require_held_by(a, owner, op)
-            self._release(a, ids, owner, op)
-        else:
-            self._release(lst, ids, owner, op)
+        if self._ledger_on:  # a few ids: the ledger takes the list as it is (the owner table reads ints)
+            self.ledger.require_held_by(lst, owner, op)
+        self._release(lst, ids, owner, op)
 
     def free_distinct(self, a: np.ndarray, owner: Owner, op: str = "free", unit: str = "id") -> None:
         """Validate and release host ids the caller already knows to be in range and distinct (a paged
@@ -326,7 +323,7 @@ class IdFreeList:
     def _release(
         self, ids: np.ndarray | list[int], tensor: torch.Tensor | None, owner: Owner, op: str
     ) -> None:
-        """``ids`` as a host array (or, ledger off, a short list of ints); ``tensor`` the caller's, if any."""
+        """``ids`` as a host array or a short list of ints; ``tensor`` the caller's, if any."""
         n = len(ids)
         if n == 0:
             return

@@ -104,7 +104,7 @@ class MambaPool(IdPool):
         self._writes = WriteSchedule()  # zeroings and copies promised, applied as one batch
         self._slots.on_alloc = self._schedule_zero  # always: a new owner never inherits a previous state
         self._slots.on_release = self._on_release
-        self._poison_on_release = bool(self._slots.ledger.enabled)  # debug builds: stale reads show
+        self._poison_on_release = bool(self._slots.ledger.debug)  # debug builds: stale reads show
 
     @property
     def conv_state(self) -> torch.Tensor:

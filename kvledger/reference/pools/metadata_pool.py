@@ -61,12 +61,9 @@ class MetadataBufferPool(IdPool):
             self.output_id = torch.zeros((1, size, 1), dtype=torch.int64, device=self.device)
             self._slots = self.free_list = IdFreeList(name, 0, size, self.device, reuse="fifo")
         self._slots.on_alloc = self._zero
-        if self._slots.ledger.enabled:
+        self.ledger = self._slots.ledger  # an attribute, as every pool's (pools/base.py says why)
+        if self._slots.ledger.debug:
             self._slots.on_release = self._poison
-
-    @property
-    def ledger(self) -> Any:
-        return self._slots.ledger
 
     def available_size(self) -> int:
         return self._slots.available()

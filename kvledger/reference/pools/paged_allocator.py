@@ -298,7 +298,7 @@ class PagedTokenToKVPoolAllocator(IdPool):
     def attach_kv_buffer(self, buffer: Any) -> None:
         """Debug builds (a real ledger): zero a page's KV slots when handed out, poison them when given back."""
         check_kv_buffer(buffer, (self.num_pages + 1) * self.page_size, self.device, self.name)
-        if self._pages.ledger.enabled:
+        if self._pages.ledger.debug:
             self._pages.on_alloc = lambda pages: buffer.zero_slots(self._tokens_of(pages))
             self._pages.on_release = lambda pages: buffer.poison_slots(self._tokens_of(pages))
 

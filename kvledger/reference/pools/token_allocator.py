@@ -122,7 +122,7 @@ class TokenToKVPoolAllocator(IdPool):
     def attach_kv_buffer(self, buffer: Any) -> None:
         """Debug builds (a real ledger): zero KV slots when handed out, poison them when given back."""
         check_kv_buffer(buffer, self.size + 1, self.device, self.name)
-        if self._ids.ledger.enabled:
+        if self._ids.ledger.debug:
             self._ids.on_alloc = buffer.zero_slots
             self._ids.on_release = buffer.poison_slots
 

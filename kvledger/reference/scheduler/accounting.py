@@ -105,6 +105,7 @@ class Accounting:
             return
         req.watch = self
         req.owner.watcher = self._owner_changed
+        req.owner.giver = self._owner_changed  # ids left it: its handles are looked at again
         self._by_owner[req.owner] = req
         self._dirty[req] = None
 
@@ -124,6 +125,15 @@ class Accounting:
         if req.watch is self:
             self._dirty[req] = None
 
+    def changed_requests(self) -> list[Req] | None:
+        """The requests whose handles may have changed since the last count: those whose tracked fields
+        were written and those that gave ids away in a ledger (None: every live request, under
+        ``recount_every_step``). A handle goes stale only by one of the two, so checking these after a
+        step is I-HANDLE-OWNED for every live request, in O(changed)."""
+        if self.recount_every_step:
+            return None
+        return list(self._dirty)
+
     def tracked_requests(self) -> int:
         """Requests the accounting still follows (what a long run must keep bounded)."""
         return len(self._by_owner)
@@ -131,6 +141,7 @@ class Accounting:
     def _untrack(self, req: Req) -> None:
         req.watch = None
         req.owner.watcher = None
+        req.owner.giver = None
         self._by_owner.pop(req.owner, None)
 
     def _parts_of(self, req: Req) -> _Parts:
