@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from kvledger.contracts.errors import ContractViolation
+from kvledger.contracts.errors import ContractViolation, InvalidArgument
 from kvledger.contracts.ledger import FREE_CODE, PENDING_CODE, Ledger, as_id_array
 from kvledger.contracts.owners import CACHE_EVICTABLE, FREE_LIST, REQ_RUNNING, Account, Owner
 
@@ -113,6 +113,8 @@ class Watch:
     @contextlib.contextmanager
     def holder(self, key: Any) -> Iterator[Owner]:
         """Attribute the ids handed out (and claim the ids freed) inside the block to request ``key``."""
+        if not isinstance(key, (str, int)) or isinstance(key, bool):
+            raise InvalidArgument(f"Watch.holder: a request key is a str or an int, got {type(key).__name__}")
         owner = self._holders.get(key)
         if owner is None:
             owner = self._holders[key] = Owner("req", key, REQ_RUNNING)
@@ -728,6 +730,62 @@ def _full_counters(tree: Any) -> tuple[int, int]:
     return (int(e[0]) if isinstance(e, tuple) else int(e)), (int(p[0]) if isinstance(p, tuple) else int(p))
 
 
+_NEEDS: dict[str, tuple[str, ...]] = {
+    "allocator": (
+        "alloc",
+        "free",
+        "free_group_begin",
+        "free_group_end",
+        "available_size",
+        "page_size",
+        "size",
+    ),
+    "req_pool": ("free_slots", "size"),
+    "mamba_pool": ("mamba_pool",),
+    "tree": ("match_prefix", "insert", "evict", "inc_lock_ref", "dec_lock_ref"),
+}
+"""What each argument of :func:`watch` must offer (the calls it wraps and the counts its audit reads)."""
+
+
+def _watched(obj: Any) -> bool:
+    """Whether a watch is attached to ``obj`` now (an instance attribute shadows one of its methods)."""
+    names = ("alloc", "free", "alloc_rows", "match_prefix", "inc_lock_ref")
+    return any(name in vars(obj) for name in names) if hasattr(obj, "__dict__") else False
+
+
+def _check_arguments(allocator: Any, req_pool: Any, mamba_pool: Any, tree: Any, audit_each: Any) -> None:
+    """Reject bad arguments before anything is wrapped (the objects are left exactly as they were)."""
+    if not isinstance(audit_each, bool):
+        raise InvalidArgument(f"watch: audit_each must be a bool, got {type(audit_each).__name__}")
+    given = {"allocator": allocator, "req_pool": req_pool, "mamba_pool": mamba_pool, "tree": tree}
+    for name, obj in given.items():
+        if obj is None:
+            continue
+        missing = [a for a in _NEEDS[name] if not hasattr(obj, a)]
+        if missing:
+            raise InvalidArgument(
+                f"watch: {name}={type(obj).__name__} is not an SGLang {name.replace('_', ' ')}"
+                f" (no {', '.join(missing)})"
+            )
+        if _watched(obj):
+            raise InvalidArgument(
+                f"watch: {name} ({type(obj).__name__}) is already watched; detach that watch first"
+            )
+    if mamba_pool is not None:
+        states = mamba_pool.mamba_pool
+        slots = getattr(mamba_pool, "mamba_allocator", None) or states
+        if states is None or not all(hasattr(slots, a) for a in ("alloc", "free", "free_slots", "size")):
+            raise InvalidArgument(
+                f"watch: mamba_pool={type(mamba_pool).__name__} has no Mamba slots (a HybridReqToTokenPool has)"
+            )
+        if _watched(slots):
+            raise InvalidArgument(
+                "watch: the Mamba slot allocator is already watched; detach that watch first"
+            )
+    if all(obj is None for obj in given.values()):
+        raise InvalidArgument("watch: give at least one of allocator, req_pool, mamba_pool, tree")
+
+
 def watch(
     *,
     allocator: Any = None,
@@ -742,6 +800,7 @@ def watch(
     pass it as ``req_pool`` too to watch its rows). ``tree``: a ``RadixCache``, ``UnifiedRadixCache``
     or ``MambaRadixCache``; give its allocator (and Mamba pool) too, so its frees are attributed.
     """
+    _check_arguments(allocator, req_pool, mamba_pool, tree, audit_each)
     w = Watch(audit_each=audit_each)
     if allocator is not None:
         w._attach_allocator(allocator)

@@ -245,3 +245,60 @@ class SGLangCacheMachine(RuleBasedStateMachine):
         self.watch.audit()
         agree("everything free at the end", self.alloc.available_size(), self.alloc.size)
         self.watch.detach()
+
+
+def machine(kind: str | None = None, page: int | None = None) -> type[SGLangCacheMachine]:
+    """The machine restricted to one tree (``"radix"`` or ``"unified"``) and/or one page size (any
+    positive size, 16 included), for long runs of one configuration."""
+
+    class Machine(SGLangCacheMachine):
+        KINDS = (kind,) if kind is not None else SGLangCacheMachine.KINDS
+        PAGE_SIZES = (page,) if page is not None else SGLangCacheMachine.PAGE_SIZES
+
+    return Machine
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m kvledger.engines.sglang.drive EXAMPLES STEPS [--kind=radix|unified] [--page=N]``: one
+    JSON line, the first divergence or violation (shrunk) and its rule calls, or ``null``."""
+    import io
+    import json
+    import sys
+    from contextlib import redirect_stdout
+
+    from hypothesis import HealthCheck, settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    args = sys.argv[1:] if argv is None else argv
+    opts = dict(a[2:].split("=", 1) for a in args if a.startswith("--") and "=" in a)
+    rest = [a for a in args if not a.startswith("--")]
+    kind = opts.get("kind")
+    if kind is not None and kind not in KINDS:
+        print(f"drive: --kind must be one of {KINDS}", file=sys.stderr)
+        return 2
+    page = int(opts["page"]) if "page" in opts else None
+    examples = int(rest[0]) if rest else 200
+    steps = int(rest[1]) if len(rest) > 1 else 40
+    buf = io.StringIO()
+    found: str | None = None
+    calls: list[str] = []
+    try:
+        with redirect_stdout(buf):
+            run_state_machine_as_test(
+                machine(kind, page),
+                settings=settings(
+                    max_examples=examples, stateful_step_count=steps, deadline=None, derandomize=True,
+                    suppress_health_check=list(HealthCheck), print_blob=False, report_multiple_bugs=False,
+                ),
+            )  # fmt: skip
+    except Exception as exc:
+        text = buf.getvalue().splitlines() + list(getattr(exc, "__notes__", []))
+        calls = [ln.strip() for ln in text if ln.strip().startswith("state.") and "teardown" not in ln]
+        found = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+    print(json.dumps({"version": load().version, "kind": kind, "page": page, "examples": examples,
+                      "steps_per_example": steps, "found": found, "steps": calls}))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
