@@ -37,6 +37,18 @@ def test_b14_shrunk_calls_fire_in_the_release_with_the_bug_and_pass_in_the_fixin
     assert good == {"version": B14_UNIFIED.fixed_in, "found": None}
 
 
+@pytest.mark.slow
+def test_b14_own_path_fires_lock_symmetry_at_the_unlock_in_the_release_with_the_bug_only() -> None:
+    """B14's path arranged from the machine's rules (drive_mamba.B14_UNLOCK): the unlock of a lock taken
+    on a tombstone releases another holder's state lock in 0.5.11; 0.5.12 keeps the skip record."""
+    require(B14_UNIFIED)
+    bad = history.replay_in(B14_UNIFIED.has_it, B14_UNIFIED, calls="B14_UNLOCK")
+    assert bad["found"] is not None and "I-LOCK-SYMMETRY" in bad["found"], bad
+    assert "mamba_lock_ref 1 -> 0" in bad["found"]
+    good = history.replay_in(B14_UNIFIED.fixed_in, B14_UNIFIED, calls="B14_UNLOCK")
+    assert good == {"version": B14_UNIFIED.fixed_in, "found": None}
+
+
 @pytest.mark.deep
 def test_b14_hunt_finds_it_in_the_release_with_the_bug_and_the_fixing_release_runs_clean() -> None:
     """The full hunt (1,500 examples of 30 rule calls in each release; several minutes each)."""

@@ -319,6 +319,20 @@ cascades into the revived leaf's locked KV; SGLang's own ``assert ... lock_ref =
 ``_cascade_evict`` stops it, which the attach reports as I-EVICT-LOCKED. 0.5.12 leaves the locked leaf
 a tombstone and runs the same budget clean."""
 
+B14_UNLOCK: tuple[str, ...] = (
+    "state.setup(pool_pages=6, slots=3)",
+    "state.admit(draw=([0, 0], None, 0), keep=False)",
+    "state.lock_extra(draw=([0], None, 0))",
+    "state.lock_tombstone(pick=0)",
+    "state.revive(pick=0)",
+    "state.lock_extra(draw=([0], None, 0))",
+    "state.unlock_extra(pick=1)",
+)
+"""B14's own path, arranged from the machine's rules (not found by a hunt: the hunt's shortest failure is
+:data:`FOUND_0511`): holder A locks the tombstone ``[0]``, a revival gives it a state, holder B locks it
+(taking the state lock), A unlocks. 0.5.11's release re-reads the node's state and releases B's state
+lock (I-LOCK-SYMMETRY, at the unlock); 0.5.12 honours the lock's skip record (``skip_lock_node_ids``)."""
+
 
 def replay(calls: tuple[str, ...] = FOUND_0520, tree: str = "mamba") -> str | None:
     """Run the rule calls Hypothesis printed; the first line of the violation they hit, or None."""

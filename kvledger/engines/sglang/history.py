@@ -82,12 +82,15 @@ def hunt_in(
     return _run(version, args, timeout)
 
 
-def replay_in(version: str, bug: HistoricalBug, timeout: float = 600) -> dict[str, Any]:
-    """Replay the shrunk rule calls of ``bug`` in ``version`` (a subprocess): ``{"version", "found"}``."""
+def replay_in(
+    version: str, bug: HistoricalBug, calls: str | None = None, timeout: float = 600
+) -> dict[str, Any]:
+    """Replay rule calls (``bug.found``, the hunt's shrunk ones, unless ``calls`` names another constant of
+    drive_mamba) in ``version`` (a subprocess): ``{"version", "found"}``."""
     code = (
         "import json; from kvledger.engines.sglang import drive_mamba as d, loader;"
         f" print(json.dumps({{'version': loader.load().version,"
-        f" 'found': d.replay(d.{bug.found}, {bug.tree!r})}}))"
+        f" 'found': d.replay(d.{calls or bug.found}, {bug.tree!r})}}))"
     )
     return _run(version, ["-c", code], timeout)
 
