@@ -116,6 +116,12 @@ class SGLangMambaMachine(RuleBasedStateMachine):
     def key(self, draw: KeyDraw, *, min_pages: int = 0, tail: int = 0) -> tuple[int, ...]:
         return RadixCacheMachine.key(cast(Any, self), draw, min_pages=min_pages, tail=tail)
 
+    def handle(self, node: Any) -> Any:
+        """What the tree's calls take for a node found by walking it: 0.5.23's Unified tree takes node ids
+        (its tree core keeps the nodes in an arena), earlier trees the node objects."""
+        core = getattr(self.tree, "tree_core", None)
+        return node.id if core is not None and hasattr(core, "node_by_id") else node
+
     def rid(self, kind: str) -> str:
         self.n += 1
         return f"{kind}{self.n}"
@@ -228,7 +234,7 @@ class SGLangMambaMachine(RuleBasedStateMachine):
     def lock_tombstone(self, pick: int) -> None:
         """A holder locks a node while it is a tombstone (HiCache load-back and PD paths do)."""
         candidates = self.tombstones()
-        node = candidates[pick % len(candidates)]
+        node = self.handle(candidates[pick % len(candidates)])
         rid = self.rid("lock")
         with self.w.holder(rid):
             lock = self.tree.inc_lock_ref(node)
