@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from kvledger.contracts.errors import ContractViolation
+from kvledger.contracts.errors import ContractViolation, InvalidArgument
 from kvledger.contracts.ledger import FREE_CODE, PENDING_CODE, Ledger, as_id_array
 from kvledger.contracts.owners import CACHE_EVICTABLE, FREE_LIST, REQ_RUNNING, Account, Owner
 
@@ -60,6 +60,7 @@ def _pages(ids: Any, page_size: int) -> np.ndarray:
 class _Wrapped:
     obj: Any
     names: list[str] = field(default_factory=list)
+    restore: dict[str, Any] = field(default_factory=dict)  # instance attributes the wrap replaced
 
     def wrap(self, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
         original = getattr(self.obj, name)
@@ -68,9 +69,13 @@ class _Wrapped:
 
     def undo(self) -> None:
         for name in self.names:
+            if name in self.restore:
+                setattr(self.obj, name, self.restore[name])
+                continue
             with contextlib.suppress(AttributeError):
                 delattr(self.obj, name)
         self.names.clear()
+        self.restore.clear()
 
 
 class Watch:
@@ -108,6 +113,8 @@ class Watch:
     @contextlib.contextmanager
     def holder(self, key: Any) -> Iterator[Owner]:
         """Attribute the ids handed out (and claim the ids freed) inside the block to request ``key``."""
+        if not isinstance(key, (str, int)) or isinstance(key, bool):
+            raise InvalidArgument(f"Watch.holder: a request key is a str or an int, got {type(key).__name__}")
         owner = self._holders.get(key)
         if owner is None:
             owner = self._holders[key] = Owner("req", key, REQ_RUNNING)
@@ -261,6 +268,8 @@ class Watch:
 
     # ------------------------------------------------------------------ request rows
     def _attach_req_pool(self, req_pool: Any) -> None:
+        if not hasattr(req_pool, "alloc_rows"):
+            return  # releases before 0.5.13 hand out rows per request object (alloc(reqs)): not watched
         self.req_pool = req_pool
         self.rows = Ledger("req", range(1, int(req_pool.size) + 1))
         w = self._wrapper(req_pool)
@@ -409,6 +418,27 @@ class Watch:
         w.wrap("insert", self._insert)
         w.wrap("inc_lock_ref", self._inc_lock)
         w.wrap("dec_lock_ref", self._dec_lock)
+        self._rebind_captured(tree)
+
+    def _rebind_captured(self, tree: Any) -> None:
+        """Point bound methods of a watched pool that the tree's components took at construction at
+        the watch's wrappers (0.5.11's FULL component keeps ``allocator.free`` as ``_free_full``; a call
+        through that reference would bypass an instance wrapper)."""
+        components = getattr(tree, "components", None)
+        watched = [self.allocator, self.mamba_allocator]
+        for comp in components.values() if isinstance(components, dict) else ():
+            for name, value in list(vars(comp).items()):
+                owner = getattr(value, "__self__", None)
+                func = getattr(value, "__func__", None)
+                if owner is None or func is None or not any(owner is o for o in watched if o is not None):
+                    continue
+                wrapped = vars(owner).get(func.__name__)
+                if wrapped is None:
+                    continue  # a method the watch does not wrap
+                w = self._wrapper(comp)
+                w.restore[name] = value
+                setattr(comp, name, wrapped)
+                w.names.append(name)
 
     def _tree_op(
         self, op: str, *, frees_from_tree: bool, lock_asserts: bool = False
@@ -424,10 +454,10 @@ class Watch:
                     # SGLang's own check, inside eviction, that the node it took is unlocked: the attach
                     # cannot see the choice before SGLang makes it, so it reports the assertion under the
                     # invariant it protects, with the live locks it recorded.
-                    if not lock_asserts or "lock_ref" not in str(exc) or isinstance(exc, ContractViolation):
+                    if not lock_asserts or isinstance(exc, ContractViolation) or not _asserts_lock(exc):
                         raise
                     raise ContractViolation(
-                        f"{op}: SGLang's eviction took a locked node: {exc} (I-EVICT-LOCKED);"
+                        f"{op}: SGLang's eviction took a locked node: {_assertion_text(exc)} (I-EVICT-LOCKED);"
                         f" live locks: {dict(self.locks)}"
                     ) from exc
                 finally:
@@ -470,11 +500,11 @@ class Watch:
     def _inc_lock(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def call(node: Any, *args: Any, **kwargs: Any) -> Any:
             self.calls += 1
-            before = getattr(node, "mamba_lock_ref", None)
+            before = _state_lock_ref(node)
             out = original(node, *args, **kwargs)
             key = self._node_key(node)
             self.locks[key] += 1
-            after = getattr(node, "mamba_lock_ref", None)
+            after = _state_lock_ref(node)
             took = before is not None and after != before
             self._lock_took_state.setdefault((key, self._holder), []).append(took)
             return out
@@ -492,12 +522,12 @@ class Watch:
                 )
             self.calls += 1
             took = self._took_state(key)
-            before = getattr(node, "mamba_lock_ref", None)
+            before = _state_lock_ref(node)
             out = original(node, *args, **kwargs)
             self.locks[key] -= 1
             if not self.locks[key]:
                 del self.locks[key]
-            after = getattr(node, "mamba_lock_ref", None)
+            after = _state_lock_ref(node)
             released = before is not None and after != before
             if before is not None and released != took:
                 raise ContractViolation(
@@ -524,7 +554,7 @@ class Watch:
     def audit(self) -> None:
         """Recount every watched structure against its ledger (O(pool + tree)); raises ContractViolation."""
         if self.kv is not None:
-            free = as_id_array(self.allocator.get_all_free_pages())
+            free = _all_free_pages(self.allocator)
             pending: list[int] = []
             group = getattr(self.allocator, "free_group", None)
             for part in group or ():
@@ -598,15 +628,44 @@ class Watch:
                     f" (I-LOCK-TREE)"
                 )
             if ref > 0:
-                protected += len(node.value)
+                protected += _kv_len(node)
             else:
-                evictable += len(node.value)
+                evictable += _kv_len(node)
         counted = _full_counters(self.tree)
         if counted != (evictable, protected):
             raise ContractViolation(
                 f"tree counters (evictable, protected) = {counted}, a recount gives {(evictable, protected)}"
                 f" (I-PROTECTED-DEF)"
             )
+
+
+def _assertion_text(exc: AssertionError) -> str:
+    """SGLang's assertion message, or (a bare ``assert``) the source line that failed."""
+    if str(exc):
+        return str(exc)
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return "assertion failed"
+    import linecache
+
+    line = linecache.getline(tb.tb_frame.f_code.co_filename, tb.tb_lineno).strip()
+    return f"{line} ({tb.tb_frame.f_code.co_name})"
+
+
+def _asserts_lock(exc: AssertionError) -> bool:
+    """An assertion about a lock count (``lock_ref``): SGLang checking that the node it evicts is unlocked."""
+    return "lock_ref" in _assertion_text(exc)
+
+
+def _all_free_pages(allocator: Any) -> np.ndarray:
+    """The allocator's free pages, its release list included (``get_all_free_pages`` from 0.5.20 on;
+    earlier releases keep the same two lists without the accessor)."""
+    if hasattr(allocator, "get_all_free_pages"):
+        return as_id_array(allocator.get_all_free_pages())
+    parts = [p for p in (allocator.free_pages, getattr(allocator, "release_pages", None)) if p is not None]
+    return np.concatenate([as_id_array(p) for p in parts]) if parts else np.empty(0, dtype=np.int64)
 
 
 def _python_root(tree: Any) -> Any:
@@ -628,8 +687,39 @@ def _tree_values(tree: Any) -> np.ndarray:
     return as_id_array(tree.all_values_flatten())
 
 
+# ComponentType's values (SGLang's int enum, the same in every release with UnifiedRadixCache): the Unified
+# tree's Python nodes keep one ComponentData per component in a list indexed by it.
+_FULL, _MAMBA = 0, 2
+
+
+def _components(node: Any) -> Any:
+    return getattr(node, "component_data", None)
+
+
 def _lock_ref(node: Any) -> int:
+    """The node's KV lock count: ``lock_ref`` (RadixCache), ``full_lock_ref`` (MambaRadixCache), or the
+    FULL component's (UnifiedRadixCache's Python core)."""
+    data = _components(node)
+    if data is not None:
+        return int(data[_FULL].lock_ref)
     return int(getattr(node, "full_lock_ref", getattr(node, "lock_ref", 0)))
+
+
+def _kv_len(node: Any) -> int:
+    data = _components(node)
+    return len(data[_FULL].value) if data is not None else len(node.value)
+
+
+def _state_lock_ref(node: Any) -> int | None:
+    """The node's Mamba state lock count, or None for a node without one (no Mamba, or a Rust node id)."""
+    data = _components(node)
+    if data is not None:
+        kinds = getattr(node, "component_types", getattr(node, "tree_components", None))
+        if len(data) <= _MAMBA or (kinds is not None and _MAMBA not in kinds):
+            return None
+        return int(data[_MAMBA].lock_ref)
+    ref = getattr(node, "mamba_lock_ref", None)
+    return None if ref is None else int(ref)
 
 
 def _full_counters(tree: Any) -> tuple[int, int]:
@@ -638,6 +728,62 @@ def _full_counters(tree: Any) -> tuple[int, int]:
         return int(tree.full_evictable_size()), int(tree.full_protected_size())
     e, p = tree.evictable_size(), tree.protected_size()
     return (int(e[0]) if isinstance(e, tuple) else int(e)), (int(p[0]) if isinstance(p, tuple) else int(p))
+
+
+_NEEDS: dict[str, tuple[str, ...]] = {
+    "allocator": (
+        "alloc",
+        "free",
+        "free_group_begin",
+        "free_group_end",
+        "available_size",
+        "page_size",
+        "size",
+    ),
+    "req_pool": ("free_slots", "size"),
+    "mamba_pool": ("mamba_pool",),
+    "tree": ("match_prefix", "insert", "evict", "inc_lock_ref", "dec_lock_ref"),
+}
+"""What each argument of :func:`watch` must offer (the calls it wraps and the counts its audit reads)."""
+
+
+def _watched(obj: Any) -> bool:
+    """Whether a watch is attached to ``obj`` now (an instance attribute shadows one of its methods)."""
+    names = ("alloc", "free", "alloc_rows", "match_prefix", "inc_lock_ref")
+    return any(name in vars(obj) for name in names) if hasattr(obj, "__dict__") else False
+
+
+def _check_arguments(allocator: Any, req_pool: Any, mamba_pool: Any, tree: Any, audit_each: Any) -> None:
+    """Reject bad arguments before anything is wrapped (the objects are left exactly as they were)."""
+    if not isinstance(audit_each, bool):
+        raise InvalidArgument(f"watch: audit_each must be a bool, got {type(audit_each).__name__}")
+    given = {"allocator": allocator, "req_pool": req_pool, "mamba_pool": mamba_pool, "tree": tree}
+    for name, obj in given.items():
+        if obj is None:
+            continue
+        missing = [a for a in _NEEDS[name] if not hasattr(obj, a)]
+        if missing:
+            raise InvalidArgument(
+                f"watch: {name}={type(obj).__name__} is not an SGLang {name.replace('_', ' ')}"
+                f" (no {', '.join(missing)})"
+            )
+        if _watched(obj):
+            raise InvalidArgument(
+                f"watch: {name} ({type(obj).__name__}) is already watched; detach that watch first"
+            )
+    if mamba_pool is not None:
+        states = mamba_pool.mamba_pool
+        slots = getattr(mamba_pool, "mamba_allocator", None) or states
+        if states is None or not all(hasattr(slots, a) for a in ("alloc", "free", "free_slots", "size")):
+            raise InvalidArgument(
+                f"watch: mamba_pool={type(mamba_pool).__name__} has no Mamba slots (a HybridReqToTokenPool has)"
+            )
+        if _watched(slots):
+            raise InvalidArgument(
+                "watch: the Mamba slot allocator is already watched; detach that watch first"
+            )
+    if all(obj is None for obj in given.values()):
+        raise InvalidArgument("watch: give at least one of allocator, req_pool, mamba_pool, tree")
 
 
 def watch(
@@ -654,13 +800,16 @@ def watch(
     pass it as ``req_pool`` too to watch its rows). ``tree``: a ``RadixCache``, ``UnifiedRadixCache``
     or ``MambaRadixCache``; give its allocator (and Mamba pool) too, so its frees are attributed.
     """
+    _check_arguments(allocator, req_pool, mamba_pool, tree, audit_each)
     w = Watch(audit_each=audit_each)
     if allocator is not None:
         w._attach_allocator(allocator)
     if req_pool is not None:
         w._attach_req_pool(req_pool)
     if mamba_pool is not None:
-        w._attach_mamba(mamba_pool.mamba_allocator, getattr(mamba_pool, "mamba_pool", None))
+        states = getattr(mamba_pool, "mamba_pool", None)
+        # before 0.5.13 the MambaPool hands out its own slots (no MambaSlotAllocator)
+        w._attach_mamba(getattr(mamba_pool, "mamba_allocator", None) or states, states)
     if tree is not None:
         w._attach_tree(tree)
     return w

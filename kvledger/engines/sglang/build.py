@@ -8,8 +8,11 @@ Mamba pool holds one layer with a tiny conv and temporal state.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import os
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -62,10 +65,16 @@ def ensure_server_args(page_size: int = 1, modules: SGLangModules | None = None)
     ``set_global_server_args_for_scheduler``. Arguments the caller has already set are left alone.
     """
     _sgl(modules)
-    import sglang.srt.runtime_context as runtime_context
+    import sglang.srt.server_args as server_args
     from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
-    if getattr(runtime_context._CONTEXT, "_server_args", None) is not None:
+    try:
+        import sglang.srt.runtime_context as runtime_context
+
+        published = getattr(runtime_context._CONTEXT, "_server_args", None)
+    except ModuleNotFoundError:  # 0.5.11 and 0.5.12 keep them in the server_args module itself
+        published = getattr(server_args, "_global_server_args", None)
+    if published is not None:
         return
     args = ServerArgs(model_path="dummy", device="cpu", page_size=page_size)
     args._mamba_cache_chunk_size = max(MAMBA_CACHE_CHUNK_SIZE, page_size)
@@ -142,9 +151,30 @@ def unified_radix_cache(
     if mamba:
         ensure_server_args(allocator.page_size, sgl)
     extra: dict[str, Any] = {"tree_components": components}
-    if core is not None:
+    fields = {f.name for f in dataclasses.fields(sgl.CacheInitParams)}
+    if core is not None and "tree_core_backend" in fields:
         extra["tree_core_backend"] = core
+    elif core is not None:
+        # 0.5.19 and 0.5.20 choose the core by environment variable only (read at construction)
+        with _environ(TREE_CORE_ENV, core):
+            return sgl.UnifiedRadixCache(_params(allocator, rows, allocator.page_size, sgl, **extra))
     return sgl.UnifiedRadixCache(_params(allocator, rows, allocator.page_size, sgl, **extra))
+
+
+TREE_CORE_ENV = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"
+
+
+@contextlib.contextmanager
+def _environ(name: str, value: str) -> Iterator[None]:
+    previous = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = previous
 
 
 def mamba_radix_cache(allocator: Any, rows: Any, modules: SGLangModules | None = None) -> Any:

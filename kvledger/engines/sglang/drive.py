@@ -52,6 +52,25 @@ class Request:
     ref_own: torch.Tensor
 
 
+def matched_len(m: Any) -> int:
+    """A match result's device prefix length (0.5.23: ``device_prefix_len``; earlier: its ids)."""
+    n = getattr(m, "device_prefix_len", None)
+    return int(n) if n is not None else int(m.device_indices.numel())
+
+
+def matched_ids(tree: Any, m: Any) -> torch.Tensor:
+    """The matched KV ids (0.5.23 returns the node and a ``path_device_indices`` walk; earlier the ids)."""
+    ids = getattr(m, "device_indices", None)
+    if ids is None:
+        ids = tree.path_device_indices(m.last_device_node)
+    return cast(torch.Tensor, ids).to(torch.int64)
+
+
+def receipt(lock: Any) -> Any:
+    """The unlock receipt of a lock result (``to_dec_params()``; releases before it: none)."""
+    return lock.to_dec_params() if hasattr(lock, "to_dec_params") else None
+
+
 def agree(what: str, sglang: Any, model: Any) -> None:
     if sglang != model:
         raise AssertionError(f"divergence: {what}: SGLang {sglang!r}, kvledger {model!r}")
@@ -96,7 +115,7 @@ class SGLangCacheMachine(RuleBasedStateMachine):
     def match(self, key: tuple[int, ...]) -> tuple[Any, Any]:
         m = self.tree.match_prefix(self.sgl.MatchPrefixParams(key=build.radix_key(key)))
         r = self.ref.match_prefix(key)
-        agree(f"match_prefix({list(key)}) length", m.device_prefix_len, r.device_indices.numel())
+        agree(f"match_prefix({list(key)}) length", matched_len(m), r.device_indices.numel())
         return m, r
 
     def evict(self, n: int) -> None:
@@ -104,7 +123,7 @@ class SGLangCacheMachine(RuleBasedStateMachine):
         agree(f"evict({n}) tokens freed", freed, self.ref.evict(n))
 
     def unlock(self, node: Any, lock: Any, ref_lock: Any) -> None:
-        self.tree.dec_lock_ref(node, lock.to_dec_params())
+        self.tree.dec_lock_ref(node, receipt(lock))
         self.ref.dec_lock_ref(ref_lock)
 
     def admit_one(self, draw: KeyDraw) -> Request | None:
@@ -114,7 +133,7 @@ class SGLangCacheMachine(RuleBasedStateMachine):
         owner = Owner("req", rid, REQ_RUNNING)
         with self.watch.holder(rid):
             m, r = self.match(key)
-            matched = m.device_prefix_len
+            matched = matched_len(m)
             node = m.last_device_node
             lock = self.tree.inc_lock_ref(node)
             ref_lock = self.ref.inc_lock_ref(r.last_node)
@@ -131,7 +150,7 @@ class SGLangCacheMachine(RuleBasedStateMachine):
             if own is None:
                 self.unlock(node, lock, ref_lock)
                 return None
-            prefix = self.tree.path_device_indices(node).to(torch.int64)
+            prefix = matched_ids(self.tree, m)
         return Request(rid, owner, key, matched, node, lock, ref_lock, prefix, r.device_indices, own, ref_own)
 
     def finish_one(self, req: Request, cut: int) -> None:
@@ -226,3 +245,60 @@ class SGLangCacheMachine(RuleBasedStateMachine):
         self.watch.audit()
         agree("everything free at the end", self.alloc.available_size(), self.alloc.size)
         self.watch.detach()
+
+
+def machine(kind: str | None = None, page: int | None = None) -> type[SGLangCacheMachine]:
+    """The machine restricted to one tree (``"radix"`` or ``"unified"``) and/or one page size (any
+    positive size, 16 included), for long runs of one configuration."""
+
+    class Machine(SGLangCacheMachine):
+        KINDS = (kind,) if kind is not None else SGLangCacheMachine.KINDS
+        PAGE_SIZES = (page,) if page is not None else SGLangCacheMachine.PAGE_SIZES
+
+    return Machine
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m kvledger.engines.sglang.drive EXAMPLES STEPS [--kind=radix|unified] [--page=N]``: one
+    JSON line, the first divergence or violation (shrunk) and its rule calls, or ``null``."""
+    import io
+    import json
+    import sys
+    from contextlib import redirect_stdout
+
+    from hypothesis import HealthCheck, settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    args = sys.argv[1:] if argv is None else argv
+    opts = dict(a[2:].split("=", 1) for a in args if a.startswith("--") and "=" in a)
+    rest = [a for a in args if not a.startswith("--")]
+    kind = opts.get("kind")
+    if kind is not None and kind not in KINDS:
+        print(f"drive: --kind must be one of {KINDS}", file=sys.stderr)
+        return 2
+    page = int(opts["page"]) if "page" in opts else None
+    examples = int(rest[0]) if rest else 200
+    steps = int(rest[1]) if len(rest) > 1 else 40
+    buf = io.StringIO()
+    found: str | None = None
+    calls: list[str] = []
+    try:
+        with redirect_stdout(buf):
+            run_state_machine_as_test(
+                machine(kind, page),
+                settings=settings(
+                    max_examples=examples, stateful_step_count=steps, deadline=None, derandomize=True,
+                    suppress_health_check=list(HealthCheck), print_blob=False, report_multiple_bugs=False,
+                ),
+            )  # fmt: skip
+    except Exception as exc:
+        text = buf.getvalue().splitlines() + list(getattr(exc, "__notes__", []))
+        calls = [ln.strip() for ln in text if ln.strip().startswith("state.") and "teardown" not in ln]
+        found = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+    print(json.dumps({"version": load().version, "kind": kind, "page": page, "examples": examples,
+                      "steps_per_example": steps, "found": found, "steps": calls}))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -34,6 +34,7 @@ from hypothesis.stateful import (
 
 from kvledger.engines.sglang import build
 from kvledger.engines.sglang.attach import Watch, watch
+from kvledger.engines.sglang.drive import matched_ids, matched_len
 from kvledger.engines.sglang.loader import load
 from kvledger.museum.machines.cache_base import KeyDraw, RadixCacheMachine, key_draws, picks
 
@@ -46,6 +47,32 @@ class Held:
     prefix: torch.Tensor
     slot: torch.Tensor | None
     key: tuple[int, ...]
+    lock: Any  # what inc_lock_ref returned (the Unified tree's unlock takes its receipt)
+
+
+def state_of(node: Any) -> Any:
+    """The node's Mamba state: ``mamba_value`` (MambaRadixCache) or the MAMBA component's value
+    (UnifiedRadixCache's Python nodes)."""
+    data = getattr(node, "component_data", None)
+    return data[_MAMBA].value if data is not None else node.mamba_value
+
+
+_MAMBA = 2  # SGLang's ComponentType.MAMBA (an int enum, the same in every release that has it)
+
+
+def receipt(lock: Any) -> Any:
+    """The unlock receipt of a lock (``to_dec_params()``; releases without one unlock with none)."""
+    return lock.to_dec_params() if hasattr(lock, "to_dec_params") else None
+
+
+def request_stub() -> Any:
+    """What a copy-on-write match reads and writes on a request: 0.5.13 on, its ``kv`` fields (the copy
+    deferred to the forward: ``mamba_cow_src_index``); before, ``mamba_pool_idx`` (the copy made inside)."""
+    kv = types.SimpleNamespace(holds_mamba=False, mamba_pool_idx=None, mamba_cow_src_index=None)
+    # session: None, not a streaming-session request (0.5.11's Unified tree asks first)
+    return types.SimpleNamespace(
+        kv=kv, mamba_pool_idx=None, mamba_cow_src_index=None, mamba_needs_clear=False, session=None
+    )
 
 
 def path_tokens(node: Any) -> tuple[int, ...]:
@@ -57,7 +84,10 @@ def path_tokens(node: Any) -> tuple[int, ...]:
 
 
 class SGLangMambaMachine(RuleBasedStateMachine):
-    """0.5.20's MambaRadixCache (V1, page 1), watched."""
+    """A Mamba radix tree of the loaded release (V1, page 1), watched: 0.5.20's ``MambaRadixCache``
+    (``TREE = "mamba"``) or ``UnifiedRadixCache`` with FULL + MAMBA on its Python core (``"unified"``)."""
+
+    TREE = "mamba"
 
     def __init__(self) -> None:
         super().__init__()
@@ -69,18 +99,28 @@ class SGLangMambaMachine(RuleBasedStateMachine):
         self.ps = 1
         self.alloc = build.token_allocator(pool_pages)
         self.rows = build.hybrid_req_pool(4, slots)
-        self.slots = self.rows.mamba_allocator
-        self.tree = build.mamba_radix_cache(self.alloc, self.rows)
+        # before 0.5.13 the MambaPool hands out its own slots (no MambaSlotAllocator)
+        self.slots = getattr(self.rows, "mamba_allocator", None) or self.rows.mamba_pool
+        if self.TREE == "unified":
+            self.tree = build.unified_radix_cache(self.alloc, self.rows, mamba=True, core="python")
+        else:
+            self.tree = build.mamba_radix_cache(self.alloc, self.rows)
         self.w: Watch = watch(
             allocator=self.alloc, req_pool=self.rows, mamba_pool=self.rows, tree=self.tree, audit_each=True
         )
         self.reqs: list[Held] = []
-        self.extra: list[tuple[str, Any]] = []
+        self.extra: list[tuple[str, Any, Any]] = []
         self.seen: list[tuple[int, ...]] = []
         self.n = 0
 
     def key(self, draw: KeyDraw, *, min_pages: int = 0, tail: int = 0) -> tuple[int, ...]:
         return RadixCacheMachine.key(cast(Any, self), draw, min_pages=min_pages, tail=tail)
+
+    def handle(self, node: Any) -> Any:
+        """What the tree's calls take for a node found by walking it: 0.5.23's Unified tree takes node ids
+        (its tree core keeps the nodes in an arena), earlier trees the node objects."""
+        core = getattr(self.tree, "tree_core", None)
+        return node.id if core is not None and hasattr(core, "node_by_id") else node
 
     def rid(self, kind: str) -> str:
         self.n += 1
@@ -90,7 +130,7 @@ class SGLangMambaMachine(RuleBasedStateMachine):
         out, stack = [], list(self.tree.root_node.children.values())
         while stack:
             node = stack.pop()
-            if node.mamba_value is None:
+            if state_of(node) is None:
                 out.append(node)
             stack.extend(node.children.values())
         return out
@@ -98,7 +138,7 @@ class SGLangMambaMachine(RuleBasedStateMachine):
     def slot_or_evict(self) -> torch.Tensor | None:
         slot = self.slots.alloc(1)
         if slot is None:
-            self.tree.evict(self.sgl.EvictParams(mamba_num=1))
+            self.tree.evict(self.sgl.EvictParams(num_tokens=0, mamba_num=1))
             slot = self.slots.alloc(1)
         return slot
 
@@ -112,21 +152,25 @@ class SGLangMambaMachine(RuleBasedStateMachine):
             # SGLang's scheduler budgets state slots before it matches (alloc_req_slots evicts first, PR
             # #38151): the copy-on-write inside match_prefix asserts when no slot can be had.
             if self.slots.available_size() == 0:
-                self.tree.evict(self.sgl.EvictParams(mamba_num=1))
+                self.tree.evict(self.sgl.EvictParams(num_tokens=0, mamba_num=1))
                 if self.slots.available_size() == 0:
                     return
-            req = types.SimpleNamespace(
-                kv=types.SimpleNamespace(holds_mamba=False, mamba_pool_idx=None, mamba_cow_src_index=None)
-            )
+            req = request_stub()
             m = self.tree.match_prefix(
                 self.sgl.MatchPrefixParams(key=build.radix_key(key), cow_mamba=True, req=req)
             )
-            node, matched = m.last_device_node, int(m.device_indices.numel())
-            self.tree.inc_lock_ref(node)
-            slot = req.kv.mamba_pool_idx
+            node, matched = m.last_device_node, matched_len(m)
+            lock = self.tree.inc_lock_ref(node)
+            slot = req.kv.mamba_pool_idx if req.kv.mamba_pool_idx is not None else req.mamba_pool_idx
+            src = (
+                req.kv.mamba_cow_src_index
+                if req.kv.mamba_cow_src_index is not None
+                else req.mamba_cow_src_index
+            )
             if slot is not None:
                 slot = slot.reshape(-1)
-                self.rows.mamba_pool.copy_from(req.kv.mamba_cow_src_index.reshape(-1), slot)
+                if src is not None:  # SGLang defers the copy to the forward pass (0.5.13 on)
+                    self.rows.mamba_pool.copy_from(src.reshape(-1), slot)
             else:
                 slot = self.slot_or_evict()
             need = len(key) - matched
@@ -138,9 +182,9 @@ class SGLangMambaMachine(RuleBasedStateMachine):
                     self.alloc.free(own)
                 if slot is not None:
                     self.slots.free(slot)
-                self.tree.dec_lock_ref(node)
+                self.tree.dec_lock_ref(node, receipt(lock))
                 return
-            held = Held(rid, node, own, m.device_indices.to(torch.int64), slot, key)
+            held = Held(rid, node, own, matched_ids(self.tree, m), slot, key, lock)
         if keep:
             self.reqs.append(held)
         else:
@@ -154,7 +198,7 @@ class SGLangMambaMachine(RuleBasedStateMachine):
             )  # fmt: skip
             if self.tree.insert(params).mamba_exist and r.slot is not None:
                 self.slots.free(r.slot)
-            self.tree.dec_lock_ref(r.node)
+            self.tree.dec_lock_ref(r.node, receipt(r.lock))
 
     @precondition(lambda self: self.reqs)
     @rule(pick=picks)
@@ -170,7 +214,7 @@ class SGLangMambaMachine(RuleBasedStateMachine):
                 self.alloc.free(r.own)
             if r.slot is not None:
                 self.slots.free(r.slot)
-            self.tree.dec_lock_ref(r.node)
+            self.tree.dec_lock_ref(r.node, receipt(r.lock))
 
     # ------------------------------------------------------------------ the Mamba rules
     @rule(draw=key_draws, tail=st.integers(0, 3))
@@ -182,26 +226,26 @@ class SGLangMambaMachine(RuleBasedStateMachine):
         m = self.tree.match_prefix(self.sgl.MatchPrefixParams(key=build.radix_key(self.key(draw))))
         rid = self.rid("lock")
         with self.w.holder(rid):
-            self.tree.inc_lock_ref(m.last_device_node)
-        self.extra.append((rid, m.last_device_node))
+            lock = self.tree.inc_lock_ref(m.last_device_node)
+        self.extra.append((rid, m.last_device_node, lock))
 
     @precondition(lambda self: self.tree is not None and self.tombstones())
     @rule(pick=picks)
     def lock_tombstone(self, pick: int) -> None:
         """A holder locks a node while it is a tombstone (HiCache load-back and PD paths do)."""
         candidates = self.tombstones()
-        node = candidates[pick % len(candidates)]
+        node = self.handle(candidates[pick % len(candidates)])
         rid = self.rid("lock")
         with self.w.holder(rid):
-            self.tree.inc_lock_ref(node)
-        self.extra.append((rid, node))
+            lock = self.tree.inc_lock_ref(node)
+        self.extra.append((rid, node, lock))
 
     @precondition(lambda self: self.extra)
     @rule(pick=picks)
     def unlock_extra(self, pick: int) -> None:
-        rid, node = self.extra.pop(pick % len(self.extra))
+        rid, node, lock = self.extra.pop(pick % len(self.extra))
         with self.w.holder(rid):
-            self.tree.dec_lock_ref(node)
+            self.tree.dec_lock_ref(node, receipt(lock))
 
     @precondition(lambda self: self.tree is not None and self.tombstones())
     @rule(pick=picks)
@@ -232,11 +276,23 @@ class SGLangMambaMachine(RuleBasedStateMachine):
 
     @rule(n=st.integers(0, 3))
     def evict_states(self, n: int) -> None:
-        self.tree.evict(self.sgl.EvictParams(mamba_num=n))
+        self.tree.evict(self.sgl.EvictParams(num_tokens=0, mamba_num=n))
 
     def teardown(self) -> None:
         if getattr(self, "w", None) is not None:
             self.w.detach()
+
+
+class SGLangUnifiedMambaMachine(SGLangMambaMachine):
+    """The same rules on ``UnifiedRadixCache`` (FULL + MAMBA, Python core)."""
+
+    TREE = "unified"
+
+
+MACHINES: dict[str, type[SGLangMambaMachine]] = {
+    "mamba": SGLangMambaMachine,
+    "unified": SGLangUnifiedMambaMachine,
+}
 
 
 FOUND_0520: tuple[str, ...] = (
@@ -252,23 +308,54 @@ FOUND_0520: tuple[str, ...] = (
 tombstone ``[0]`` (the upper half of a split), the tombstone revived by a request ending there, then
 ``evict_mamba`` takes the revived leaf although its KV is locked."""
 
+FOUND_0511: tuple[str, ...] = (
+    "state.setup(pool_pages=6, slots=3)",
+    "state.lock_extra(draw=([], None, 0))",
+    "state.admit(draw=([0, 0], None, 0), keep=False)",
+    "state.lock_extra(draw=([0], None, 0))",
+    "state.lock_tombstone(pick=0)",
+    "state.evict_states(n=1)",
+    "state.revive(pick=0)",
+    "state.evict_states(n=1)",
+)
+"""What ``hunt(1500, 30, "unified")`` found on 0.5.11's ``UnifiedRadixCache`` (FULL + MAMBA; shrunk, six
+no-op ``evict_states(n=0)`` calls left out; spec/sglang-attach.md, "Historical bugs"): the same
+precondition as B14 (a lock taken on the tombstone ``[0]``, then a revival), and the state eviction
+cascades into the revived leaf's locked KV; SGLang's own ``assert ... lock_ref == 0`` in
+``_cascade_evict`` stops it, which the attach reports as I-EVICT-LOCKED. 0.5.12 leaves the locked leaf
+a tombstone and runs the same budget clean."""
 
-def replay(calls: tuple[str, ...] = FOUND_0520) -> str | None:
+B14_UNLOCK: tuple[str, ...] = (
+    "state.setup(pool_pages=6, slots=3)",
+    "state.admit(draw=([0, 0], None, 0), keep=False)",
+    "state.lock_extra(draw=([0], None, 0))",
+    "state.lock_tombstone(pick=0)",
+    "state.revive(pick=0)",
+    "state.lock_extra(draw=([0], None, 0))",
+    "state.unlock_extra(pick=1)",
+)
+"""B14's own path, arranged from the machine's rules (not found by a hunt: the hunt's shortest failure is
+:data:`FOUND_0511`): holder A locks the tombstone ``[0]``, a revival gives it a state, holder B locks it
+(taking the state lock), A unlocks. 0.5.11's release re-reads the node's state and releases B's state
+lock (I-LOCK-SYMMETRY, at the unlock); 0.5.12 honours the lock's skip record (``skip_lock_node_ids``)."""
+
+
+def replay(calls: tuple[str, ...] = FOUND_0520, tree: str = "mamba") -> str | None:
     """Run the rule calls Hypothesis printed; the first line of the violation they hit, or None."""
     from kvledger.contracts.errors import ContractViolation
 
-    state = SGLangMambaMachine()
+    state = MACHINES[tree]()
     try:
         for call in calls:
             eval(call, {"state": state})  # the machine's own rule calls, as Hypothesis printed them
     except ContractViolation as exc:
-        return str(exc).splitlines()[0]
+        return (str(exc).splitlines() or [""])[0]
     finally:
         state.teardown()
     return None
 
 
-def hunt(examples: int, steps: int = 40) -> dict[str, Any]:
+def hunt(examples: int, steps: int = 40, tree: str = "mamba") -> dict[str, Any]:
     """Run the machine; the first violation found (shrunk) and the steps Hypothesis printed, or None."""
     import io
     from contextlib import redirect_stdout
@@ -278,7 +365,7 @@ def hunt(examples: int, steps: int = 40) -> dict[str, Any]:
     try:
         with redirect_stdout(buf):
             run_state_machine_as_test(
-                SGLangMambaMachine,
+                MACHINES[tree],
                 settings=settings(
                     max_examples=examples, stateful_step_count=steps, deadline=None, derandomize=True,
                     suppress_health_check=list(HealthCheck), print_blob=False, report_multiple_bugs=False,
@@ -286,21 +373,32 @@ def hunt(examples: int, steps: int = 40) -> dict[str, Any]:
             )  # fmt: skip
     except Exception as exc:  # the violation (or a crash of SGLang's own assertions): report it
         text = buf.getvalue().splitlines() + list(getattr(exc, "__notes__", []))
-        calls = [line.strip() for line in text if line.strip().startswith("state.")]
-        return {"found": f"{type(exc).__name__}: {str(exc).splitlines()[0]}", "steps": calls}
+        calls = [
+            line.strip()
+            for line in text
+            if line.strip().startswith("state.") and not line.strip().startswith("state.teardown(")
+        ]
+        first = (str(exc).splitlines() or [""])[0]
+        return {"found": f"{type(exc).__name__}: {first}", "steps": calls}
     return {"found": None, "steps": []}
 
 
 def main() -> None:
-    examples = int(sys.argv[1]) if len(sys.argv) > 1 else 200
-    steps = int(sys.argv[2]) if len(sys.argv) > 2 else 40
+    args = [a for a in sys.argv[1:] if not a.startswith("--tree=")]
+    tree = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--tree=")), "mamba")
+    if tree not in MACHINES:
+        print(f"drive_mamba: --tree must be one of {sorted(MACHINES)}", file=sys.stderr)
+        raise SystemExit(2)
+    examples = int(args[0]) if args else 200
+    steps = int(args[1]) if len(args) > 1 else 40
     print(
         json.dumps(
             {
                 "version": load().version,
+                "tree": tree,
                 "examples": examples,
                 "steps_per_example": steps,
-                **hunt(examples, steps),
+                **hunt(examples, steps, tree),
             }
         )
     )

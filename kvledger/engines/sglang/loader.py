@@ -14,6 +14,7 @@ Supported releases: :data:`SUPPORTED_RELEASES`. 0.5.23 is the newest release and
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import os
 import sys
@@ -25,10 +26,19 @@ from types import ModuleType
 from typing import Any
 
 from kvledger.contracts.errors import KVLedgerError
-from kvledger.engines.sglang.standins import standins
+from kvledger.engines.sglang.standins import RELEASE_STANDIN_ROOTS, STANDIN_ROOTS, standins
 
-SUPPORTED_RELEASES: tuple[str, ...] = ("0.5.20", "0.5.23")
-"""SGLang releases whose memory components this package builds and watches (tests run both)."""
+SUPPORTED_RELEASES: tuple[str, ...] = ("0.5.11", "0.5.12", "0.5.20", "0.5.23")
+"""SGLang releases whose memory components this package builds and watches (tests run each).
+
+0.5.23 and 0.5.20 are the current and the last-with-``MambaRadixCache`` releases; 0.5.11 and 0.5.12 are
+historical, the release that still had a catalogued bug and the one that fixed it
+(:data:`HISTORICAL_RELEASES`)."""
+
+HISTORICAL_RELEASES: dict[str, str] = {
+    "0.5.11": "B14 present: UnifiedRadixCache's MAMBA lock release re-reads the node's state",
+    "0.5.12": "B14 fixed: the lock records the components it skipped (skip_lock_node_ids)",
+}
 
 RELEASE_DIR_ENV = "KVLEDGER_SGLANG_RELEASE_DIR"
 
@@ -80,6 +90,8 @@ _OPTIONAL: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("sglang.srt.mem_cache.mamba_radix_cache", ("MambaRadixCache",)),
     ("sglang.srt.mem_cache.unified_radix_cache", ("UnifiedRadixCache",)),
     ("sglang.srt.mem_cache.unified_cache.component_type", ("ComponentType",)),
+    # 0.5.11 to 0.5.16 keep the component types beside the tree components
+    ("sglang.srt.mem_cache.unified_cache_components.tree_component", ("ComponentType",)),
 )
 
 _loaded: SGLangModules | None = None
@@ -90,6 +102,21 @@ def _version_of(module: ModuleType) -> str:
     if version is None:
         version = importlib.import_module("sglang.version").__version__
     return str(version)
+
+
+def _release_on_path() -> str | None:
+    """The version of the ``sglang`` an import would find, read from the ``_version.py`` its build wrote
+    (``__version__ = version = '0.5.11'``), without importing it."""
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or spec.origin is None:
+        return None
+    text = Path(spec.origin).with_name("_version.py")
+    if not text.is_file():
+        return None
+    for line in text.read_text().splitlines():
+        if line.startswith("__version__") and "=" in line:
+            return line.rsplit("=", 1)[1].strip().strip("\"'")
+    return None
 
 
 def load(release_dir: str | os.PathLike[str] | None = None) -> SGLangModules:
@@ -117,7 +144,8 @@ def load(release_dir: str | os.PathLike[str] | None = None) -> SGLangModules:
     classes: dict[str, Any] = {}
     # SGLang's layer modules warn about every quantisation method a CPU cannot run and log their
     # platform probes; none of it concerns the memory components.
-    with standins() as finder, warnings.catch_warnings():
+    roots = STANDIN_ROOTS + RELEASE_STANDIN_ROOTS.get(_release_on_path() or "", ())
+    with standins(roots) as finder, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         previous = logging.root.manager.disable
         logging.disable(logging.WARNING)
@@ -140,8 +168,10 @@ def load(release_dir: str | os.PathLike[str] | None = None) -> SGLangModules:
                 try:
                     module = importlib.import_module(name)
                 except ModuleNotFoundError as exc:
-                    if exc.name != name:
-                        raise
+                    if exc.name is None or not (name == exc.name or name.startswith(exc.name + ".")):
+                        raise  # a module the release has failed on its own imports
+                    continue
+                if any(a in classes for a in attrs):
                     continue
                 classes.update((a, getattr(module, a)) for a in attrs)
         finally:

@@ -100,7 +100,9 @@ class SGLangRecorder:
         ``"stopped"`` (cut short with requests live) or ``"violation"``. Without the marker the audit
         calls the log incomplete, never clean."""
         if outcome not in E.OUTCOMES:
-            raise InvalidArgument(f"SGLangRecorder.close: outcome must be one of {E.OUTCOMES}, got {outcome!r}")
+            raise InvalidArgument(
+                f"SGLangRecorder.close: outcome must be one of {E.OUTCOMES}, got {outcome!r}"
+            )
         for ledger in self._watched:
             if ledger.observer is self:
                 ledger.observer = None

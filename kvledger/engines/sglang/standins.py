@@ -50,6 +50,12 @@ from typing import Any
 STANDIN_ROOTS: tuple[str, ...] = ("IPython", "tvm_ffi", "torchvision", "xgrammar", "triton")
 """Top-level names that get a stand-in when no real module of that name can be found."""
 
+RELEASE_STANDIN_ROOTS: dict[str, tuple[str, ...]] = {"0.5.11": ("sgl_kernel",), "0.5.12": ("sgl_kernel",)}
+"""Further stand-ins for one release only. ``sgl_kernel`` (SGLang's CUDA kernel package): 0.5.11 and
+0.5.12 import its HiCache transfer kernels (``sgl_kernel.kvcacheio``) at module level in the host-memory
+pool, which a CPU run without HiCache never constructs. Later releases guard that import themselves
+(an ``ImportError`` selects their fallback), so a stand-in there would change which path they take."""
+
 
 class _PlaceholderMeta(type):
     """The metaclass of every placeholder: attribute access, calls and subscripts yield placeholders."""
