@@ -192,6 +192,7 @@ def run_pd_simulation(
             "messages": {f"{c}.{o}": n for (c, o), n in sorted(ch.messages.items())},
             "faults": {f"{c}.{f}": n for (c, f), n in sorted(ch.faults.items())},
             "abort_acks": ch.acks,
+            "retransmissions": ch.retransmissions,
         },
         drained_aborts=system.drained_aborts,
         longest_drain=system.longest_drain,

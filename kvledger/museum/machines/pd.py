@@ -35,6 +35,7 @@ from kvledger.museum.machines.scheduler import (
 )
 from kvledger.reference.disagg import DECODE, PREFILL, ChannelConfig, Component, Fault, PDSpec, PDSystem
 from kvledger.reference.disagg.instance import check_queues
+from kvledger.reference.disagg.messages import CONTROL, FAULTS_OF
 from kvledger.reference.engine import ModelKind, TreeKind
 from kvledger.reference.scheduler import ReqState
 
@@ -193,8 +194,14 @@ class PDMachine(RuleBasedStateMachine):
         event(f"abort at {side} from {' / '.join(where_now)}")
         self.system.abort(rid, side)
 
-    @rule(component=st.sampled_from(list(Component)), fault=st.sampled_from(list(Fault)))
-    def inject_fault(self, component: Component, fault: Fault) -> None:
+    @rule(pair=st.sampled_from([(c, f) for c in Component for f in FAULTS_OF[c]]))
+    def inject_fault(self, pair: tuple[Component, Fault]) -> None:
+        """A fault on the next message of a component: data (drop, delay, fail, timeout), the handshake,
+        or a control message (the pre-allocation info, an abort notice, the drain acknowledgement: lost,
+        delayed so reordered, duplicated)."""
+        component, fault = pair
+        if component in CONTROL:
+            event(f"control fault: {component.value} {fault.value}")
         self.system.channel.inject(component, fault)
 
     @rule(side=st.sampled_from([PREFILL, DECODE]), kind=st.sampled_from(["row", "mamba", "kv"]))
