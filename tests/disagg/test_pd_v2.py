@@ -233,3 +233,34 @@ def test_a_preallocation_sizing_error_of_less_than_a_page_is_caught_one_above_th
         assert system.pairs[2][1].state is not ReqState.REJECTED
         with pytest.raises(ContractViolation, match="I-LIVENESS"):
             system.run_until_idle(500)
+
+
+@pytest.mark.parametrize("strategy", ["no_buffer", "extra_buffer"])
+def test_a_request_retracted_near_the_decode_limit_resumes(strategy: str) -> None:
+    """Found by the PD machine's draws at the decode limit: a prompt at the limit, retracted after a
+    few tokens, needed its length plus the full decode reservation to come back, more than the pool; it
+    never resumed and, first in line, blocked every pre-allocation (I-LIVENESS). It reserves only what it
+    can still generate."""
+    kw: dict[str, object] = {
+        "tree": "none",
+        "decode_kv": 40,
+        "decode_running": 1,
+        "pre_alloc_size": 0,
+        "reserved_decode_tokens": 7,
+        "max_context_len": 96,
+    }
+    spec = v2_spec(4, **kw) if strategy == "extra_buffer" else pd_spec(page_size=4, chunk=None, **kw)
+    system = build(spec)
+    limit = prealloc_limit(system, 4)
+    system.add_request(0, [(i % 90) + 5 for i in range(limit)], 4)
+    d = system.pairs[0][1]
+    for _ in range(100):
+        if d.state is ReqState.RUNNING and len(d.output_ids) >= 3:
+            break
+        system.step()
+    assert system.decode.force_retract(1) == 1
+    assert ceil_to_page(d.host_copy.length, 4) + 7 > 40  # the full reservation would never fit
+    system.add_request(1, [5, 6, 7], 2)  # waits behind the retracted request
+    _drain(system)
+    assert d.state is ReqState.FINISHED and system.pairs[1][1].state is ReqState.FINISHED
+    assert system.decode.pd_stats.resumes == 1

@@ -103,8 +103,11 @@ class DecodeScheduler(PDScheduler):
             reason = "prompt + reserved decode tokens exceeds the KV pool"
         return reason
 
-    def _prealloc_need(self, length: int) -> int:
-        return ceil_to_page(length, self.config.page_size) + self.reserved_decode_tokens
+    def _prealloc_need(self, length: int, reserved: int | None = None) -> int:
+        """KV for ``length`` positions in whole pages, plus the decode reservation (``reserved``, by
+        default ``reserved_decode_tokens``)."""
+        reserve = self.reserved_decode_tokens if reserved is None else reserved
+        return ceil_to_page(length, self.config.page_size) + reserve
 
     # ------------------------------------------------------------------ process_decode_queue
     def before_schedule(self) -> None:
@@ -130,13 +133,13 @@ class DecodeScheduler(PDScheduler):
         )
         return self.kv_allocator.available_size() - max(promised, largest)
 
-    def _fits(self, length: int) -> bool:
+    def _fits(self, length: int, reserved: int | None = None) -> bool:
         """A row, a metadata slot, the Mamba slots and ``length`` positions of KV for one more request."""
         if self.req_to_token_pool.available_size() < 1 or self.metadata_pool.available_size() < 1:
             return False
         if self.mamba_pool is not None and self.mamba_pool.available_size() < self.mamba_slots_per_req:
             return False
-        return self._prealloc_need(length) <= self._allocatable_tokens()
+        return self._prealloc_need(length, reserved) <= self._allocatable_tokens()
 
     def _allocate(self, req: PDReq, length: int, account: Any) -> torch.Tensor | None:
         """Row, working slot, V2 tracking slots and KV for positions ``[0, length)`` (all or nothing), via the
@@ -294,7 +297,13 @@ class DecodeScheduler(PDScheduler):
         for req in list(self.retracted_queue):
             copy = req.host_copy
             assert copy is not None
-            if not self._fits(copy.length):
+            # Reserve only what the request can still generate: a request retracted near the end of a
+            # prompt at the decode limit needs less than the full reservation, and with the full one it
+            # could never come back (and, first in line, would block every pre-allocation: I-LIVENESS;
+            # found by the PD machine's draws at the decode limit, issue 27).
+            clip = self.config.clip_max_new_tokens
+            left = remaining_new_tokens_clipped(req.max_new_tokens, len(req.output_ids), clip)
+            if not self._fits(copy.length, min(self.reserved_decode_tokens, left)):
                 self.pd_stats.retries += 1
                 break
             out = self._allocate(req, copy.length, PD_DECODE_WAITING)
