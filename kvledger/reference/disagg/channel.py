@@ -145,6 +145,9 @@ class TransferChannel:
         self._rng = random.Random(self.config.seed)
         self._injected: list[list[Any]] = []  # [component, fault, room or None, times left], in order
         self._closed: set[int] = set()  # rooms opened and closed since: known, never opened again
+        # Steps that lost or delayed aborts and acknowledgements added to a room's drain (I-DRAIN's bound
+        # grows by them for that room only); the system forgets a room's entry once its request drained.
+        self.drain_slack: dict[int, int] = {}
         self.prefill: InstanceData | None = None
         self.decode: InstanceData | None = None
         # Called before a message's data is written (the system's lease check: I-WRITER-LEASE).
@@ -211,6 +214,9 @@ class TransferChannel:
         assert component in CONTROL
         fault = self._draw_fault(component, room_id)
         c = self.config
+        if component is not Component.INIT and fault in (Fault.DROP, Fault.DELAY):  # on an abort's path
+            cost = c.control_retry if fault is Fault.DROP else c.delay_steps
+            self.drain_slack[room_id] = self.drain_slack.get(room_id, 0) + cost
         if fault is Fault.DROP:
             self._schedule(self.now + c.control_retry, "retry", room_id, (kind, payload))
             return
@@ -591,6 +597,10 @@ class TransferChannel:
             problems = [what for bad, what in checks if bad]
             if problems:
                 raise ContractViolation(f"channel: {problems}: {self.describe_room(room.room)}")
+
+    def drain_bound(self, room_id: int) -> int:
+        """I-DRAIN's bound for ``room_id``: the config's, plus what control faults on its abort path cost."""
+        return self.config.drain_bound + self.drain_slack.get(room_id, 0)
 
     def in_flight(self) -> Iterator[Message]:
         """Every dispatched, unresolved message (what the lease check walks each step)."""

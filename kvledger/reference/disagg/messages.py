@@ -95,11 +95,12 @@ class ChannelConfig:
         The abort reaches the other side (``latency``); that side notices at its next step (+1) and, if a
         message of the room is in flight, waits for it to resolve (``max_message_life``); the sender's
         acknowledgement travels back (``latency``) and the decode releases at its next step (+1). A
-        chunked prefill notices within one batch (+2 with the overlap scheduler). Each of the two control
-        messages on that path (the abort, the acknowledgement) may be lost once (sent again after
-        ``control_retry``) or delayed (``delay_steps``). Nothing else waits.
+        chunked prefill notices within one batch (+2 with the overlap scheduler). Nothing else waits,
+        unless a control message on that path (the abort, the acknowledgement) was lost or delayed: the
+        channel adds what each such fault cost to that room's bound (``TransferChannel.drain_bound``), so
+        a fault-free abort is held to this bound exactly.
         """
-        return 2 * self.latency + self.max_message_life + 4 + 2 * (self.control_retry + self.delay_steps)
+        return 2 * self.latency + self.max_message_life + 4
 
 
 @dataclass
