@@ -48,7 +48,14 @@ import reprlib
 from typing import Any
 
 from kvledger.contracts.errors import EventLogError
-from kvledger.contracts.owners import BATCH_INFLIGHT, REQ_CHUNKED, REQ_RUNNING, REQ_WAITING, Account
+from kvledger.contracts.owners import (
+    BATCH_INFLIGHT,
+    PD_ACCOUNTS,
+    REQ_CHUNKED,
+    REQ_RUNNING,
+    REQ_WAITING,
+    Account,
+)
 
 FORMAT = "kvledger-events"
 VERSION = 1
@@ -58,8 +65,11 @@ REQ_STATES: dict[str, Account] = {
     "chunked": REQ_CHUNKED,
     "running": REQ_RUNNING,
     "inflight": BATCH_INFLIGHT,
+    **{acct.name: acct for acct in PD_ACCOUNTS},  # a PD instance's queues and leases (spec/pd.md §3)
 }
-"""A request's state in the log and the account of the identity its ids count in."""
+"""A request's state in the log and the account of the identity its ids count in. A PD instance's log
+(one per instance) names its PD queues by their accounts: ``pd.prefill.bootstrap``, ``pd.decode.transfer``,
+``pd.decode.lease``, ..."""
 RELEASED = "released"
 """The request gave everything back: from here on it must hold nothing."""
 STATE_OF_ACCOUNT = {acct.name: state for state, acct in REQ_STATES.items()}

@@ -192,36 +192,36 @@ class Recorder:
         if isinstance(dst, list):
             for d in dst:
                 self._declare(d)
-            self._emit({"ev": "alloc", "pool": pool, "ids": ids_list, "to": [d.name for d in dst]})
+            self._emit({"ev": "alloc", "pool": pool, "ids": ids_list, "to": [_log_name(d) for d in dst]})
             return
         pending = ledger.pending_owner
         if src is FREE_LIST:
             self._declare(dst)
-            self._emit({"ev": "alloc", "pool": pool, "ids": ids_list, "to": dst.name})
+            self._emit({"ev": "alloc", "pool": pool, "ids": ids_list, "to": _log_name(dst)})
         elif dst is pending:
             if pool not in self._open_groups:
                 self._open_groups.add(pool)
                 self._emit({"ev": "free_group", "pool": pool, "open": True})
-            self._emit({"ev": "free", "pool": pool, "ids": ids_list, "from": src.name})
+            self._emit({"ev": "free", "pool": pool, "ids": ids_list, "from": _log_name(src)})
         elif src is pending:
             self._open_groups.discard(pool)
             self._emit({"ev": "free_group", "pool": pool, "open": False})
         elif dst is FREE_LIST:
-            self._emit({"ev": "free", "pool": pool, "ids": ids_list, "from": src.name})
+            self._emit({"ev": "free", "pool": pool, "ids": ids_list, "from": _log_name(src)})
         else:
             self._declare(dst)
             self._emit(
-                {"ev": "move", "pool": pool, "ids": ids_list, "from": src.name, "to": dst.name, "op": op}
+                {"ev": "move", "pool": pool, "ids": ids_list, "from": _log_name(src), "to": _log_name(dst), "op": op}
             )
 
     def retagged(self, ledger: Ledger, owner: Owner, old: Account, new: Account, op: str) -> None:
         """Requests and cache nodes: their accounts are derived by the audit; any other holder: ``account``."""
-        if owner.kind not in (E.REQ_KIND, E.NODE_KIND, E.STATE_KIND):
+        if _log_kind(owner) not in (E.REQ_KIND, E.NODE_KIND, E.STATE_KIND):
             self._declare(owner)
 
     def _declare(self, owner: Owner) -> None:
         """An ``account`` event for a holder whose account the log cannot derive, when it changed."""
-        if owner.kind in (E.REQ_KIND, E.NODE_KIND, E.STATE_KIND):
+        if _log_kind(owner) in (E.REQ_KIND, E.NODE_KIND, E.STATE_KIND):
             return
         name = owner.account.name
         if self._accounts.get(owner.serial) != name:
@@ -329,6 +329,16 @@ class Recorder:
         self._emit(
             {"ev": "step", "step": scheduler.step_no, "terms": terms, "quiescent": scheduler.is_quiescent()}
         )
+
+
+def _log_kind(owner: Owner) -> str:
+    """The owner kind the log uses: a PD instance's requests (``prefill.req``, ``decode.req``) are the
+    requests of that instance's own log (``req``; kvledger/audit/pd_record.py)."""
+    return E.REQ_KIND if owner.kind.endswith("." + E.REQ_KIND) else owner.kind
+
+
+def _log_name(owner: Owner) -> str:
+    return owner.name if owner.kind == _log_kind(owner) else E.owner_name(E.REQ_KIND, owner.key)
 
 
 def _check_recordable(scheduler: Any, out: Any, source: Any) -> None:

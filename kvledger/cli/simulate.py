@@ -9,6 +9,7 @@ run has finished: Ctrl-C leaves none of them behind.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -19,7 +20,7 @@ from kvledger.cli.checks import add_checks_option, apply_checks
 from kvledger.cli.options import UsageError, bounded_help, int_in, probability, usage_error
 from kvledger.cli.output import console as make_console
 from kvledger.cli.output import staged
-from kvledger.cli.simulate_checks import check_options
+from kvledger.cli.simulate_checks import check_options, record_paths
 
 NAME = "simulate"
 HELP = "run a generated-shared-prefix workload through the scheduler"
@@ -392,28 +393,43 @@ def _run_pd(ns: argparse.Namespace, opts: Any) -> int:
         transfer_timeout=ns.pd_transfer_timeout,
     )
     finals = {} if ns.no_plot else pd_timeline_paths(ns.plot)
+    logs = [] if ns.record is None else record_paths(ns.record, pd=True)  # the prefill's, the decode's
     plot_error = None
-    with staged(*finals.values()) as temps:
+    with staged(*logs, *finals.values()) as temps:
+        log_temps, plot_temps = temps[: len(logs)], temps[len(logs) :]
         with _progress_bar(ns, opts.workload.total) as progress:
             try:
-                result = run_pd_simulation(pd_opts, progress)
+                if not logs:
+                    result = run_pd_simulation(pd_opts, progress)
+                else:
+                    with contextlib.ExitStack() as files:
+                        streams = {
+                            side: files.enter_context(open(path, "w", encoding="utf-8"))
+                            for side, path in zip(("prefill", "decode"), log_temps, strict=True)
+                        }
+                        result = run_pd_simulation(pd_opts, progress, record=streams)
+            except OSError as exc:  # an event log: /dev/full, a disk that filled up mid-run
+                raise UsageError(f"--record {ns.record}: cannot be written ({exc.strerror or exc})") from None
             except KVLedgerError as exc:  # a combination the checks did not foresee: still a user error
                 raise UsageError(str(exc).splitlines()[0]) from None
         if finals:
-            to = dict(zip(finals, temps, strict=True))
+            to = dict(zip(finals, plot_temps, strict=True))
             plot_error = _plot(
-                lambda: plot_pd_timelines(result, to), list(temps), f"the plots beside {ns.plot}"
+                lambda: plot_pd_timelines(result, to), list(plot_temps), f"the plots beside {ns.plot}"
             )
     out = make_console(stderr=ns.json)
     plots = [] if plot_error else [str(p) for p in finals.values()]
     if ns.json:
         summary = result.summary()
         summary["plots"] = plots
+        summary["records"] = [str(p) for p in logs]
         print(json.dumps(summary))
     else:
         print_pd_summary(result, out)
         for path in plots:
             out.print(f"ledger timeline written to {path}")
+        for log in logs:
+            out.print(f"event log written to {log} (check it: kvledger audit {log})")
     if plot_error is not None:
         print(f"kvledger simulate: error: {plot_error}", file=sys.stderr)
         return 1

@@ -198,10 +198,6 @@ def _engine_problem(ns: argparse.Namespace) -> str | None:
         )
     if ns.speculative and ns.pd:
         return "--speculative does not support --pd runs yet: run speculative decoding without --pd"
-    if ns.record is not None and ns.pd:
-        # The event log models one engine with the kv/req/mamba pools; PD's two instances, metadata pool,
-        # transfer queues and channel are not in its format yet (spec/event-log.md).
-        return "--record does not support --pd runs yet: record a run without --pd"
     return None
 
 
@@ -246,6 +242,14 @@ def _plot_problem(path: Path) -> str | None:
     return write_problem(path, "--plot")
 
 
+def record_paths(record: Path, pd: bool) -> list[Path]:
+    """The event logs ``--record`` writes: the file itself, or with ``--pd`` one per instance beside it
+    (``NAME.prefill.SUFFIX`` and ``NAME.decode.SUFFIX``, as the PD timelines)."""
+    if not pd:
+        return [record]
+    return [record.with_name(f"{record.stem}.{side}{record.suffix}") for side in ("prefill", "decode")]
+
+
 def check_options(ns: argparse.Namespace) -> str | None:
     """The first reason the options cannot make a meaningful run, or None. One line, no traceback."""
     for check in (_allocation_problem, _conflict, _engine_problem):
@@ -255,9 +259,12 @@ def check_options(ns: argparse.Namespace) -> str | None:
     if ns.record is not None and not ns.no_plot and ns.record.resolve() == ns.plot.resolve():
         return f"--record and --plot both name {ns.record}: give each its own file"
     if ns.record is not None:
-        problem = write_problem(ns.record, "--record")
-        if problem is not None:
-            return problem
+        if ns.record.is_dir():
+            return f"--record {ns.record}: is a directory"
+        for path in record_paths(ns.record, ns.pd):
+            problem = write_problem(path, "--record")
+            if problem is not None:
+                return problem
     if not ns.no_plot:
         return _plot_problem(ns.plot)
     return None

@@ -13,10 +13,11 @@ from __future__ import annotations
 import itertools
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import IO, Any
 
+from kvledger.audit.pd_record import PDRecorder
 from kvledger.contracts import switch
 from kvledger.contracts.errors import ContractViolation
 from kvledger.reference.disagg import DECODE, PREFILL, ChannelConfig, PDScheduler, PDSpec, PDSystem, build_pd
@@ -113,9 +114,24 @@ class PDSimResult:
         return out
 
 
-def run_pd_simulation(opts: PDSimOptions, progress: Callable[[int, int], None] | None = None) -> PDSimResult:
-    """Run the workload through both instances to completion; a violation is reported, not hidden."""
-    system = build_pd(opts.spec())
+def run_pd_simulation(
+    opts: PDSimOptions,
+    progress: Callable[[int, int], None] | None = None,
+    *,
+    record: Mapping[str, IO[str]] | None = None,
+) -> PDSimResult:
+    """Run the workload through both instances to completion; a violation is reported, not hidden.
+
+    ``record``: write each instance's event log to ``record["prefill"]`` / ``record["decode"]``
+    (``kvledger simulate --pd --record``; :class:`kvledger.audit.PDRecorder`). The pools then carry real
+    ledgers whatever the contracts switch says: the recorders observe them."""
+    recorder = None
+    if record is None:
+        system = build_pd(opts.spec())
+    else:
+        with switch.override_ledgers(True):
+            system = build_pd(opts.spec())
+        recorder = PDRecorder(system, record, source=f"kvledger simulate --pd {_options_dict(opts.base)}")
     arrivals = opts.base.workload.stream()
     total = opts.base.workload.total
     rng = random.Random(opts.base.workload.seed + 1)
@@ -145,6 +161,10 @@ def run_pd_simulation(opts: PDSimOptions, progress: Callable[[int, int], None] |
             system.check_quiescent()
     except ContractViolation as exc:
         violation = str(exc)
+    # Closed (each log's end written) only when the run ended or stopped on what it found; on any other
+    # exception the logs are cut off and the caller discards them (kvledger.cli.output).
+    if recorder is not None:
+        recorder.close("violation" if violation is not None else None)
     wall = time.perf_counter() - start
     decode_states = [d.state.value for _, d in system.pairs.values()]
     p_stats = system.prefill.stats
@@ -172,6 +192,7 @@ def run_pd_simulation(opts: PDSimOptions, progress: Callable[[int, int], None] |
             "messages": {f"{c}.{o}": n for (c, o), n in sorted(ch.messages.items())},
             "faults": {f"{c}.{f}": n for (c, f), n in sorted(ch.faults.items())},
             "abort_acks": ch.acks,
+            "retransmissions": ch.retransmissions,
         },
         drained_aborts=system.drained_aborts,
         longest_drain=system.longest_drain,

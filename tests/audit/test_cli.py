@@ -62,11 +62,14 @@ def test_record_path_is_checked_before_the_run(tmp_path: Path, capsys: pytest.Ca
     assert f"--record {tmp_path}: is a directory" in capsys.readouterr().err
 
 
-def test_record_is_refused_with_pd(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_pd_record_paths_are_checked_before_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """With --pd, --record writes one log per instance beside FILE (tests/disagg/test_pd_record.py): a
+    directory where one of them goes is refused before the run, and nothing is written."""
+    (tmp_path / "run.decode.jsonl").mkdir()
     log = tmp_path / "run.jsonl"
     assert main(["simulate", *SMALL, "--no-plot", "--pd", "--record", str(log)]) == 2
-    assert "--record does not support --pd" in capsys.readouterr().err
-    assert not log.exists()
+    assert f"--record {tmp_path / 'run.decode.jsonl'}: is a directory" in capsys.readouterr().err
+    assert not (tmp_path / "run.prefill.jsonl").exists() and not log.exists()
 
 
 def test_a_cut_off_log_exits_1_as_incomplete_never_clean(

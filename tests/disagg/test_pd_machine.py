@@ -10,14 +10,16 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from kvledger.museum.machines.pd import PDMachine, PDModelMachine, pd_setups
+from kvledger.museum.machines.pd import PDMachine, PDMachinePage16, PDModelMachine, pd_setups
 from tests.scheduler.harness import long_fuzz_settings
 
-__all__ = ["PDMachine", "PDModelMachine", "pd_setups"]
+__all__ = ["PDMachine", "PDMachinePage16", "PDModelMachine", "pd_setups"]
 
 TestPDMachine = PDMachine.TestCase
 _DEFAULT = settings()  # the loaded profile's settings
 TestPDMachine.settings = settings(max_examples=max(10, _DEFAULT.max_examples // 3))
+TestPDMachinePage16 = PDMachinePage16.TestCase
+TestPDMachinePage16.settings = settings(max_examples=max(6, _DEFAULT.max_examples // 6))
 TestPDModelMachine = PDModelMachine.TestCase
 TestPDModelMachine.settings = settings(max_examples=max(6, _DEFAULT.max_examples // 12))
 
@@ -33,3 +35,9 @@ def test_pd_machine_long_fuzz() -> None:
 @pytest.mark.timeout(7200)
 def test_pd_model_machine_long_fuzz() -> None:
     run_state_machine_as_test(PDModelMachine, settings=long_fuzz_settings(300, 60))
+
+
+@pytest.mark.deep
+@pytest.mark.timeout(7200)
+def test_pd_machine_page16_long_fuzz() -> None:
+    run_state_machine_as_test(PDMachinePage16, settings=long_fuzz_settings(500, 120))

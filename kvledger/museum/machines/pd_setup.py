@@ -34,11 +34,18 @@ def pd_spec(
     vocab_size: int = 128,
     max_context_len: int = 96,
     mamba_strategy: MambaSchedulerStrategy = "no_buffer",
+    mamba_chunk_size: int | None = None,
+    mamba_track_interval: int = 256,
     **extra: Any,
 ) -> PDSpec:
-    """Small PD pools; the prefill's Mamba radix cache in V1 (``no_buffer``, page size 1) unless asked for
-    V2 (these set-ups were written for V1; ``EngineSpec``'s own default is V2)."""
+    """Small PD pools, Mamba V1 (``no_buffer``, page size 1) on both sides unless asked for V2 (these
+    set-ups were written for V1; ``EngineSpec``'s own default is V2). The strategy is the pair's: under V2
+    the prefill's Mamba radix cache tracks with ping-pong slots and each decode request holds its
+    tracking slots too (``PDSpec.decode_tracking_slots``)."""
     shared = dict(
+        mamba_strategy=mamba_strategy,
+        mamba_chunk_size=mamba_chunk_size,
+        mamba_track_interval=mamba_track_interval,
         page_size=page_size,
         hybrid=hybrid,
         model=model,
@@ -55,7 +62,6 @@ def pd_spec(
         chunk=chunk,
         max_prefill=64,
         overlap=overlap,
-        mamba_strategy=mamba_strategy,
         **shared,  # type: ignore[arg-type]
     )
     decode = EngineSpec(

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from kvledger.contracts.errors import InvalidArgument, SizeOutOfRange
+from kvledger.contracts.mamba_track import ping_pong_size
 from kvledger.contracts.sizing import decode_mamba_slots, decode_rows, default_pre_alloc_size
 from kvledger.reference.config_fields import MAX_SIZE, Count, Size, check_fields
 from kvledger.reference.disagg.channel import ChannelConfig, InstanceData, TransferChannel
@@ -51,6 +52,13 @@ class PDSpec:
             if value > MAX_SIZE:
                 raise SizeOutOfRange(f"PD: the {name} ({value}) would exceed MAX_SIZE {MAX_SIZE}")
 
+    def decode_tracking_slots(self) -> int:
+        """Mamba V2 on the decode side: the ping-pong tracking slots each decode request holds besides its
+        working slot (SGLang's ``HybridMambaDecodeReqToTokenPool`` with ``enable_mamba_extra_buffer``:
+        2 with the overlap scheduler, 1 without; none in V1 or without a Mamba pool)."""
+        d = self.decode
+        return ping_pong_size(d.hybrid and d.mamba_strategy == "extra_buffer", d.overlap)
+
     def derived_sizes(self) -> dict[str, int]:
         """The sizes the builder derives (I-SIZING): decode rows, decode Mamba slots, metadata slots."""
         d = self.decode
@@ -60,7 +68,11 @@ class PDSpec:
         rows = decode_rows(d.max_running, pre_alloc)
         return {
             "decode rows (max_running + pre_alloc_size)": rows,
-            "decode Mamba slots": decode_mamba_slots(d.mamba_slots, rows, 1) if d.hybrid else d.mamba_slots,
+            "decode Mamba slots": (
+                decode_mamba_slots(d.mamba_slots, rows, 1 + self.decode_tracking_slots())
+                if d.hybrid
+                else d.mamba_slots
+            ),
             "prefill metadata slots": self.prefill_metadata_slots or 2 * self.prefill.max_running,
             "decode metadata slots": self.decode_metadata_slots or rows,
         }
@@ -87,6 +99,8 @@ def build_pd(spec: PDSpec) -> PDSystem:
         channel=channel,
         kv_buffer=d.kv_buffer,
         reserved_decode_tokens=spec.reserved_decode_tokens,
+        mamba_slots_per_req=1 + spec.decode_tracking_slots(),
+        tracking_slots=spec.decode_tracking_slots(),
         note_kv_written=note,
         **d.scheduler_kwargs(),
     )

@@ -4,9 +4,13 @@ A discrete-event model of SGLang's KV sender/receiver pair (Mooncake, NIXL) for 
 
 * **Rooms.** Every request has a ``bootstrap_room``; both sides open it at arrival. The handshake
   completes ``latency`` steps later (``Poll.WAITING_FOR_INPUT``).
-* **Control messages** are reliable and take ``latency`` steps: the decode side's pre-allocation info
-  (``init_receiver``: destination KV slots, Mamba slot, metadata slot), aborts from either side, and the
-  prefill engine's drain acknowledgement (``ABORT_ACK``, SGLang #35049).
+* **Control messages** take ``latency`` steps: the decode side's pre-allocation info (``INIT``:
+  destination KV slots, Mamba slot, metadata slot), aborts from either side (``ABORT``), and the prefill
+  engine's drain acknowledgement (``ACK``, SGLang #35049). Each may be lost (``DROP``: the side that
+  sent it sends it again ``control_retry`` steps later, as a retransmission timer would; a fault hits
+  one transmission, the retransmission goes through), delayed (``DELAY``: so reordered against the
+  room's later messages) or duplicated (``DUPLICATE``). Every handler is idempotent: a second ``INIT``
+  changes nothing, a second abort or acknowledgement is a no-op.
 * **Data messages**, per component: KV chunks (non-last chunks floored to a page by the sender), and
   with the last chunk the Mamba state and the metadata slot. A message is *dispatched* once the decode's
   destination info has reached the sender and *resolves* as its own event later: it lands (the data is
@@ -44,6 +48,8 @@ from kvledger.contracts.seams import seam
 from kvledger.reference.config_fields import check_size
 from kvledger.reference.disagg import landing
 from kvledger.reference.disagg.messages import (
+    CONTROL,
+    FAULTS_OF,
     ChannelConfig,
     ChannelStats,
     Component,
@@ -139,6 +145,9 @@ class TransferChannel:
         self._rng = random.Random(self.config.seed)
         self._injected: list[list[Any]] = []  # [component, fault, room or None, times left], in order
         self._closed: set[int] = set()  # rooms opened and closed since: known, never opened again
+        # Steps that lost or delayed aborts and acknowledgements added to a room's drain (I-DRAIN's bound
+        # grows by them for that room only); the system forgets a room's entry once its request drained.
+        self.drain_slack: dict[int, int] = {}
         self.prefill: InstanceData | None = None
         self.decode: InstanceData | None = None
         # Called before a message's data is written (the system's lease check: I-WRITER-LEASE).
@@ -172,6 +181,10 @@ class TransferChannel:
         never fire)."""
         c = _member(Component, component, "component")
         f = _member(Fault, fault, "fault")
+        if f not in FAULTS_OF[c]:
+            raise InvalidArgument(
+                f"inject: a {c.value} message cannot suffer {f.value}: one of {[x.value for x in FAULTS_OF[c]]}"
+            )
         if room is not None:
             self._open_room(room, "inject")
         check_size(times, "inject: times")
@@ -190,12 +203,34 @@ class TransferChannel:
                 self.stats.faults[(component.value, f.value)] += 1
                 return f
         if self.config.fault_rate and self._rng.random() < self.config.fault_rate:
-            f = self._rng.choice(list(Fault))
+            f = self._rng.choice(FAULTS_OF[component])
             self.stats.faults[(component.value, f.value)] += 1
             return f
         return None
 
     # ------------------------------------------------------------------ events
+    def _control(self, component: Component, kind: str, room_id: int, payload: Any = None) -> None:
+        """Send a control message (``kind`` is its handler): it draws a fault of ``CONTROL``'s."""
+        assert component in CONTROL
+        fault = self._draw_fault(component, room_id)
+        c = self.config
+        if component is not Component.INIT and fault in (Fault.DROP, Fault.DELAY):  # on an abort's path
+            cost = c.control_retry if fault is Fault.DROP else c.delay_steps
+            self.drain_slack[room_id] = self.drain_slack.get(room_id, 0) + cost
+        if fault is Fault.DROP:
+            self._schedule(self.now + c.control_retry, "retry", room_id, (kind, payload))
+            return
+        delay = c.latency + (c.delay_steps if fault is Fault.DELAY else 0)
+        self._schedule(self.now + delay, kind, room_id, payload)
+        if fault is Fault.DUPLICATE:
+            self._schedule(self.now + delay + c.delay_steps + 1, kind, room_id, payload)
+
+    def _on_retry(self, room: Room, sent: tuple[str, Any]) -> None:
+        """The sender's retransmission timer: the lost control message goes again (and arrives)."""
+        kind, payload = sent
+        self.stats.retransmissions += 1
+        self._schedule(self.now + self.config.latency, kind, room.room, payload)
+
     def _schedule(self, step: int, kind: str, room: int, payload: Any = None) -> None:
         self._seq += 1
         heapq.heappush(self._events, (step, self._seq, kind, room, payload))
@@ -347,7 +382,7 @@ class TransferChannel:
                 f" {room.plan_len} positions"
             )
         room.init_step = room.last_progress = self.now
-        self._schedule(self.now + self.config.latency, "init", room_id, dst)
+        self._control(Component.INIT, "init", room_id, dst)
 
     def _check_dst(self, dst: DstInfo) -> None:
         """Ids of the decode's pools: ints >= 0, inside the pools when the instances are attached."""
@@ -369,7 +404,7 @@ class TransferChannel:
                 raise InvalidArgument(f"init_receiver: dst.{what} {max(ids)} outside the decode's pool")
 
     def _on_init(self, room: Room, dst: DstInfo) -> None:
-        if room.sender_aborted:
+        if room.sender_aborted or room.dst is not None:  # aborted, or a duplicate
             return
         room.dst = dst
         self._dispatch_pending(room)
@@ -431,11 +466,11 @@ class TransferChannel:
             room.sender_aborted = True
             room.pending.clear()
             room.sender_failure = room.sender_failure or reason
-            self._schedule(self.now + self.config.latency, "abort_at_receiver", room_id, "aborted by prefill")
+            self._control(Component.ABORT, "abort_at_receiver", room_id, "aborted by prefill")
             self._maybe_ack(room)
         else:
             room.receiver_failure = room.receiver_failure or reason
-            self._schedule(self.now + self.config.latency, "abort_at_sender", room_id, "aborted by decode")
+            self._control(Component.ABORT, "abort_at_sender", room_id, "aborted by decode")
 
     def _on_abort_at_receiver(self, room: Room, reason: str) -> None:
         room.receiver_failure = room.receiver_failure or reason
@@ -450,9 +485,11 @@ class TransferChannel:
         """ABORT_ACK once the sender will dispatch nothing more and nothing of the room is in flight."""
         if room.drain_requested and room.sender_aborted and not room.unresolved and not room.ack_sent:
             room.ack_sent = True
-            self._schedule(self.now + self.config.latency, "ack", room.room)
+            self._control(Component.ACK, "ack", room.room)
 
     def _on_ack(self, room: Room, _: Any) -> None:
+        if room.ack_received:  # a duplicate
+            return
         room.ack_received = True
         self.stats.acks += 1
         self._maybe_delete(room)
@@ -560,6 +597,10 @@ class TransferChannel:
             problems = [what for bad, what in checks if bad]
             if problems:
                 raise ContractViolation(f"channel: {problems}: {self.describe_room(room.room)}")
+
+    def drain_bound(self, room_id: int) -> int:
+        """I-DRAIN's bound for ``room_id``: the config's, plus what control faults on its abort path cost."""
+        return self.config.drain_bound + self.drain_slack.get(room_id, 0)
 
     def in_flight(self) -> Iterator[Message]:
         """Every dispatched, unresolved message (what the lease check walks each step)."""

@@ -56,6 +56,7 @@ class DecodeScheduler(PDScheduler):
         *args: Any,
         reserved_decode_tokens: int = 4,
         mamba_slots_per_req: int = 1,
+        tracking_slots: int = 0,
         note_kv_written: Any = None,
         **kwargs: Any,
     ) -> None:
@@ -68,6 +69,9 @@ class DecodeScheduler(PDScheduler):
             raise ContractViolation("the decode instance models SGLang's default ChunkCache: no radix cache")
         self.reserved_decode_tokens = reserved_decode_tokens
         self.mamba_slots_per_req = mamba_slots_per_req
+        # Mamba V2: the ping-pong tracking slots a decode request holds besides its working slot, from
+        # pre-allocation (or resumption) to release; without a decode radix cache nothing captures into them.
+        self.tracking_slots = tracking_slots if self.mamba_pool is not None else 0
         self.note_kv_written = note_kv_written
         check_decode_sizing(
             rows=self.req_to_token_pool.size,
@@ -99,8 +103,11 @@ class DecodeScheduler(PDScheduler):
             reason = "prompt + reserved decode tokens exceeds the KV pool"
         return reason
 
-    def _prealloc_need(self, length: int) -> int:
-        return ceil_to_page(length, self.config.page_size) + self.reserved_decode_tokens
+    def _prealloc_need(self, length: int, reserved: int | None = None) -> int:
+        """KV for ``length`` positions in whole pages, plus the decode reservation (``reserved``, by
+        default ``reserved_decode_tokens``)."""
+        reserve = self.reserved_decode_tokens if reserved is None else reserved
+        return ceil_to_page(length, self.config.page_size) + reserve
 
     # ------------------------------------------------------------------ process_decode_queue
     def before_schedule(self) -> None:
@@ -126,19 +133,39 @@ class DecodeScheduler(PDScheduler):
         )
         return self.kv_allocator.available_size() - max(promised, largest)
 
-    def _fits(self, length: int) -> bool:
+    def _fits(self, length: int, reserved: int | None = None) -> bool:
         """A row, a metadata slot, the Mamba slots and ``length`` positions of KV for one more request."""
         if self.req_to_token_pool.available_size() < 1 or self.metadata_pool.available_size() < 1:
             return False
         if self.mamba_pool is not None and self.mamba_pool.available_size() < self.mamba_slots_per_req:
             return False
-        return self._prealloc_need(length) <= self._allocatable_tokens()
+        return self._prealloc_need(length, reserved) <= self._allocatable_tokens()
 
     def _allocate(self, req: PDReq, length: int, account: Any) -> torch.Tensor | None:
-        """Row, working slot and KV for positions ``[0, length)`` (all or nothing), via the scheduler's path."""
+        """Row, working slot, V2 tracking slots and KV for positions ``[0, length)`` (all or nothing), via the
+        scheduler's path (the tracking slots first, given back if the rest does not fit)."""
         req.cache_protected_len = req.kv_committed_len = req.kv_allocated_len = 0
         req.extend_input_len = length
-        return self.memory.prepare_extend([req], None, admit_account=account)
+        if self.tracking_slots and self.mamba_pool is not None:
+            track = self.mamba_pool.alloc(self.tracking_slots, req.owner)
+            if track is None:
+                return None
+            req.mamba_ping_pong_track_buffer = track
+            req.mamba_next_track_idx = 0
+        out = self.memory.prepare_extend([req], None, admit_account=account)
+        if out is None:
+            self._free_tracking(req)
+        return out
+
+    def _free_tracking(self, req: PDReq) -> None:
+        """Give back the V2 tracking slots and clear their handle (#26941 left it set)."""
+        if req.mamba_ping_pong_track_buffer is not None and self.mamba_pool is not None:
+            self.mamba_pool.free(req.mamba_ping_pong_track_buffer, req.owner)
+            req.mamba_ping_pong_track_buffer = None
+
+    def release_now(self, req: PDReq) -> None:
+        self._free_tracking(req)
+        super().release_now(req)
 
     def pop_preallocated(self) -> None:
         """Pre-allocate bootstrapped requests, FIFO, stopping at the first that does not fit.
@@ -244,6 +271,7 @@ class DecodeScheduler(PDScheduler):
         """Keep a host copy, release as the scheduler does, park in the retracted queue."""
         assert isinstance(req, PDReq)
         req.host_copy = self._host_copy(req)
+        self._free_tracking(req)
         super().retract(req)
         self.waiting.remove(req)
         self._enter(req, ReqState.RETRACTED, PD_DECODE_RETRACTED, "retract to host")
@@ -269,7 +297,13 @@ class DecodeScheduler(PDScheduler):
         for req in list(self.retracted_queue):
             copy = req.host_copy
             assert copy is not None
-            if not self._fits(copy.length):
+            # Reserve only what the request can still generate: a request retracted near the end of a
+            # prompt at the decode limit needs less than the full reservation, and with the full one it
+            # could never come back (and, first in line, would block every pre-allocation: I-LIVENESS;
+            # found by the PD machine's draws at the decode limit, issue 27).
+            clip = self.config.clip_max_new_tokens
+            left = remaining_new_tokens_clipped(req.max_new_tokens, len(req.output_ids), clip)
+            if not self._fits(copy.length, min(self.reserved_decode_tokens, left)):
                 self.pd_stats.retries += 1
                 break
             out = self._allocate(req, copy.length, PD_DECODE_WAITING)

@@ -23,6 +23,7 @@ from typing import Any
 from kvledger.contracts.errors import ContractViolation, InvalidArgument, UnknownRoom
 from kvledger.contracts.ledger import Ledger
 from kvledger.contracts.owners import LEASE_ACCOUNTS, Account
+from kvledger.contracts.pool_kinds import METADATA
 from kvledger.contracts.seams import seam
 from kvledger.reference.disagg.accounting import PDAccounting
 from kvledger.reference.disagg.channel import TransferChannel, check_room
@@ -71,7 +72,11 @@ def check_queues(sched: PDScheduler) -> None:
             if req.state is not QUEUE_STATES[name] or sched.queued_request(req.rid) is not req:
                 raise ContractViolation(f"PD queue {sched.side}.{name} holds {req!r} (state or liveness wrong)")
             if name in HOLDS_NOTHING and (req.handles() or req.kv_allocated_len):
-                raise ContractViolation(f"{req!r} in the {sched.side} {name} queue holds ids: {req.handles()}")
+                # A handle set in a queue whose entries own nothing names ids the request does not own
+                # (freed at retraction and left set: #26941's shape on the decode side).
+                raise ContractViolation(
+                    f"I-HANDLE-OWNED: {req!r} in the {sched.side} {name} queue holds ids: {req.handles()}"
+                )
             if name == "lease" and sched.rooms.get(req.bootstrap_room) is not req:
                 raise ContractViolation(f"leased {req!r} lost its room {req.bootstrap_room}")
 
@@ -105,6 +110,7 @@ class PDScheduler(Scheduler):
         self.abort_log: list[tuple[int, int]] = []  # (rid, step): read by the system's I-DRAIN check
 
     parked_accounts = Scheduler.parked_accounts | LEASE_ACCOUNTS
+    pool_kinds = (*Scheduler.pool_kinds, METADATA)  # the metadata slots are one more pool of the identity
 
     # ------------------------------------------------------------------ arrivals
     def add_request(  # type: ignore[override]

@@ -21,6 +21,11 @@ class Component(str, enum.Enum):
     KV = "kv"
     MAMBA = "mamba"
     META = "meta"
+    # control messages (issue 27 item 3): the decode's pre-allocation info, an abort notice from either
+    # side, the sender's drain acknowledgement
+    INIT = "init"
+    ABORT = "abort"
+    ACK = "ack"
 
 
 class Fault(str, enum.Enum):
@@ -28,6 +33,20 @@ class Fault(str, enum.Enum):
     DELAY = "delay"
     FAIL = "fail"
     TIMEOUT = "timeout"
+    DUPLICATE = "duplicate"  # control messages only: delivered twice, the copy ``delay_steps + 1`` later
+
+
+CONTROL = frozenset({Component.INIT, Component.ABORT, Component.ACK})
+"""The control messages: lost (retransmitted after ``control_retry``), delayed (so reordered against the
+room's other messages), duplicated; never failed (a control message carries no data to corrupt)."""
+
+FAULTS_OF: dict[Component, tuple[Fault, ...]] = {
+    c: (Fault.DROP, Fault.DELAY, Fault.DUPLICATE)
+    if c in CONTROL
+    else (Fault.DROP, Fault.DELAY, Fault.FAIL, Fault.TIMEOUT)
+    for c in Component
+}
+"""The faults each component can suffer (``inject`` refuses any other pair; random faults draw from it)."""
 
 
 class Poll(enum.IntEnum):
@@ -55,6 +74,7 @@ class ChannelConfig:
     bootstrap_timeout: Size = 24
     transfer_timeout: Size = 48  # decode: steps without progress on a pre-allocated room before it fails
     message_timeout: Size = 8  # a hung (TIMEOUT) message fails this many steps after dispatch
+    control_retry: Size = 4  # a control message not delivered is sent again this many steps later
     fault_rate: float = 0.0  # probability that a message (or handshake) draws a random fault
     seed: int = 0
 
@@ -75,7 +95,10 @@ class ChannelConfig:
         The abort reaches the other side (``latency``); that side notices at its next step (+1) and, if a
         message of the room is in flight, waits for it to resolve (``max_message_life``); the sender's
         acknowledgement travels back (``latency``) and the decode releases at its next step (+1). A
-        chunked prefill notices within one batch (+2 with the overlap scheduler). Nothing else waits.
+        chunked prefill notices within one batch (+2 with the overlap scheduler). Nothing else waits,
+        unless a control message on that path (the abort, the acknowledgement) was lost or delayed: the
+        channel adds what each such fault cost to that room's bound (``TransferChannel.drain_bound``), so
+        a fault-free abort is held to this bound exactly.
         """
         return 2 * self.latency + self.max_message_life + 4
 
@@ -178,3 +201,4 @@ class ChannelStats:
     messages: Counter[tuple[str, str]] = field(default_factory=Counter)  # (component, outcome)
     faults: Counter[tuple[str, str]] = field(default_factory=Counter)  # (component, fault)
     acks: int = 0
+    retransmissions: int = 0  # control messages sent again after a loss

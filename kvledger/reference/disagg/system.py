@@ -212,12 +212,13 @@ class PDSystem:
             inst.abort_log.clear()
 
     def check_drain(self) -> None:
-        bound = self.channel.config.drain_bound
         for rid, since in list(self.undrained.items()):
+            bound = self.channel.drain_bound(rid + 1)  # the room's: lost or delayed aborts and acks add
             left = self._still_held(rid)
             if not left:
                 del self.undrained[rid]
                 del self.drain_sides[rid]
+                self.channel.drain_slack.pop(rid + 1, None)
                 self.drained_aborts += 1
                 self.longest_drain = max(self.longest_drain, self.step_no - since)
             elif self.step_no - since > bound:

@@ -81,7 +81,8 @@ AREA = Area(
             statement=(
                 "A request aborted on either side (client, remote abort, room failure, rejection at arrival)"
                 " has left every queue of that side, released everything and closed its room within"
-                " `ChannelConfig.drain_bound` steps (2 x latency + the longest message life + 4); so has the"
+                " `ChannelConfig.drain_bound` steps (2 x latency + the longest message life + 4, plus what lost"
+                " or delayed aborts and acknowledgements of its room cost: `TransferChannel.drain_bound`); so has the"
                 " other side's copy, unless it passed its hand-off before the abort reached it: a decode that"
                 " committed the transfer serves the request on its own (the abort travels `latency` steps and"
                 " may arrive after the commit), and only an abort on the decode ends it."
