@@ -24,9 +24,10 @@ from kvledger.reference.pools import (
 from kvledger.reference.radix import MambaRadixCache, RadixCache
 from kvledger.reference.scheduler import HashTokenRunner, Scheduler, SchedulerConfig
 from kvledger.reference.scheduler.config import CowReleasePolicy, MambaSchedulerStrategy
+from kvledger.reference.scheduler.tagging_runner import TaggingHashRunner
 
 TreeKind = Literal["mamba_radix", "radix", "none"]
-ModelKind = Literal["hash", "tiny-hybrid"]
+ModelKind = Literal["hash", "tiny-hybrid", "hash-tags"]  # hash-tags: the hash runner with data tags
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ def _model_weights(vocab_size: int) -> TinyHybridWeights:
 
 @dataclass
 class EngineParts:
-    """Everything a scheduler is built from; ``kv_buffer`` is None with the hash runner (no KV data)."""
+    """Everything a scheduler is built from; ``kv_buffer`` is None with the plain hash runner (no KV data)."""
 
     config: SchedulerConfig
     kv_allocator: Any
@@ -190,6 +191,7 @@ def _build_parts(spec: EngineSpec, config: SchedulerConfig) -> EngineParts:
     rows = ReqToTokenPool(
         spec.rows, spec.max_context_len, name=f"{prefix}req", reserved_rows=spec.reserved_rows
     )
+    rows.attach_kv_owners(kv)  # debug builds: I-ROW-WRITE on every row write
     model = model_weights(spec.vocab_size) if spec.model == "tiny-hybrid" else None
     mamba = None
     if spec.hybrid:
@@ -224,6 +226,12 @@ def _build_parts(spec: EngineSpec, config: SchedulerConfig) -> EngineParts:
             req_to_token_pool=rows,
             mamba_pool=mamba,
             check_integrity=kv.ledger.enabled,  # debug builds check what the reads see; release builds don't
+        )
+    elif spec.model == "hash-tags":  # the hunt's: the hash tokens, and data tags in every state and KV slot
+        kv_buffer = KVBufferPool.for_allocator(kv, num_layers=1, num_kv_heads=1, head_dim=2)
+        kv.attach_kv_buffer(kv_buffer)  # debug builds: zero on alloc, poison on free
+        runner = TaggingHashRunner(
+            spec.vocab_size, mamba_pool=mamba, kv_buffer=kv_buffer, req_to_token_pool=rows
         )
     return EngineParts(config, kv, rows, mamba, tree, runner, kv_buffer)
 

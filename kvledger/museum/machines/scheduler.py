@@ -30,6 +30,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from kvledger.contracts.errors import ContractViolation
 from kvledger.contracts.identity import check_busy_identity
 from kvledger.contracts.oracle import check_output_oracle
+from kvledger.museum.machines.data_oracle import check_scheduler_data, with_data_tags
 from kvledger.museum.machines.notes import event, target
 from kvledger.museum.machines.oracles import expected_output
 from kvledger.reference.engine import EngineSpec, TreeKind, build_engine
@@ -158,9 +159,9 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @initialize(setup=setups(), faults=fault_swarms)
     def init(self, setup: EngineSpec, faults: list[str]) -> None:
-        self.setup = setup
+        self.setup = with_data_tags(setup)  # the hash tokens, with data tags in every state and KV slot
         self.faults = frozenset(faults)
-        self.sched = build_engine(setup)
+        self.sched = build_engine(self.setup)
         self.next_rid = 0
         event(
             f"tree={setup.tree} page={setup.page_size} overlap={setup.overlap}"
@@ -252,6 +253,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                         f"I-ROW-EXCLUSIVE-WHILE-IN-FLIGHT: {req.owner!r} was released while launched"
                         f" batch#{batch.batch_id} still references it: {req!r}"
                     )
+        check_scheduler_data(sched)  # I-DATA-STATE, I-DATA-KV: every state and KV slot holds its prefix's tag
         in_flight = sum(len(b.reqs) for b in sched.inflight)
         self.max_in_flight = max(self.max_in_flight, in_flight)
         kv = sched.kv_allocator
