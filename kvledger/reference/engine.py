@@ -228,8 +228,9 @@ def _build_parts(spec: EngineSpec, config: SchedulerConfig) -> EngineParts:
             check_integrity=kv.ledger.enabled,  # debug builds check what the reads see; release builds don't
         )
     elif spec.model == "hash-tags":  # the hunt's: the hash tokens, and data tags in every state and KV slot
+        # Not attached to the allocator (no zeroing on alloc, no poison on free): a stale slot already
+        # holds another prefix's tag, which the checks see as such.
         kv_buffer = KVBufferPool.for_allocator(kv, num_layers=1, num_kv_heads=1, head_dim=2)
-        kv.attach_kv_buffer(kv_buffer)  # debug builds: zero on alloc, poison on free
         runner = TaggingHashRunner(
             spec.vocab_size, mamba_pool=mamba, kv_buffer=kv_buffer, req_to_token_pool=rows
         )

@@ -23,6 +23,7 @@ from kvledger.museum.hunt import hunt
 from kvledger.museum.machines import pd as pd_machine
 from kvledger.museum.machines import scheduler as scheduler_machine
 from kvledger.museum.machines.data_oracle import check_host_copy, check_scheduler_data
+from kvledger.reference.disagg import landing
 from kvledger.reference.disagg.decode import DecodeScheduler
 from kvledger.reference.disagg.request import HostCopy
 from kvledger.reference.engine import EngineSpec, build_engine
@@ -247,3 +248,18 @@ def test_the_pd_hunt_finds_a_backup_that_misses_a_component() -> None:
     assert found.found and found.invariant == "I-DATA-STATE", found.message
     missed = hunt_with(bug, "pd", batches=2, oracle=False)
     assert not missed.found, missed.message
+
+
+def lands_nothing(*args: Any) -> None:
+    """A landing whose bytes never arrive, while the channel records it as landed."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("component", "invariant"),
+    [pytest.param("copy_state", "I-DATA-STATE", id="state"), pytest.param("copy_kv", "I-DATA-KV", id="kv")],
+)
+def test_a_transfer_committed_without_a_components_bytes_is_found(component: str, invariant: str) -> None:
+    """I-TRANSFER-ATOMIC trusts the channel's record of what landed; the tags check the bytes themselves."""
+    found = hunt_with((landing, component, lands_nothing), "pd", batches=2)
+    assert found.found and found.invariant == invariant, found.message

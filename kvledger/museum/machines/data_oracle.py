@@ -39,6 +39,7 @@ from kvledger.reference.scheduler import ReqState
 from kvledger.reference.scheduler.tagging_runner import (
     TaggingHashRunner,
     describe_state,
+    kv_mismatches,
     kv_rows,
     state_mismatches,
 )
@@ -156,24 +157,17 @@ def _check_states(
 def _check_tree_kv(
     runner: TaggingHashRunner, slots: list[int], tags: list[int], positions: list[int], nodes: list[Any]
 ) -> None:
-    if not slots:
+    bad = kv_mismatches(runner.kv_buffer, slots, tags, positions)
+    if not bad:
         return
-    buf = runner.kv_buffer
-    idx = torch.tensor(slots, dtype=torch.int64, device=buf.device)
-    k, v = kv_rows(tags, positions)
-    kb, vb = buf.k_buffer[0], buf.v_buffer[0]
-    want_k = torch.tensor(k, dtype=kb.dtype, device=buf.device)
-    want_v = torch.tensor(v, dtype=vb.dtype, device=buf.device)
-    ok = (kb[idx] == want_k).all(dim=2).all(dim=1) & (vb[idx] == want_v).all(dim=2).all(dim=1)
-    if bool(ok.all()):
-        return
-    j = int(torch.nonzero(~ok)[0, 0])
+    j = bad[0]
+    kb, vb = runner.kv_buffer.k_buffer[0], runner.kv_buffer.v_buffer[0]
     raise violation(
         "I-DATA-KV",
         lambda: (
             f"tree {nodes[j]!r} names KV slot {slots[j]} for position {positions[j]}, which holds K"
             f" {kb[slots[j]].tolist()} V {vb[slots[j]].tolist()}, not the tag of the first {positions[j] + 1} tokens"
-            f" of its path (K {want_k[j].tolist()}, V {want_v[j].tolist()})"
+            " of its path"
         ),
     )
 
@@ -198,9 +192,8 @@ def check_host_copy(req: Any, runner: TaggingHashRunner) -> None:
                     f" first {copy.length} tokens ({want.tolist()})",
                 )
     if copy.k is not None and copy.length:
-        k, v = kv_rows(tag_list[1 : copy.length + 1], list(range(copy.length)))
-        want_k = torch.tensor(k, dtype=copy.k.dtype)
-        want_v = torch.tensor(v, dtype=copy.v.dtype)
+        want_k, want_v = kv_rows(tag_list[1 : copy.length + 1], list(range(copy.length)))
+        want_k, want_v = want_k.to(copy.k.dtype), want_v.to(copy.v.dtype)
         if not (torch.equal(copy.k[0].cpu(), want_k) and torch.equal(copy.v[0].cpu(), want_v)):
             raise violation(
                 "I-DATA-KV",

@@ -24,31 +24,31 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from kvledger import kernels
-from kvledger.contracts.data_tags import PrefixTags, decode, encode
+from kvledger.contracts.data_tags import HALF_BITS, HALF_MASK, PrefixTags, decode
 from kvledger.contracts.errors import ContractViolation, InvalidArgument
 from kvledger.reference.scheduler.request import Req
 from kvledger.reference.scheduler.runner import HashTokenRunner
 
 
-def slot_values(width: int, length: int, lead: int) -> list[float]:
-    """One component of a slot holding ``tag`` after ``length`` tokens: ``lead`` then ``length`` repeated."""
-    return [float(lead)] + [float(length)] * (width - 1)
+def _component(leads: np.ndarray, lengths: np.ndarray, width: int) -> np.ndarray:
+    """``[n, width]`` float32: each row ``lead`` then ``length`` repeated (one component of a tagged slot)."""
+    out = np.repeat(lengths.astype(np.float32)[:, None], width, axis=1)
+    out[:, 0] = leads
+    return out
 
 
 def state_rows(
     tags: Sequence[int], lengths: Sequence[int], widths: tuple[int, int]
-) -> tuple[list[list[float]], list[list[float]]]:
-    """The conv and temporal rows (flattened per slot) of states holding ``tags`` after ``lengths`` tokens."""
-    conv: list[list[float]] = []
-    temporal: list[list[float]] = []
-    for tag, n in zip(tags, lengths, strict=True):
-        lo, hi = encode(tag, n)
-        conv.append(slot_values(widths[0], n, lo))
-        temporal.append(slot_values(widths[1], n, hi))
-    return conv, temporal
+) -> tuple[np.ndarray, np.ndarray]:
+    """The conv and temporal rows (``[n, F]``, flattened per slot) of states holding ``tags`` after
+    ``lengths`` tokens (``data_tags.encode``, vectorised)."""
+    t = np.asarray(tags, dtype=np.int64)
+    n = np.asarray(lengths, dtype=np.int64)
+    return _component(t & HALF_MASK, n, widths[0]), _component((t >> HALF_BITS) & HALF_MASK, n, widths[1])
 
 
 def flat_states(pool: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,10 +69,25 @@ def write_states(pool: Any, slots: Sequence[int], tags: Sequence[int], lengths: 
     rows_c, rows_t = state_rows(tags, lengths, (conv.shape[3], temporal.shape[3]))
     device = conv.device
     idx = torch.tensor(list(slots), dtype=torch.int64, device=device)
-    c = torch.tensor(rows_c, dtype=conv.dtype, device=device).unsqueeze(1)
-    t = torch.tensor(rows_t, dtype=temporal.dtype, device=device).unsqueeze(1)
+    c = torch.from_numpy(rows_c).to(dtype=conv.dtype, device=device).unsqueeze(1)
+    t = torch.from_numpy(rows_t).to(dtype=temporal.dtype, device=device).unsqueeze(1)
     for layer in range(conv.shape[0]):
         kernels.store_kv(conv, temporal, layer, idx, c, t)
+
+
+def _host(t: torch.Tensor) -> np.ndarray:
+    return t.numpy() if t.is_cpu else t.cpu().numpy()
+
+
+def pair_mismatches(
+    a: torch.Tensor, b: torch.Tensor, slots: Sequence[int], want_a: np.ndarray, want_b: np.ndarray
+) -> list[int]:
+    """Indices ``i`` where slot ``slots[i]`` of the ``[L, S, 1, F]`` buffers ``a`` and ``b`` (conv and
+    temporal state, or K and V) differs from row ``i`` of ``want_a``/``want_b`` in any layer (numpy on the
+    host: a check touches a few elements per slot)."""
+    idx = np.asarray(slots, dtype=np.int64)
+    ok = (_host(a)[:, idx, 0] == want_a).all(axis=(0, 2)) & (_host(b)[:, idx, 0] == want_b).all(axis=(0, 2))
+    return [] if ok.all() else np.flatnonzero(~ok).tolist()
 
 
 def state_mismatches(
@@ -84,15 +99,17 @@ def state_mismatches(
         return []
     conv, temporal = flat_states(pool)
     rows_c, rows_t = state_rows(tags, lengths, (conv.shape[3], temporal.shape[3]))
-    idx = torch.tensor(list(slots), dtype=torch.int64, device=conv.device)
-    want_c = torch.tensor(rows_c, dtype=conv.dtype, device=conv.device)
-    want_t = torch.tensor(rows_t, dtype=temporal.dtype, device=conv.device)
-    ok = (conv[:, idx, 0] == want_c).all(dim=2).all(dim=0) & (temporal[:, idx, 0] == want_t).all(dim=2).all(
-        dim=0
-    )
-    if bool(ok.all()):
+    return pair_mismatches(conv, temporal, slots, rows_c, rows_t)
+
+
+def kv_mismatches(
+    kv_buffer: Any, slots: Sequence[int], tags: Sequence[int], positions: Sequence[int]
+) -> list[int]:
+    """Indices ``i`` whose KV slot ``slots[i]`` does not hold the tag of the prefix up to ``positions[i]``."""
+    if not slots:
         return []
-    return torch.nonzero(~ok).reshape(-1).tolist()
+    want_k, want_v = state_rows(tags, [p + 1 for p in positions], (2, 2))
+    return pair_mismatches(kv_buffer.k_buffer, kv_buffer.v_buffer, slots, want_k, want_v)
 
 
 def describe_state(pool: Any, slot: int, tags: Sequence[int]) -> str:
@@ -111,17 +128,11 @@ def describe_state(pool: Any, slot: int, tags: Sequence[int]) -> str:
     )
 
 
-def kv_rows(
-    tags: Sequence[int], positions: Sequence[int]
-) -> tuple[list[list[list[float]]], list[list[list[float]]]]:
-    """K and V (``[T, 1, 2]``) of positions whose prefixes end with the tags ``tags`` (after ``p + 1`` tokens)."""
-    k = []
-    v = []
-    for tag, p in zip(tags, positions, strict=True):
-        lo, hi = encode(tag, p + 1)
-        k.append([[float(lo), float(p + 1)]])
-        v.append([[float(hi), float(p + 1)]])
-    return k, v
+def kv_rows(tags: Sequence[int], positions: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V (``[T, 1, 2]`` float32) of positions ``p`` whose prefixes, up to and including ``p``, end
+    with the tags ``tags``: ``encode(tag, p + 1)`` led by the tag's low and high half."""
+    conv, temporal = state_rows(tags, [p + 1 for p in positions], (2, 2))
+    return torch.from_numpy(conv).unsqueeze(1), torch.from_numpy(temporal).unsqueeze(1)
 
 
 class TaggingHashRunner(HashTokenRunner):
@@ -198,34 +209,27 @@ class TaggingHashRunner(HashTokenRunner):
     # ------------------------------------------------------------------ KV
     def _check_kv_reads(self, reqs: Sequence[Req], starts: list[int], tags: list[list[int]]) -> None:
         """I-DATA-KV: every position a request attends to (before this forward's) holds its prefix's tag."""
-        rows = self.req_to_token_pool.req_to_token
-        slots: list[torch.Tensor] = []
+        table = _host(self.req_to_token_pool.req_to_token)
+        slots: list[int] = []
         want_tags: list[int] = []
         positions: list[int] = []
         readers: list[int] = []
         for i, (req, start, t) in enumerate(zip(reqs, starts, tags, strict=True)):
             if start == 0 or req.req_pool_idx is None:
                 continue
-            slots.append(rows[req.req_pool_idx, :start])
+            slots.extend(table[req.req_pool_idx, :start].tolist())
             want_tags.extend(t[1 : start + 1])
             positions.extend(range(start))
             readers.extend([i] * start)
-        if not slots:
+        bad = kv_mismatches(self.kv_buffer, slots, want_tags, positions)
+        if not bad:
             return
-        idx = torch.cat(slots).to(device=self.kv_buffer.device, dtype=torch.int64)
-        k, v = kv_rows(want_tags, positions)
+        j = bad[0]
+        req, p, slot = reqs[readers[j]], positions[j], slots[j]
         kb, vb = self.kv_buffer.k_buffer[0], self.kv_buffer.v_buffer[0]
-        want_k = torch.tensor(k, dtype=kb.dtype, device=kb.device)
-        want_v = torch.tensor(v, dtype=vb.dtype, device=vb.device)
-        ok = (kb[idx] == want_k).all(dim=2).all(dim=1) & (vb[idx] == want_v).all(dim=2).all(dim=1)
-        if bool(ok.all()):
-            return
-        j = int(torch.nonzero(~ok)[0, 0])
-        req, p, slot = reqs[readers[j]], positions[j], int(idx[j])
         raise ContractViolation(
             f"I-DATA-KV: {req.owner!r} reads position {p} from KV slot {slot} (row {req.req_pool_idx}), which"
             f" holds K {kb[slot].tolist()} V {vb[slot].tolist()}, not the tag of its first {p + 1} tokens"
-            f" (K {want_k[j].tolist()}, V {want_v[j].tolist()})"
         )
 
     def _write_kv(self, starts: list[int], ends: list[int], tags: list[list[int]], loc: torch.Tensor) -> None:
@@ -239,7 +243,7 @@ class TaggingHashRunner(HashTokenRunner):
         k, v = kv_rows(want_tags, positions)
         buf = self.kv_buffer
         idx = loc.to(device=buf.device, dtype=torch.int64)
-        kt = torch.tensor(k, dtype=buf.k_buffer.dtype, device=buf.device)
-        vt = torch.tensor(v, dtype=buf.v_buffer.dtype, device=buf.device)
+        kt = k.to(dtype=buf.k_buffer.dtype, device=buf.device)
+        vt = v.to(dtype=buf.v_buffer.dtype, device=buf.device)
         for layer in range(buf.num_layers):
             kernels.store_kv(buf.k_buffer, buf.v_buffer, layer, idx, kt, vt)

@@ -37,7 +37,7 @@ AREA = Area(
             ),
             severity=Severity.BUG,
             origin=Origin.KVLEDGER,
-            parts=("mamba-pool", "mamba-radix-cache", "mamba-v2", "scheduler", "pd-decode"),
+            parts=("mamba-pool", "mamba-radix-cache", "mamba-v2", "scheduler", "pd-decode", "pd-channel"),
             upstream=(
                 "issue 25: content bugs invisible to counts (the wrong ping-pong half donated, a capture"
                 " recorded at the wrong point, a backup missing a component, a copy in the wrong direction)",
@@ -53,6 +53,11 @@ AREA = Area(
                 oracle(f"{ORACLE}:check_host_copy", "a retracted PD decode request's host copy"),
             ),
             exercised_by=(SCHEDULER_MACHINE, PD_MACHINE),
+            notes=(
+                "Behind I-TRANSFER-ATOMIC, which trusts the channel's record of what landed: a decode request"
+                " that committed its transfer holds the landed state, so a landing recorded but never written"
+                " is found here (`tests/museum/test_data_oracle.py`)."
+            ),
         ),
         Invariant(
             id="I-DATA-KV",
