@@ -28,9 +28,10 @@ from kvledger.reference.radix import MambaRadixCache, RadixCache
 from kvledger.reference.scheduler import HashTokenRunner, Scheduler, SchedulerConfig
 from kvledger.reference.scheduler.config import CowReleasePolicy, MambaSchedulerStrategy
 from kvledger.reference.scheduler.spec_config import SpeculativeConfig
+from kvledger.reference.scheduler.tagging_runner import TaggingHashRunner
 
 TreeKind = Literal["mamba_radix", "radix", "none"]
-ModelKind = Literal["hash", "tiny-hybrid"]
+ModelKind = Literal["hash", "tiny-hybrid", "hash-tags"]  # hash-tags: the hash runner with data tags
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,11 @@ class EngineSpec:
             raise InvalidArgument(
                 f"EngineSpec.checks full needs a process started at full ({switch.LEVEL_ENV_VAR}=full);"
                 f" this one runs at {switch.LEVEL.label} (icontract's decorators are applied at import)"
+            )
+        if self.model == "hash-tags" and self.speculative is not None:
+            raise InvalidArgument(
+                "EngineSpec: model 'hash-tags' does not follow the speculative verify (it writes no tags there);"
+                " use model 'hash' or 'tiny-hybrid' with speculative decoding"
             )
         if self.kv_tokens < self.page_size:
             raise InvalidArgument(
@@ -135,7 +141,7 @@ def _model_weights(vocab_size: int) -> TinyHybridWeights:
 
 @dataclass
 class EngineParts:
-    """Everything a scheduler is built from; ``kv_buffer`` is None with the hash runner (no KV data)."""
+    """Everything a scheduler is built from; ``kv_buffer`` is None with the plain hash runner (no KV data)."""
 
     config: SchedulerConfig
     kv_allocator: Any
@@ -204,6 +210,7 @@ def _build_parts(spec: EngineSpec, config: SchedulerConfig) -> EngineParts:
     rows = ReqToTokenPool(  # as wide as the context plus the speculative over-allocation (I-SPEC-ROW)
         spec.rows, config.max_allocated_len, name=f"{prefix}req", reserved_rows=spec.reserved_rows
     )
+    rows.attach_kv_owners(kv)  # debug builds: I-ROW-WRITE on every row write
     model = model_weights(spec.vocab_size) if spec.model == "tiny-hybrid" else None
     mamba = None
     if spec.hybrid:
@@ -239,6 +246,13 @@ def _build_parts(spec: EngineSpec, config: SchedulerConfig) -> EngineParts:
             req_to_token_pool=rows,
             mamba_pool=mamba,
             check_integrity=kv.ledger.debug,  # debug builds check what the reads see; release builds don't
+        )
+    elif spec.model == "hash-tags":  # the hunt's: the hash tokens, and data tags in every state and KV slot
+        # Not attached to the allocator (no zeroing on alloc, no poison on free): a stale slot already
+        # holds another prefix's tag, which the checks see as such.
+        kv_buffer = KVBufferPool.for_allocator(kv, num_layers=1, num_kv_heads=1, head_dim=2)
+        runner = TaggingHashRunner(
+            spec.vocab_size, mamba_pool=mamba, kv_buffer=kv_buffer, req_to_token_pool=rows
         )
     return EngineParts(config, kv, rows, mamba, tree, runner, kv_buffer)
 

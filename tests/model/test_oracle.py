@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, run_state_machine_as_test
 
@@ -176,7 +175,8 @@ def test_row_pointing_at_another_tokens_slot_is_caught_at_the_read() -> None:
     sched.step()
     sched.step()
     other = int(sched.req_to_token_pool.read(b.req_pool_idx, 0, 1)[0])  # b's slot for token 9 at position 0
-    sched.req_to_token_pool.write(a.req_pool_idx, 0, torch.tensor([other]))
+    # Straight into the table: the checked write would refuse it first (I-ROW-WRITE: a's own slot there)
+    sched.req_to_token_pool.req_to_token[a.req_pool_idx, 0] = other
     with pytest.raises(ContractViolation, match="I-KV-ROW-CONTENT"):
         sched.step()
 
@@ -189,7 +189,8 @@ def test_row_pointing_at_the_same_token_at_another_position_is_caught_at_the_rea
     req = sched.add_request(0, [5, 5, 5, 5], 4)
     sched.step()
     first = sched.req_to_token_pool.read(req.req_pool_idx, 0, 1)
-    sched.req_to_token_pool.write(req.req_pool_idx, 2, first)  # position 2 now names position 0's slot
+    # position 2 now names position 0's slot (straight into the table, past I-ROW-WRITE's checked write)
+    sched.req_to_token_pool.req_to_token[req.req_pool_idx, 2] = first[0]
     with pytest.raises(ContractViolation, match=r"I-KV-ROW-CONTENT: .* position 2 \(token 5\) reads slot"):
         sched.step()
 

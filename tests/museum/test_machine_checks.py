@@ -262,3 +262,24 @@ def test_a_release_after_a_split_of_the_locked_path_passes() -> None:
     assert m.cache.root.children and next(iter(m.cache.root.children.values())).lock_ref == 1
     m.finish(0, 0)
     assert all(node.lock_ref == 0 for node in nodes_of(m.cache))
+
+
+@pytest.mark.fires("I-UNLOCK-PATH")
+def test_a_release_that_takes_a_state_lock_off_another_node_is_named() -> None:
+    """The Mamba tree: the lock's own node is released as recorded (its postcondition holds), but the
+    release also takes a state lock off a node above it, which only the machine's path check sees."""
+    m = machine("mamba")
+    m.serve(KEY, cow=False)  # one node (1, 2) with a state
+    m.serve(([0], 0, 1), cow=False)  # (1, 0): splits it into (1) -> (2) and (1) -> (0)
+    m.admit(([], 0, 2), cow=False)  # matches (1, 2): the lock takes (2) and (1), and the state of (2)
+    req = m.reqs[0]
+    assert req.lock.took_mamba
+    above = req.lock.node.parent
+    unlock = m.cache._unlock_path
+
+    def unlock_and_more(node: Any) -> None:
+        unlock(node)
+        above.mamba_lock_ref -= 1
+
+    m.cache._unlock_path = unlock_and_more
+    assert reported(lambda: m.finish(0, 0)) == "I-UNLOCK-PATH"

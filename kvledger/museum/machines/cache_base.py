@@ -273,24 +273,28 @@ class RadixCacheMachine(RuleBasedStateMachine):
 
     def release(self, lock: LockRef) -> None:
         path = self.lock_paths.pop(lock)
-        before = [(node, node.lock_ref) for node in nodes_of(self.cache)]
+        before = [(node, node.lock_ref, node.mamba_lock_ref) for node in nodes_of(self.cache)]
         self.cache.dec_lock_ref(lock)
-        self.check_unlocked(path, before)
+        self.check_unlocked(path, before, lock)
         self.released.append(lock)
         self.sync_shrink()  # a released tombstone leaf is pruned (Mamba)
 
-    def check_unlocked(self, path: Prefix, before: list[tuple[Any, int]]) -> None:
+    def check_unlocked(self, path: Prefix, before: list[tuple[Any, int, int]], lock: Any = None) -> None:
         """I-UNLOCK-PATH: the release took one lock off exactly the nodes on the path its lock was taken on
-        (recorded at acquire; a node split off that path since carries the lock too) and off no other."""
+        (recorded at acquire; a node split off that path since carries the lock too) and off no other; and
+        (Mamba) the state lock off the lock's own node if the lock took one, off no other node."""
         alive = {id(node) for node in nodes_of(self.cache)}  # a released tombstone leaf may be pruned
         wrong = []
-        for node, lock_ref in before:
+        for node, lock_ref, mamba_lock_ref in before:
             if id(node) not in alive:
                 continue
             on_path = path_tokens(node)
             want = 1 if path[: len(on_path)] == on_path else 0
             if lock_ref - node.lock_ref != want:
                 wrong.append(f"{on_path}: lock_ref {lock_ref} -> {node.lock_ref}")
+            want_state = int(lock is not None and lock.took_mamba and node is lock.node)
+            if mamba_lock_ref - node.mamba_lock_ref != want_state:
+                wrong.append(f"{on_path}: mamba_lock_ref {mamba_lock_ref} -> {node.mamba_lock_ref}")
         if wrong:
             raise violation("I-UNLOCK-PATH", f"the release of a lock taken on {path} changed {wrong}")
 

@@ -23,6 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from kvledger.contracts.errors import ContractViolation
 from kvledger.contracts.identity import check_busy_identity
+from kvledger.museum.machines.data_oracle import check_scheduler_data, with_data_tags_pd
 from kvledger.museum.machines.notes import event, target
 from kvledger.museum.machines.pd_setup import build, expected, pd_spec
 from kvledger.museum.machines.scheduler import (
@@ -115,8 +116,8 @@ class PDMachine(RuleBasedStateMachine):
 
     @initialize(spec=pd_setups())
     def init(self, spec: PDSpec) -> None:
-        self.spec = spec
-        self.system = build(spec)
+        self.spec = with_data_tags_pd(spec)  # the hash tokens, with data tags in every state and KV slot
+        self.system = build(self.spec)
         self.next_rid = 0
         event(
             f"tree={spec.prefill.tree} page={spec.prefill.page_size} overlap={spec.prefill.overlap}"
@@ -233,6 +234,7 @@ class PDMachine(RuleBasedStateMachine):
                 pool.audit()
             if inst.tree is not None:
                 inst.tree.audit()
+            check_scheduler_data(inst)  # I-DATA-STATE, I-DATA-KV (the tagged hash runner)
         self.system.channel.audit()
         self.system.check_leases()
         self.system.check_drain()

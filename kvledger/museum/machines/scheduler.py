@@ -33,6 +33,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from kvledger.contracts.errors import ContractViolation
 from kvledger.contracts.identity import check_busy_identity
 from kvledger.contracts.oracle import check_output_oracle
+from kvledger.museum.machines.data_oracle import check_scheduler_data, with_data_tags
 from kvledger.museum.machines.edges import OFFSETS, Edge, edge_draws, fit, multiples
 from kvledger.museum.machines.notes import event, target
 from kvledger.museum.machines.oracles import expected_output
@@ -241,7 +242,8 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @initialize(setup=setups(), faults=fault_swarms, spec=spec_draws)
     def init(self, setup: EngineSpec, faults: list[str], spec: SpecDraw | None = None) -> None:
-        setup = speculative_setup(setup, spec)
+        # the hash tokens, with data tags in every state and KV slot (not under speculative decoding yet)
+        setup = with_data_tags(speculative_setup(setup, spec))
         self.setup = setup
         self.faults = frozenset(faults)
         self.sched = build_engine(setup)
@@ -369,6 +371,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                         f"I-ROW-EXCLUSIVE-WHILE-IN-FLIGHT: {req.owner!r} was released while launched"
                         f" batch#{batch.batch_id} still references it: {req!r}"
                     )
+        check_scheduler_data(sched)  # I-DATA-STATE, I-DATA-KV: every state and KV slot holds its prefix's tag
         in_flight = sum(len(b.reqs) for b in sched.inflight)
         self.max_in_flight = max(self.max_in_flight, in_flight)
         kv = sched.kv_allocator

@@ -20,6 +20,7 @@ from kvledger.contracts.switch import ensure, invariant, snapshot
 from kvledger.reference.config_fields import allocating, check_fits_memory, check_size
 from kvledger.reference.pools.base import IdPool
 from kvledger.reference.pools.id_free_list import host_ids
+from kvledger.reference.pools.row_writes import RowWriteGuard
 from kvledger.reference.pools.validate import (
     INT32_MAX,
     as_index_tensor,
@@ -66,6 +67,13 @@ class ReqToTokenPool(IdPool):
         # On CPU, a numpy view of the same memory for the batched per-cell reads and writes.
         self._table = self.req_to_token.numpy() if self.device.type == "cpu" else None
         self._free_what = f"{name}.free"
+        self.row_writes: RowWriteGuard | None = None  # I-ROW-WRITE, once the KV allocator is attached
+
+    def attach_kv_owners(self, kv_allocator: Any) -> None:
+        """Debug builds (both ledgers real, a host table): check every row write against the KV ledger
+        (I-ROW-WRITE, ``kvledger.reference.pools.row_writes``)."""
+        if self._table is not None and self._rows.ledger.enabled and kv_allocator.ledger.enabled:
+            self.row_writes = RowWriteGuard(self.reserved_rows + self.size, self._rows.ledger, kv_allocator)
 
     @snapshot(lambda self: self.available_size(), name="available")
     @ensure(lambda self, n, result: result is None or len(result) == n == len(set(result)))
@@ -77,7 +85,12 @@ class ReqToTokenPool(IdPool):
         if type(owner) is not Owner:  # one comparison on the fast path
             check_owner(owner)
         rows = self._rows.alloc(n, owner)
-        return None if rows is None else rows.tolist()
+        if rows is None:
+            return None
+        handed = rows.tolist()
+        if self.row_writes is not None:
+            self.row_writes.handed_out(handed)
+        return handed
 
     @snapshot(lambda self: self.available_size(), name="available")
     @ensure(
@@ -101,6 +114,8 @@ class ReqToTokenPool(IdPool):
         values = as_index_tensor(values, self.device, f"{self.name}.write")  # int32/int64, pool device
         self._check_span(row, start, start + values.numel(), "write")
         check_in_range(values, 0, INT32_MAX, self.name, "KV slot id")  # the table is int32
+        if self.row_writes is not None and self._table is not None:
+            self.row_writes.check_span(self._table, row, start, start + values.numel())
         self.req_to_token[row, start : start + values.numel()] = values.to(torch.int32)
 
     @ensure(
@@ -123,6 +138,8 @@ class ReqToTokenPool(IdPool):
         if not ids_within(vals, 0, INT32_MAX):
             check_in_range(vals, 0, INT32_MAX, self.name, "KV slot id")  # raises, with the offenders
         if self._table is not None:  # CPU: write through the host view, no tensor building
+            if self.row_writes is not None:
+                self.row_writes.check_cells(self._table, rows, positions)
             self._table[rows, positions] = host_ids(vals)
         else:
             row_t = torch.as_tensor(rows, dtype=torch.int64, device=self.device)

@@ -1,0 +1,71 @@
+"""I-ROW-WRITE: a write of a request's row range never covers an id that request still owns.
+
+A row position the request has filled holds a KV slot id; while the request owns that id (its own KV, not
+yet given to the tree or freed), the position is the only record of where the id is used. Writing over it
+loses the id (a leak the count identity sees only later, as ids nobody's bookkeeping holds) or makes two
+positions name one slot. Legitimate rewrites are of positions whose ids changed hands first: the
+re-match after an insert (``cache_unfinished_req``) points the row at the tree's ids once the tree adopted
+the request's or freed the duplicates.
+
+:class:`RowWriteGuard` checks it at the write, where the two ledgers meet: the row's owner in the row
+pool's ledger, each overwritten id's owner in the KV allocator's. Only positions the row's current owner
+has written since the row was handed out are considered (a reused row still holds its previous owner's
+ids past that mark, which mean nothing). Debug builds only (both ledgers real); a few numpy operations on
+the positions actually overwritten, which the reference's own writes keep empty but for the re-match.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from kvledger.contracts.errors import ContractViolation
+
+
+class RowWriteGuard:
+    """Per row, how far its current owner has written; and the check of a write against the KV ledger."""
+
+    def __init__(self, rows: int, row_ledger: Any, kv_allocator: Any) -> None:
+        self.filled = np.zeros(rows, dtype=np.int64)
+        self.row_ledger = row_ledger
+        self.kv_allocator = kv_allocator
+
+    def handed_out(self, rows: Sequence[int]) -> None:
+        """New owners: nothing of theirs is written yet."""
+        self.filled[list(rows)] = 0
+
+    def check_span(self, table: np.ndarray, row: int, start: int, end: int) -> None:
+        """Before ``table[row, start:end]`` is written; then records the new mark."""
+        stop = min(end, int(self.filled[row]))
+        if stop > start:
+            self._check(row, [(p, int(table[row, p])) for p in range(start, stop)])
+        if end > self.filled[row]:
+            self.filled[row] = end
+
+    def check_cells(self, table: np.ndarray, rows: Sequence[int], positions: Sequence[int]) -> None:
+        """Before ``table[rows[i], positions[i]]`` is written (distinct rows); then records the new marks."""
+        r = np.asarray(rows, dtype=np.int64)
+        p = np.asarray(positions, dtype=np.int64)
+        over = p < self.filled[r]
+        if over.any():
+            for row, pos in zip(r[over].tolist(), p[over].tolist(), strict=True):
+                self._check(row, [(pos, int(table[row, pos]))])
+        self.filled[r] = np.maximum(self.filled[r], p + 1)
+
+    def _check(self, row: int, cells: list[tuple[int, int]]) -> None:
+        owner = self.row_ledger.owner_of(row)
+        kv_ledger = self.kv_allocator.ledger
+        page = self.kv_allocator.page_size
+        owned = [(pos, slot) for pos, slot in cells if slot and kv_ledger.owner_of(slot // page) is owner]
+        if owned:
+            ids = sorted({slot // page for _, slot in owned})
+            raise ContractViolation(
+                kv_ledger.describe(
+                    ids[:4],
+                    f"I-ROW-WRITE: a write of row {row} ({owner!r}) covers position(s)"
+                    f" {[pos for pos, _ in owned][:8]} holding KV slot(s) {[s for _, s in owned][:8]} that"
+                    f" {owner!r} still owns: the write would lose them",
+                )
+            )
