@@ -45,7 +45,7 @@ KNOWN_UNNAMED: dict[str, tuple[int, str]] = {
     "kvledger/museum/machines/checks.py": (1, _BUILT_ELSEWHERE + " (checked: violation() rejects a non-ID)"),
     "kvledger/reference/disagg/channel.py": (2, "PD channel checks without an ID"),
     "kvledger/reference/disagg/decode.py": (1, "a configuration check without an ID"),
-    "kvledger/reference/disagg/instance.py": (3, "PD queue checks without an ID"),
+    "kvledger/reference/disagg/instance.py": (2, "PD queue checks without an ID"),
     "kvledger/reference/disagg/landing.py": (1, "a KV landing check without an ID"),
     "kvledger/reference/disagg/system.py": (1, "wraps an instance's violation, whose ID follows"),
     "kvledger/reference/model/runner.py": (3, "forward-batch checks without an ID"),

@@ -115,7 +115,7 @@ class ReqToTokenPool(IdPool):
         self._check_span(row, start, start + values.numel(), "write")
         check_in_range(values, 0, INT32_MAX, self.name, "KV slot id")  # the table is int32
         if self.row_writes is not None and self._table is not None:
-            self.row_writes.check_span(self._table, row, start, start + values.numel())
+            self.row_writes.check_span(self._table, row, start, host_ids(values))
         self.req_to_token[row, start : start + values.numel()] = values.to(torch.int32)
 
     @ensure(
@@ -139,7 +139,7 @@ class ReqToTokenPool(IdPool):
             check_in_range(vals, 0, INT32_MAX, self.name, "KV slot id")  # raises, with the offenders
         if self._table is not None:  # CPU: write through the host view, no tensor building
             if self.row_writes is not None:
-                self.row_writes.check_cells(self._table, rows, positions)
+                self.row_writes.check_cells(self._table, rows, positions, host_ids(vals))
             self._table[rows, positions] = host_ids(vals)
         else:
             row_t = torch.as_tensor(rows, dtype=torch.int64, device=self.device)

@@ -5,7 +5,9 @@ yet given to the tree or freed), the position is the only record of where the id
 loses the id (a leak the count identity sees only later, as ids nobody's bookkeeping holds) or makes two
 positions name one slot. Legitimate rewrites are of positions whose ids changed hands first: the
 re-match after an insert (``cache_unfinished_req``) points the row at the tree's ids once the tree adopted
-the request's or freed the duplicates.
+the request's or freed the duplicates. An id the write itself puts back into the row is not lost: a
+speculative over-allocation continuing a kept partial page rewrites the page's own ids, and a rejected
+tail's ids, freed and taken again by the next verify, may land where their stale copies still stand.
 
 :class:`RowWriteGuard` checks it at the write, where the two ledgers meet: the row's owner in the row
 pool's ledger, each overwritten id's owner in the KV allocator's. Only positions the row's current owner
@@ -36,29 +38,39 @@ class RowWriteGuard:
         """New owners: nothing of theirs is written yet."""
         self.filled[list(rows)] = 0
 
-    def check_span(self, table: np.ndarray, row: int, start: int, end: int) -> None:
-        """Before ``table[row, start:end]`` is written; then records the new mark."""
+    def check_span(self, table: np.ndarray, row: int, start: int, values: np.ndarray) -> None:
+        """Before ``table[row, start:start+len(values)] = values``; then records the new mark."""
+        end = start + len(values)
         stop = min(end, int(self.filled[row]))
         if stop > start:
-            self._check(row, [(p, int(table[row, p])) for p in range(start, stop)])
+            kept = set(values.tolist())
+            self._check(row, [(p, int(table[row, p])) for p in range(start, stop)], kept)
         if end > self.filled[row]:
             self.filled[row] = end
 
-    def check_cells(self, table: np.ndarray, rows: Sequence[int], positions: Sequence[int]) -> None:
-        """Before ``table[rows[i], positions[i]]`` is written (distinct rows); then records the new marks."""
+    def check_cells(
+        self, table: np.ndarray, rows: Sequence[int], positions: Sequence[int], values: np.ndarray
+    ) -> None:
+        """Before ``table[rows[i], positions[i]] = values[i]`` (distinct rows); then records the new marks."""
         r = np.asarray(rows, dtype=np.int64)
         p = np.asarray(positions, dtype=np.int64)
         over = p < self.filled[r]
         if over.any():
-            for row, pos in zip(r[over].tolist(), p[over].tolist(), strict=True):
-                self._check(row, [(pos, int(table[row, pos]))])
+            for row, pos, value in zip(r[over].tolist(), p[over].tolist(), values[over].tolist(), strict=True):
+                self._check(row, [(pos, int(table[row, pos]))], {value})
         self.filled[r] = np.maximum(self.filled[r], p + 1)
 
-    def _check(self, row: int, cells: list[tuple[int, int]]) -> None:
+    def _check(self, row: int, cells: list[tuple[int, int]], written: set[int]) -> None:
+        """Refuse the write if an overwritten cell holds an id the row's owner owns and the write does not
+        put back somewhere in the span (``written``): that id would be lost."""
         owner = self.row_ledger.owner_of(row)
         kv_ledger = self.kv_allocator.ledger
         page = self.kv_allocator.page_size
-        owned = [(pos, slot) for pos, slot in cells if slot and kv_ledger.owner_of(slot // page) is owner]
+        owned = [
+            (pos, slot)
+            for pos, slot in cells
+            if slot and slot not in written and kv_ledger.owner_of(slot // page) is owner
+        ]
         if owned:
             ids = sorted({slot // page for _, slot in owned})
             raise ContractViolation(

@@ -28,7 +28,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -40,9 +40,6 @@ from kvledger.reference.scheduler.batch import ScheduleBatch
 from kvledger.reference.scheduler.request import Req, ReqState
 from kvledger.reference.scheduler.runner import hash_next_token
 from kvledger.reference.scheduler.spec_config import RowTooNarrow, SpeculativeConfig
-
-if TYPE_CHECKING:
-    from kvledger.reference.scheduler.scheduler import Scheduler
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
 
@@ -108,7 +105,9 @@ class SpecStats:
 class SpecDecoding:
     """The speculative decode step of one scheduler."""
 
-    def __init__(self, sched: Scheduler, config: SpeculativeConfig) -> None:
+    # ``sched`` is the Scheduler that owns this object, typed loosely: importing its module here, even for
+    # type checking, would close an import cycle (scheduler -> speculative -> scheduler; test_import_graph).
+    def __init__(self, sched: Any, config: SpeculativeConfig) -> None:
         self.s = sched
         self.config = config
         ps, overlap = sched.config.page_size, sched.config.overlap
@@ -227,7 +226,7 @@ class SpecDecoding:
 
     # ------------------------------------------------------------------ the batch
     def new_batch(self, reqs: list[Req], out_cache_loc: torch.Tensor) -> ScheduleBatch:
-        batch = self.s._new_batch(reqs, is_decode=True, out_cache_loc=out_cache_loc)
+        batch: ScheduleBatch = self.s._new_batch(reqs, is_decode=True, out_cache_loc=out_cache_loc)
         batch.extend_lens = [self.num_positions] * len(reqs)
         batch.spec = VerifyPlan(
             self.num_positions,
