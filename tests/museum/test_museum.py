@@ -33,8 +33,10 @@ REQUIRED = {
 # seed 2, at the same rate of one seed in five), so a single seed would test the luck of one stream.
 CI_BATCHES = 8
 CI_SEEDS = 5
+# B5 and B7 are rare under every draw set measured (1 seed in 5 within 64 examples); with the speculative
+# draws added they were found at none of seeds 0..4 in CI_BATCHES, so the deep hunt keeps them.
 CI_HUNT = [
-    "B1", "B4", "B5", "#16067", "B7", "B8", "B9", "B11", "B14", "B16", "B17", "B21", "vLLM-oversize", "N1", "N4",
+    "B1", "B4", "#16067", "B8", "B9", "B11", "B14", "B16", "B17", "B21", "vLLM-oversize", "N1", "N4",
     "N4-reader", "N5", "N6a", "N9",
 ]  # fmt: skip
 DEEP_BATCHES = 250  # 2000 examples

@@ -48,14 +48,14 @@ def run_test_sh(tree: Path, fail_when: str = "") -> tuple[subprocess.CompletedPr
 def test_every_stage_runs_and_the_suite_line_comes_last(tmp_path: Path) -> None:
     done, calls = run_test_sh(scratch_tree(tmp_path))
     assert done.returncode == 0, done.stdout + done.stderr
-    assert len(calls) == 9  # ruff, registry, mypy, docs, site, crosshair, kernels, sweep, suite
+    assert len(calls) == 10  # ruff, registry, mypy, docs, site, crosshair, kernels, sweep x2 (levels), suite
     assert done.stdout.strip().splitlines()[-1] == "1 passed in 0.01s"  # what CI reads
 
 
 def test_a_failed_stage_does_not_stop_the_rest_and_is_named_at_the_end(tmp_path: Path) -> None:
     done, calls = run_test_sh(scratch_tree(tmp_path), fail_when="crosshair_gate.py")
     assert done.returncode == 1
-    assert len(calls) == 9, calls  # the kernels, the sweep and the suite still ran
+    assert len(calls) == 10, calls  # the kernels, the sweeps and the suite still ran
     assert "-m pytest -q -m not interp and not gpu and not deep" in calls[-1]
     tail = done.stdout.strip().splitlines()[-2:]
     assert tail[0] == "== 1 stage(s) failed:"
@@ -64,11 +64,12 @@ def test_a_failed_stage_does_not_stop_the_rest_and_is_named_at_the_end(tmp_path:
 
 def test_every_failed_stage_is_listed(tmp_path: Path) -> None:
     done, calls = run_test_sh(scratch_tree(tmp_path), fail_when="-m pytest")
-    assert done.returncode == 1 and len(calls) == 9
-    summary = done.stdout[done.stdout.index("== 3 stage(s) failed:") :].splitlines()[1:]
+    assert done.returncode == 1 and len(calls) == 10
+    summary = done.stdout[done.stdout.index("== 4 stage(s) failed:") :].splitlines()[1:]
     assert [line.split(" (")[0].strip() for line in summary] == [
         "kernels under the Triton interpreter",
-        "bad-input sweep with contracts off",
+        "bad-input sweep at the level release",
+        "bad-input sweep at the level owners",
         "test suite",
     ]
 
