@@ -73,6 +73,21 @@ CASES: list[Case] = [
         "InvalidArgument",
         lambda s: _closed_with("finished"),
     ),
+    _row("PDRecorder.__init__", WRONG_TYPE, "a None system", "InvalidArgument", lambda s: _pd_recorder(None)),
+    _row(
+        "PDRecorder.__init__",
+        WRONG_TYPE,
+        "streams for one instance only",
+        "InvalidArgument",
+        lambda s: _pd_recorder(_pd_system(), sides=1),
+    ),
+    _row(
+        "PDRecorder.close",
+        WRONG_TYPE,
+        "an unknown outcome",
+        "InvalidArgument",
+        lambda s: _pd_closed_with("finished"),
+    ),
     _row("audit_lines", WRONG_TYPE, "None", "EventLogError", lambda s: lines(None)),
     _row(
         "audit_lines", WRONG_TYPE, "a str (not lines)", "EventLogError", lambda s: lines('{"ev": "header"}')
@@ -101,6 +116,32 @@ def _closed_with(outcome: object) -> None:
         rec.detach()
 
 
+def _pd_system() -> Any:
+    from kvledger.reference.disagg import PDSpec, build_pd
+
+    return build_pd(PDSpec())
+
+
+def _pd_recorder(system: Any, sides: int = 2) -> object:
+    from kvledger.audit.pd_record import SIDES, PDRecorder
+
+    return PDRecorder(system, {side: io.StringIO() for side in SIDES[:sides]})
+
+
+def _pd_closed_with(outcome: object) -> None:
+    """A PD recorder closed with ``outcome``: refused before either instance's log gets its end marker."""
+    from kvledger.audit.pd_record import SIDES, PDRecorder
+
+    outs = {side: io.StringIO() for side in SIDES}
+    rec = PDRecorder(_pd_system(), outs)
+    try:
+        rec.close(outcome)
+    finally:
+        for out in outs.values():
+            assert '"ev":"end"' not in out.getvalue().replace(" ", ""), "a refused close wrote an end marker"
+        rec.detach()
+
+
 def _recorder_without_ledgers() -> object:
     from kvledger.contracts.switch import override_ledgers
 
@@ -124,6 +165,8 @@ QUERIES: list[Query] = [
 
 NO_BAD_CALL: dict[str, str] = {
     "Recorder.detach": "no argument; unhooks the recorder, allowed in every state (a second call does nothing)",
+    "PDRecorder.detach": "no argument; unhooks both instances' recorders, allowed in every state",
+    "PDRecorder.events": "no argument; the number of events each instance's log holds (a read)",
     "Auditor.unfinished": "no argument; a description of what the replay holds, allowed in every state",
 }
 NOT_ENTRY_POINTS: dict[str, str] = {

@@ -623,6 +623,14 @@ CASES: list[Case] = [
         for c in _cases(f"MetadataBufferPool.{method}", "metadata" if method != "__init__" else "empty", rows)
     ),
     *_cases("PDSystem.__init__", "empty", SYSTEM_INIT),
+    *_cases(
+        "TransferChannel.drain_bound",
+        "pd",
+        [
+            Row(WRONG_TYPE, "a str room id", "InvalidArgument", lambda s: s.system.channel.drain_bound("0")),
+            Row(WRONG_TYPE, "a None room id", "InvalidArgument", lambda s: s.system.channel.drain_bound(None)),
+        ],
+    ),
     *_cases("PDSystem.add_request", "pd", ADD),
     *_cases("PDSystem.abort", "pd", ABORT),
     *_cases("PDSystem.run_until_idle", "pd", RUN),
@@ -671,6 +679,8 @@ QUERIES: list[Query] = [
     Query("ChannelConfig.drain_bound", "pd", lambda s: s.system.channel.config.drain_bound),
     Query("ChannelConfig.max_message_life", "pd", lambda s: s.system.channel.config.max_message_life),
     Query("PDSpec.derived_sizes", "pd", lambda s: PDSpec().derived_sizes()),
+    Query("PDSpec.decode_tracking_slots", "pd", lambda s: PDSpec().decode_tracking_slots()),
+
 ]
 
 NO_BAD_CALL: dict[str, str] = {
@@ -719,6 +729,7 @@ NOT_ENTRY_POINTS: dict[str, str] = {
             "start_lease",
             "transfer_may_touch",
             "retract",
+            "release_now",
         )
     },
     **{

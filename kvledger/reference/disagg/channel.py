@@ -600,6 +600,8 @@ class TransferChannel:
 
     def drain_bound(self, room_id: int) -> int:
         """I-DRAIN's bound for ``room_id``: the config's, plus what control faults on its abort path cost."""
+        if type(room_id) is not int:
+            raise InvalidArgument(f"drain_bound: room_id must be an int, got {type(room_id).__name__}")
         return self.config.drain_bound + self.drain_slack.get(room_id, 0)
 
     def in_flight(self) -> Iterator[Message]:
