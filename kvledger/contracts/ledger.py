@@ -700,9 +700,10 @@ class Ledger:
         """Called by :meth:`Owner.set_account`: the owner's ids change account, not owner."""
         code = self._codes.get(owner)
         n = 0 if code is None else self._held[code]
+        count = self._count
         if n:
-            self._count[old] -= n
-            self._count[new] = self._count.get(new, 0) + n
+            count[old] -= n
+            count[new] += n
         self._log.append(
             (self.step, op, None, owner.serial, owner.kind, owner.key, old.name,
              owner.serial, owner.kind, owner.key, new.name, self.epoch)
@@ -710,7 +711,9 @@ class Ledger:
         self.step += 1
         if self.observer is not None:
             self.observer.retagged(self, owner, old, new, op)
-        self._check_count(op)
+        counts = count.values()
+        if sum(counts) != self.size or min(counts) < 0:
+            self._check_count(op)  # raises, naming the counts
 
     def _check_count(self, op: str) -> None:
         """I-COUNT at the boundary: the accounts sum to the pool size, none negative."""
