@@ -30,7 +30,8 @@ device; moved to the host), a sequence of ints or one int.
 from __future__ import annotations
 
 import os
-from collections import Counter, deque
+import sys
+from collections import Counter, defaultdict, deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -66,6 +67,12 @@ MOVES_PER_SLOT_IN_REPORT = 6
 NO_OWNER, FREE_CODE, PENDING_CODE = 0, 1, 2  # codes every ledger reserves
 
 SMALL_MOVE = 16
+
+BYTE_TESTS = 512
+"""Up to this many ids, a move's sign test reads each id's high byte (a bytes slice), not a reduction."""
+
+HIGH_BYTES = slice(7, None, 8) if sys.byteorder == "little" else slice(0, None, 8)
+"""The most significant byte of each int64 in a ``tobytes()`` copy (zero for ids in ``[0, 2**56)``)."""
 """Moves of at most this many ids take the owner table's Python path (:class:`OwnerTable`)."""
 
 
@@ -251,11 +258,13 @@ class Ledger:
         self._codes: dict[Owner, int] = {FREE_LIST: FREE_CODE, self.pending_owner: PENDING_CODE}
         self._held: list[int] = [0, self.size, 0]  # ids held per code
         self._spare: list[int] = []  # codes of owners that hold nothing any more, for reuse
-        self._count: Counter[Account] = Counter({FREE: self.size})
+        # Ids per account: a defaultdict, whose item updates run at dict speed (a Counter's are twice as
+        # slow, and every move makes two of them).
+        self._count: defaultdict[Account, int] = defaultdict(int, {FREE: self.size})
         self._log = MoveLog(DEFAULT_HISTORY if history is None else history)
         # Scratch for the O(n) duplicate check: positions scattered by id and read back.
-        self._scratch = np.zeros(domain.stop, dtype=np.int64)
-        self._positions = np.arange(domain.stop, dtype=np.int64)
+        self._scratch = np.zeros(domain.stop, dtype=np.int32)
+        self._positions = np.arange(domain.stop, dtype=np.int32)
 
     # ------------------------------------------------------------------ registry
     def _code_of(self, owner: Owner) -> int:
@@ -421,13 +430,22 @@ class Ledger:
         """Fast path: every id of ``a`` (non-empty) is held by ``code``."""
         if code is None or a.dtype != np.int64:
             return False
-        if a.size == 1:
+        n = a.size
+        if n == 1:
             i = int(a[0])
             return 0 <= i < len(self._own) and int(self._own[i]) == code
-        # One unsigned reduction covers both bounds: a negative id reads as a huge one.
-        if int(a.view(np.uint64).max()) >= len(self._own):
+        # Byte comparisons instead of numpy reductions (a reduction's fixed cost is several gathers'):
+        # no id is negative (numpy would wrap it onto another id) when every high byte is zero; the
+        # gather raises IndexError past the table; every code read is ``code`` when the bytes match.
+        if n <= BYTE_TESTS:
+            if a.tobytes()[HIGH_BYTES] != bytes(n):
+                return False
+        elif int(a.view(np.uint64).max()) >= len(self._own):
             return False
-        return not np.count_nonzero(self._own[a] != code)
+        try:
+            return bool(self._own[a].tobytes() == code.to_bytes(4, sys.byteorder) * n)
+        except IndexError:
+            return False
 
     def _has_duplicates(self, a: np.ndarray) -> bool:
         """O(n), no sort: scatter each position at its id, read back; a repeated id loses one write."""
@@ -437,8 +455,9 @@ class Ledger:
         if n > len(self._positions):
             return True  # more ids than the domain holds: some id repeats
         pos = self._positions[:n]
-        self._scratch[a] = pos
-        return bool(np.count_nonzero(self._scratch[a] != pos))
+        scratch = self._scratch
+        scratch[a] = pos
+        return bool(scratch[a].tobytes() != pos.tobytes())
 
     # ------------------------------------------------------------------ checks that raise typed errors
     def require_held_by(self, ids: Any, owner: Owner, op: str, *, distinct: bool = False) -> None:
@@ -446,6 +465,16 @@ class Ledger:
 
         With ``distinct``, a repeated id is :class:`DuplicateIds` first (the O(n) scatter check, no sort).
         """
+        if type(ids) is list and len(ids) <= SMALL_MOVE:  # a few ints (a pool's free): no numpy
+            code = self._codes.get(owner)
+            mv = self._mv
+            top = len(mv)
+            if (
+                code is not None
+                and all(type(i) is int and 0 <= i < top and mv[i] == code for i in ids)
+                and (not distinct or len(set(ids)) == len(ids))
+            ):
+                return
         a = as_id_array(ids)
         if a.size == 0:
             return
@@ -489,6 +518,14 @@ class Ledger:
         A mismatch is a bug in the caller (input validation happened upstream), hence
         :class:`ContractViolation` with the evidence, and the ledger is unchanged.
         """
+        if type(ids) is list:
+            few: list[int] | None = ids if len(ids) <= SMALL_MOVE else None
+        elif type(ids) is np.ndarray and ids.size <= SMALL_MOVE and ids.dtype == np.int64 and ids.ndim == 1:
+            few = ids.tolist()
+        else:
+            few = None
+        if few and self._move_few(few, src, dst, op):
+            return
         a = as_id_array(ids)
         n = a.size
         if n == 0:
@@ -520,6 +557,65 @@ class Ledger:
             self.observer.moved(self, a, src, dst, op)
         self._check_count(op)
 
+    def give_back(self, ids: list[int], owner: Owner, dst: Owner, op: str) -> None:
+        """A pool's release of a few ids (Python ints, validated against the pool's own state): the
+        input check of :meth:`require_held_by` (``ForeignSlot`` when ``owner`` does not hold them) and
+        the move to ``dst`` (the free list, or a free group's pending owner) in one pass."""
+        if not self._move_few(ids, owner, dst, op):
+            self.require_held_by(ids, owner, op)  # raises ForeignSlot with the evidence
+            self.transfer(ids, owner, dst, op)
+
+    def _move_few(self, lst: list[int], src: Owner, dst: Owner, op: str) -> bool:
+        """:meth:`transfer` of a short list of Python ints (a decode step's id, a request's pages), checked
+        and moved through the memoryview, the log entry and I-COUNT as in the general path; False, with
+        nothing changed, when any doubt (an odd type, an id out of range or not ``src``'s, a repeat)
+        sends the move to the general path for the evidence.
+
+        The ``ledger`` level's hot path (issue 24): an alloc/free pair of one id is two of these, so every
+        call and attribute read here is a measurable share of the pair.
+        """
+        src_code = self._codes.get(src)
+        if src_code is None:
+            return False
+        mv = self._mv
+        top = len(mv)
+        n = len(lst)
+        if n == 1:
+            i = lst[0]
+            if type(i) is not int or not 0 <= i < top or mv[i] != src_code:
+                return False
+        else:
+            for i in lst:
+                if type(i) is not int or not 0 <= i < top or mv[i] != src_code:
+                    return False
+            if len(set(lst)) != n:
+                return False
+        if dst is not src:  # a move to oneself only leaves a trace in the log
+            dst_code = self._codes.get(dst) or self._code_of(dst)
+            for i in lst:
+                mv[i] = dst_code
+            held = self._held
+            held[dst_code] += n
+            held[src_code] -= n
+            count = self._count
+            count[dst._account] += n
+            count[src._account] -= n
+            if not held[src_code] and src_code > PENDING_CODE:
+                self._release_code(src_code)
+            if src.giver is not None:
+                src.giver(src)
+        self._log.append(
+            (self.step, op, tuple(lst), src.serial, src.kind, src.key, src._account.name,
+             dst.serial, dst.kind, dst.key, dst._account.name, self.epoch)
+        )  # fmt: skip
+        self.step += 1
+        if self.observer is not None:
+            self.observer.moved(self, np.asarray(lst, dtype=np.int64), src, dst, op)
+        counts = self._count.values()
+        if sum(counts) != self.size or min(counts) < 0:
+            self._check_count(op)  # raises, naming the counts
+        return True
+
     def transfer_each(self, ids: Any, src: Owner, dsts: Sequence[Owner], op: str) -> None:
         """Move ``ids[i]`` from ``src`` to ``dsts[i]`` for every i: one check for the batch, one log entry per id.
 
@@ -539,7 +635,9 @@ class Ledger:
         for c in codes:
             held[c] += 1
         accounts = [d.account for d in dsts]
-        self._count.update(accounts)
+        count = self._count
+        for acct in accounts:
+            count[acct] += 1
         # One log entry for the batch: the destinations as parallel tuples (see MoveLog).
         self._log.append(
             (self.step, op, a.astype(np.int32), src.serial, src.kind, src.key, src.account.name,
@@ -602,9 +700,10 @@ class Ledger:
         """Called by :meth:`Owner.set_account`: the owner's ids change account, not owner."""
         code = self._codes.get(owner)
         n = 0 if code is None else self._held[code]
+        count = self._count
         if n:
-            self._count[old] -= n
-            self._count[new] = self._count.get(new, 0) + n
+            count[old] -= n
+            count[new] += n
         self._log.append(
             (self.step, op, None, owner.serial, owner.kind, owner.key, old.name,
              owner.serial, owner.kind, owner.key, new.name, self.epoch)
@@ -612,7 +711,9 @@ class Ledger:
         self.step += 1
         if self.observer is not None:
             self.observer.retagged(self, owner, old, new, op)
-        self._check_count(op)
+        counts = count.values()
+        if sum(counts) != self.size or min(counts) < 0:
+            self._check_count(op)  # raises, naming the counts
 
     def _check_count(self, op: str) -> None:
         """I-COUNT at the boundary: the accounts sum to the pool size, none negative."""
@@ -809,6 +910,10 @@ class OwnerTable(Ledger):
         if self.observer is not None:
             self.observer.moved(self, a, src, dst, op)
 
+    def give_back(self, ids: list[int], owner: Owner, dst: Owner, op: str) -> None:
+        self.require_held_by(ids, owner, op)
+        self.transfer(ids, owner, dst, op)
+
     def _moved(self, src: Owner, src_code: int, dst: Owner, dst_code: int, n: int) -> None:
         held = self._held
         held[dst_code] += n
@@ -846,7 +951,9 @@ class OwnerTable(Ledger):
             c = get(d) or self._code_of(d)
             mv[i] = c
             held[c] += 1
-        self._count.update(d.account for d in dsts)
+        count = self._count
+        for d in dsts:
+            count[d._account] += 1
         self._settle(src, src_code, n)  # type: ignore[arg-type]
         if self.observer is not None:
             self.observer.moved(self, a, src, list(dsts), op)
@@ -915,6 +1022,9 @@ class NullLedger:
         return None
 
     def return_to_free_list(self, ids: Any, op: str) -> None:
+        return None
+
+    def give_back(self, ids: list[int], owner: Owner, dst: Owner, op: str) -> None:
         return None
 
     def require_held_by(self, ids: Any, owner: Owner, op: str, *, distinct: bool = False) -> None:

@@ -1,0 +1,118 @@
+"""The release level's fast free paths refuse what the general path refuses (issue 24).
+
+``free`` at ``release`` (no ledger) validates more than a handful of ids with byte comparisons (the high
+byte of each id for the sign, the gathered state bytes for "held", scattered positions for repeats),
+and the paged pool recognises whole pages listed in slot order. Each test frees through a pool built
+without a ledger (``override_ledgers(False)``), the level where these paths run, and checks the typed
+error and that nothing changed; the accepted cases check the free list afterwards.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvledger.contracts.errors import DoubleFree, DuplicateIds, ForeignSlot, SlotOutOfRange
+from kvledger.contracts.owners import REQ_RUNNING, Owner
+from kvledger.contracts.switch import override_ledgers
+from kvledger.reference.pools import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+
+from ._helpers import expect_rejected, id_list_of
+
+A = Owner("req", 1, REQ_RUNNING)
+B = Owner("req", 2, REQ_RUNNING)
+PAGE = 4
+
+
+def _token_pool() -> tuple[TokenToKVPoolAllocator, torch.Tensor]:
+    with override_ledgers(False):
+        pool = TokenToKVPoolAllocator(64)
+    ids = pool.alloc(20, A)
+    assert ids is not None
+    return pool, ids
+
+
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [
+        (-1, SlotOutOfRange),  # numpy would read another id's state for a negative index
+        (-64, SlotOutOfRange),  # wraps onto id 1, which is held
+        (2**60, SlotOutOfRange),  # the high byte is not zero
+        (65, SlotOutOfRange),  # one past the last id
+        (0, SlotOutOfRange),  # the reserved padding slot
+    ],
+)
+def test_a_long_free_with_one_bad_id_is_refused_whole(bad: int, error: type) -> None:
+    pool, ids = _token_pool()
+    call = torch.cat((ids[:12], torch.tensor([bad], dtype=torch.int64)))
+    expect_rejected(pool, error, lambda: pool.free(call, A))
+
+
+def test_a_long_free_with_a_repeat_is_refused() -> None:
+    pool, ids = _token_pool()
+    call = torch.cat((ids[:12], ids[5:6]))
+    expect_rejected(pool, DuplicateIds, lambda: pool.free(call, A))
+
+
+def test_a_long_free_of_an_id_already_free_is_a_double_free() -> None:
+    pool, ids = _token_pool()
+    pool.free(ids[:1], A)  # the one-id path
+    expect_rejected(pool, DoubleFree, lambda: pool.free(ids[:12], A))
+
+
+def test_long_and_single_frees_keep_fifo_order() -> None:
+    pool, ids = _token_pool()
+    before = pool.free_ids()
+    pool.free(ids[10:20], A)
+    pool.free(ids[3:4], A)
+    assert pool.free_ids() == before + ids[10:20].tolist() + [ids[3].item()]
+    pool.free(torch.cat((ids[:3], ids[4:10])), A)
+    assert pool.available_size() == 64
+    pool.audit()
+
+
+def _paged_pool(ledger: bool = False) -> tuple[PagedTokenToKVPoolAllocator, torch.Tensor]:
+    with override_ledgers(ledger):
+        pool = PagedTokenToKVPoolAllocator(16 * PAGE, PAGE)
+    tokens = pool.alloc(4 * PAGE, A)
+    assert tokens is not None
+    return pool, tokens
+
+
+def test_whole_pages_repeated_in_one_free_are_freed_once() -> None:
+    pool, tokens = _paged_pool()
+    first_page = tokens[:PAGE]
+    pool.free(torch.cat((first_page, first_page, tokens[PAGE : 2 * PAGE])), A)
+    assert pool.available_size() == 14 * PAGE
+    pool.audit()
+
+
+@pytest.mark.parametrize("pages", [1, 3])
+def test_whole_pages_not_held_are_a_double_free(pages: int) -> None:
+    pool, tokens = _paged_pool()
+    pool.free(tokens[: pages * PAGE], A)
+    expect_rejected(pool, DoubleFree, lambda: pool.free(tokens[: pages * PAGE], A))
+
+
+@pytest.mark.parametrize("start", [-PAGE, 0, 17 * PAGE, 2**58])
+def test_whole_pages_outside_the_pool_are_out_of_range(start: int) -> None:
+    pool, tokens = _paged_pool()
+    outside = torch.arange(start, start + PAGE, dtype=torch.int64)
+    expect_rejected(pool, SlotOutOfRange, lambda: pool.free(outside, A))
+    expect_rejected(pool, SlotOutOfRange, lambda: pool.free(torch.cat((tokens[:PAGE], outside)), A))
+
+
+def test_whole_pages_of_another_owner_are_refused_with_a_ledger() -> None:
+    pool, tokens = _paged_pool(ledger=True)
+    expect_rejected(pool, ForeignSlot, lambda: pool.free(tokens[: 2 * PAGE], B))
+    expect_rejected(pool, ForeignSlot, lambda: pool.free(tokens[:PAGE], B))
+
+
+def test_whole_pages_free_in_lifo_order() -> None:
+    pool, tokens = _paged_pool()
+    before = id_list_of(pool).free_ids().tolist()
+    pool.free(tokens[: 2 * PAGE], A)
+    pages = (tokens[: 2 * PAGE : PAGE] // PAGE).tolist()
+    assert id_list_of(pool).free_ids().tolist() == pages + before
+    pool.free(tokens[3 * PAGE :], A)
+    assert id_list_of(pool).free_ids().tolist()[0] == tokens[3 * PAGE].item() // PAGE
