@@ -75,6 +75,15 @@ def test_n1_shrunk_calls_fire_at_the_retract_in_the_release_with_the_bug_and_pas
     assert good == {"version": N1_PING_PONG.fixed_in, "found": None}
 
 
+@pytest.mark.slow
+def test_the_request_machine_runs_a_short_budget_clean_on_the_fixing_release() -> None:
+    """CI's budgeted run of the request machine itself (not a replay): 25 examples of 30 rule calls on
+    0.5.13, every scheduler-level call watched, no violation."""
+    require(N1_PING_PONG)
+    good = history.hunt_in(N1_PING_PONG.fixed_in, N1_PING_PONG, examples=25)
+    assert good["found"] is None, good
+
+
 @pytest.mark.deep
 def test_n1_hunt_finds_it_in_the_release_with_the_bug_and_the_fixing_release_runs_clean() -> None:
     """The full hunt for N1 (300 examples of 30 rule calls in each release, request rules among the
