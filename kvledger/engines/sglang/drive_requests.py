@@ -31,7 +31,7 @@ request's Mamba fields on the ``Req`` itself: 0.5.11, 0.5.12, 0.5.13.
 from __future__ import annotations
 
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -73,11 +73,6 @@ def new_request(rid: str, tokens: tuple[int, ...]) -> Any:
     )
 
 
-def fill_ids(req: Any) -> Any:
-    """The tokens this round fills (``fill_ids`` before 0.5.13; ``get_fill_ids()`` after)."""
-    return req.get_fill_ids() if hasattr(req, "get_fill_ids") else req.fill_ids
-
-
 def set_fill_len(req: Any, n: int) -> None:
     """Cut this round at ``n`` tokens, as the prefill adder does for a chunk (``fill_ids`` truncated
     before 0.5.13; ``fill_len`` after) and set ``extend_input_len`` with SGLang's own setter."""
@@ -94,14 +89,12 @@ def mark_chunked(req: Any, delta: int) -> None:
     setattr(req, name, max(0, getattr(req, name) + delta))
 
 
-@dataclass
+@dataclass(eq=False)  # one per request object: compared by identity
 class Live:
     rid: str
     req: Any
-    prompt: int  # prompt length
-    chunked: bool = False
-    waiting: bool = False
-    tracked: list[int] = field(default_factory=list)
+    chunked: bool = False  # between chunks of its prompt
+    waiting: bool = False  # retracted, or not admitted yet
 
 
 class SGLangRequestMachine(SGLangUnifiedMambaMachine):
@@ -184,7 +177,7 @@ class SGLangRequestMachine(SGLangUnifiedMambaMachine):
         key = self.key(draw, min_pages=2)
         self.seen.append(key)
         rid = self.rid("R")
-        lv = Live(rid, new_request(rid, key), len(key))
+        lv = Live(rid, new_request(rid, key))
         self.w.track(lv.req, rid)
         self.run_prefill(lv, chunk, track, first=True)
 
