@@ -31,8 +31,8 @@ from kvledger.engines.sglang.standins import RELEASE_STANDIN_ROOTS, STANDIN_ROOT
 SUPPORTED_RELEASES: tuple[str, ...] = ("0.5.11", "0.5.12", "0.5.13", "0.5.20", "0.5.23")
 """SGLang releases whose memory components this package builds and watches (tests run each).
 
-0.5.23 and 0.5.20 are the current and the last-with-``MambaRadixCache`` releases; 0.5.11 and 0.5.12 are
-historical, the release that still had a catalogued bug and the one that fixed it
+0.5.23 and 0.5.20 are the current and the last-with-``MambaRadixCache`` releases; 0.5.11, 0.5.12 and
+0.5.13 are historical, releases that still had a catalogued bug and the ones that fixed it
 (:data:`HISTORICAL_RELEASES`)."""
 
 HISTORICAL_RELEASES: dict[str, str] = {
