@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import types
 from typing import Any
 
 import pytest
@@ -199,3 +200,27 @@ def test_mamba_alloc_groups_are_mirrored(sgl: Any) -> None:
     with w.holder("r1"):
         rows.mamba_allocator.free(slot)
     w.audit()
+
+
+@pytest.mark.fires("I-HANDLE-OWNED")
+def test_a_request_handle_naming_a_freed_slot_fires_once_the_release_returns(sgl: Any) -> None:
+    """The request check: a Mamba slot freed while the request's handle still names it (the N1 pattern)
+    fires I-HANDLE-OWNED naming the field; clearing the handle with the free is clean."""
+    rows = build.hybrid_req_pool(4, 6)
+    w = watch(req_pool=rows, mamba_pool=rows)
+    slots = rows.mamba_allocator
+    req = types.SimpleNamespace(req_pool_idx=None, mamba_pool_idx=None, mamba_ping_pong_track_buffer=None)
+    w.track(req, "r1")
+    with w.holder("r1"):
+        req.mamba_pool_idx = slots.alloc(1)[0]
+        req.mamba_ping_pong_track_buffer = slots.alloc(2)
+    assert w.check_handles() == 3
+    with w.holder("r1"):
+        slots.free(req.mamba_ping_pong_track_buffer)
+    with pytest.raises(ContractViolation, match=r"I-HANDLE-OWNED: req#r1.*mamba_ping_pong_track_buffer"):
+        w.check_handles()
+    req.mamba_ping_pong_track_buffer = None
+    assert w.check_handles() == 1
+    w.untrack(req)
+    assert w.check_handles() == 0
+    w.detach()

@@ -70,3 +70,15 @@ def test_a_bad_holder_key_is_refused(sgl: Any) -> None:
     with w.holder("r1"):
         c["allocator"].free(ids)
     w.audit()
+
+
+@pytest.mark.parametrize(
+    ("req", "key"),
+    [(None, "r1"), (types.SimpleNamespace(rid="r1"), "r1"), (types.SimpleNamespace(req_pool_idx=None), 1.5)],
+)
+def test_track_refuses_a_non_request_or_a_bad_key_and_tracks_nothing(sgl: Any, req: Any, key: Any) -> None:
+    w = watch(allocator=build.token_allocator(8))
+    with pytest.raises(InvalidArgument, match=r"Watch\.(track|holder)"):
+        w.track(req, key)
+    assert w.check_handles() == 0  # nothing tracked
+    w.detach()

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from kvledger.contracts.errors import ContractViolation, InvalidArgument
+from kvledger.contracts.handles import HandleClaim, check_handles_owned
 from kvledger.contracts.ledger import FREE_CODE, PENDING_CODE, Ledger, as_id_array
 from kvledger.contracts.owners import CACHE_EVICTABLE, FREE_LIST, REQ_RUNNING, Account, Owner
 
@@ -108,6 +109,9 @@ class Watch:
             tuple[Any, Owner], list[bool]
         ] = {}  # per (node, holder): took the state lock
         self.calls = 0
+        # SGLang Req objects whose handles are checked (I-HANDLE-OWNED): id(req) -> (req, its owner)
+        self._requests: dict[int, tuple[Any, Owner]] = {}
+        self._request_calls = 0  # > 0 inside a scheduler-level call (cache_finished_req, alloc(reqs), ...)
 
     # ------------------------------------------------------------------ holders
     @contextlib.contextmanager
@@ -123,6 +127,62 @@ class Watch:
             yield owner
         finally:
             self._holder = previous
+
+    def owner_of_request(self, key: Any) -> Owner:
+        """The owner of request ``key`` (made on first use, as :meth:`holder` does)."""
+        with self.holder(key) as owner:
+            return owner
+
+    def track(self, req: Any, key: Any) -> Owner:
+        """Check the handles of SGLang request object ``req`` (held by request ``key``) after every
+        scheduler-level call and every tree call outside one: every row or Mamba slot its
+        ``req_pool_idx``, ``mamba_pool_idx`` and ``mamba_ping_pong_track_buffer`` name must be held by
+        ``key`` (I-HANDLE-OWNED; kvledger's own requests are held to the same rule every step)."""
+        if not hasattr(req, "req_pool_idx") and not hasattr(getattr(req, "kv", None), "req_pool_idx"):
+            raise InvalidArgument(
+                f"Watch.track: {type(req).__name__} is not an SGLang request (no req_pool_idx)"
+            )
+        owner = self.owner_of_request(key)
+        self._requests[id(req)] = (req, owner)
+        return owner
+
+    def untrack(self, req: Any) -> None:
+        """Stop checking ``req`` (a request that left the engine: finished or aborted for good)."""
+        self._requests.pop(id(req), None)
+
+    def request_owner(self, req: Any) -> Owner | None:
+        entry = self._requests.get(id(req))
+        return None if entry is None else entry[1]
+
+    def check_handles(self) -> int:
+        """I-HANDLE-OWNED over the tracked requests; the number of ids checked."""
+        ledgers = {"req": self.rows, "mamba": self.slots}
+        claims = []
+        for req, owner in self._requests.values():
+            for handle, pool, ids in _handles(req):
+                if ledgers.get(pool) is not None:
+                    claims.append(HandleClaim(owner, handle, pool, ids))
+        return check_handles_owned(claims, {k: v for k, v in ledgers.items() if v is not None})
+
+    @contextlib.contextmanager
+    def _request_call(self, req: Any = None) -> Iterator[None]:
+        """A scheduler-level call on request ``req``: its ids are attributed to its owner (when tracked)
+        and the handles are checked once, when the outermost such call returns (inside one, SGLang
+        moves a slot before it clears the handle that named it)."""
+        owner = self.request_owner(req) if req is not None else None
+        previous = self._holder
+        if owner is not None:
+            self._holder = owner
+        self._request_calls += 1
+        try:
+            yield
+        finally:
+            self._request_calls -= 1
+            self._holder = previous
+        if not self._request_calls:
+            if self.audit_each:
+                self.audit()
+            self.check_handles()
 
     def _claimant(self, state: bool = False) -> Owner:
         if self._tree_frees:
@@ -269,7 +329,9 @@ class Watch:
     # ------------------------------------------------------------------ request rows
     def _attach_req_pool(self, req_pool: Any) -> None:
         if not hasattr(req_pool, "alloc_rows"):
-            return  # releases before 0.5.13 hand out rows per request object (alloc(reqs)): not watched
+            # releases before 0.5.19 hand out rows per request object: alloc(reqs), free(req)
+            self._attach_req_pool_per_request(req_pool)
+            return
         self.req_pool = req_pool
         self.rows = Ledger("req", range(1, int(req_pool.size) + 1))
         w = self._wrapper(req_pool)
@@ -302,6 +364,69 @@ class Watch:
 
         w.wrap("alloc_rows", alloc_rows)
         w.wrap("free_rows", free_rows)
+
+    def _attach_req_pool_per_request(self, req_pool: Any) -> None:
+        """``alloc(reqs)`` gives each request without a row one (a request with a row keeps it: a chunk
+        continues) and, on a ``HybridReqToTokenPool``, its Mamba slots; ``free(req)`` returns the row.
+        Each row goes to (and comes back from) the request's tracked owner, else the current holder."""
+        self.req_pool = req_pool
+        self.rows = Ledger("req", range(1, int(req_pool.size) + 1))
+        w = self._wrapper(req_pool)
+
+        def alloc(original: Callable[..., Any]) -> Callable[..., Any]:
+            def call(reqs: Any, *args: Any, **kwargs: Any) -> Any:
+                assert self.rows is not None
+                fresh = [r for r in reqs if r.req_pool_idx is None]
+                with self._request_call(reqs[0] if len(reqs) == 1 else None):
+                    before = req_pool.available_size()
+                    out = original(reqs, *args, **kwargs)
+                    if out is not None and fresh:
+                        taken = before - req_pool.available_size()
+                        if taken != len(fresh):
+                            raise ContractViolation(
+                                f"[req] alloc: {len(fresh)} request(s) without a row, the free list shrank by"
+                                f" {taken} (I-COUNT)"
+                            )
+                        self.calls += 1
+                        for r in fresh:
+                            owner = self.request_owner(r) or self._holder
+                            self.rows.transfer(
+                                np.array([int(r.req_pool_idx)]), FREE_LIST, owner, "alloc(reqs)"
+                            )
+                    return out
+
+            return call
+
+        def free(original: Callable[..., Any]) -> Callable[..., Any]:
+            def call(req: Any, *args: Any, **kwargs: Any) -> Any:
+                assert self.rows is not None
+                with self._request_call(req):
+                    if req.req_pool_idx is not None:
+                        self.calls += 1
+                        self.rows.transfer(
+                            np.array([int(req.req_pool_idx)]), self._holder, FREE_LIST, "free(req)"
+                        )
+                    return original(req, *args, **kwargs)
+
+            return call
+
+        w.wrap("alloc", alloc)
+        w.wrap("free", free)
+        if hasattr(req_pool, "free_mamba_cache"):
+            w.wrap("free_mamba_cache", self._request_level("free_mamba_cache"))
+
+    def _request_level(self, name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Wrap a scheduler-level call whose first argument is an SGLang ``Req``."""
+
+        def make(original: Callable[..., Any]) -> Callable[..., Any]:
+            def call(req: Any, *args: Any, **kwargs: Any) -> Any:
+                self.calls += 1
+                with self._request_call(req):
+                    return original(req, *args, **kwargs)
+
+            return call
+
+        return make
 
     # ------------------------------------------------------------------ Mamba slots
     def _attach_mamba(self, mamba_allocator: Any, mamba_pool: Any) -> None:
@@ -418,6 +543,9 @@ class Watch:
         w.wrap("insert", self._insert)
         w.wrap("inc_lock_ref", self._inc_lock)
         w.wrap("dec_lock_ref", self._dec_lock)
+        for name in ("cache_finished_req", "cache_unfinished_req"):
+            if hasattr(tree, name):
+                w.wrap(name, self._request_level(name))
         self._rebind_captured(tree)
 
     def _rebind_captured(self, tree: Any) -> None:
@@ -463,8 +591,7 @@ class Watch:
                 finally:
                     if frees_from_tree:
                         self._tree_frees -= 1
-                if self.audit_each:
-                    self.audit()
+                self._after_tree_call()
                 return out
 
             return call
@@ -487,11 +614,18 @@ class Watch:
                 self.slots.transfer(
                     as_id_array(state), self._holder, self.tree_state, "insert (state adopted)"
                 )
-            if self.audit_each:
-                self.audit()
+            self._after_tree_call()
             return result
 
         return call
+
+    def _after_tree_call(self) -> None:
+        if self._request_calls:
+            return  # inside a scheduler-level call: checked once when it returns
+        if self.audit_each:
+            self.audit()
+        if self._requests:
+            self.check_handles()
 
     @staticmethod
     def _node_key(node: Any) -> Any:
@@ -637,6 +771,23 @@ class Watch:
                 f"tree counters (evictable, protected) = {counted}, a recount gives {(evictable, protected)}"
                 f" (I-PROTECTED-DEF)"
             )
+
+
+def _handles(req: Any) -> list[tuple[str, str, list[int]]]:
+    """``(field, pool, ids)`` for every id an SGLang ``Req`` names (fields of the request itself before
+    0.5.14, of ``req.kv`` after; -1 marks an unset ping-pong entry in the lazy mode)."""
+    kv = getattr(req, "kv", None) or req
+    out: list[tuple[str, str, list[int]]] = []
+    row = getattr(kv, "req_pool_idx", None)
+    if row is not None:
+        out.append(("req_pool_idx", "req", [int(row)]))
+    for name in ("mamba_pool_idx", "mamba_ping_pong_track_buffer"):
+        value = getattr(kv, name, None)
+        if value is not None:
+            ids = [int(i) for i in as_id_array(value).tolist() if int(i) >= 0]
+            if ids:
+                out.append((name, "mamba", ids))
+    return out
 
 
 def _assertion_text(exc: AssertionError) -> str:

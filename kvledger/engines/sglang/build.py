@@ -138,11 +138,13 @@ def unified_radix_cache(
     *,
     mamba: bool = False,
     core: str | None = None,
+    extra_buffer: bool = False,
     modules: SGLangModules | None = None,
 ) -> Any:
     """``UnifiedRadixCache`` with the FULL component (and MAMBA when ``mamba``; ``rows`` must then be a
-    ``HybridReqToTokenPool``). ``core``: the tree core backend (``"rust"``, SGLang's default, or
-    ``"python"``)."""
+    ``HybridReqToTokenPool``, built with the same ``extra_buffer``). ``core``: the tree core backend
+    (``"rust"``, SGLang's default, or ``"python"``). ``extra_buffer``: the Mamba extra-buffer strategy
+    (the request's ping-pong tracking slots; ``CacheInitParams.enable_mamba_extra_buffer``)."""
     sgl = _sgl(modules)
     if not sgl.has_unified_radix_cache:
         raise SGLangUnavailable(f"SGLang {sgl.version} has no UnifiedRadixCache (0.5.23 has)")
@@ -151,6 +153,8 @@ def unified_radix_cache(
     if mamba:
         ensure_server_args(allocator.page_size, sgl)
     extra: dict[str, Any] = {"tree_components": components}
+    if extra_buffer:
+        extra["enable_mamba_extra_buffer"] = True
     fields = {f.name for f in dataclasses.fields(sgl.CacheInitParams)}
     if core is not None and "tree_core_backend" in fields:
         extra["tree_core_backend"] = core

@@ -293,6 +293,17 @@ MACHINES: dict[str, type[SGLangMambaMachine]] = {
     "mamba": SGLangMambaMachine,
     "unified": SGLangUnifiedMambaMachine,
 }
+TREES = (*MACHINES, "requests")
+"""``--tree`` values: ``requests`` is :class:`.drive_requests.SGLangRequestMachine` (the Unified tree
+driven with SGLang's ``Req`` objects too), imported on first use."""
+
+
+def machine(tree: str) -> type[SGLangMambaMachine]:
+    if tree == "requests":
+        from kvledger.engines.sglang.drive_requests import SGLangRequestMachine
+
+        return SGLangRequestMachine
+    return MACHINES[tree]
 
 
 FOUND_0520: tuple[str, ...] = (
@@ -344,7 +355,7 @@ def replay(calls: tuple[str, ...] = FOUND_0520, tree: str = "mamba") -> str | No
     """Run the rule calls Hypothesis printed; the first line of the violation they hit, or None."""
     from kvledger.contracts.errors import ContractViolation
 
-    state = MACHINES[tree]()
+    state = machine(tree)()
     try:
         for call in calls:
             eval(call, {"state": state})  # the machine's own rule calls, as Hypothesis printed them
@@ -365,7 +376,7 @@ def hunt(examples: int, steps: int = 40, tree: str = "mamba") -> dict[str, Any]:
     try:
         with redirect_stdout(buf):
             run_state_machine_as_test(
-                MACHINES[tree],
+                machine(tree),
                 settings=settings(
                     max_examples=examples, stateful_step_count=steps, deadline=None, derandomize=True,
                     suppress_health_check=list(HealthCheck), print_blob=False, report_multiple_bugs=False,
@@ -386,8 +397,8 @@ def hunt(examples: int, steps: int = 40, tree: str = "mamba") -> dict[str, Any]:
 def main() -> None:
     args = [a for a in sys.argv[1:] if not a.startswith("--tree=")]
     tree = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--tree=")), "mamba")
-    if tree not in MACHINES:
-        print(f"drive_mamba: --tree must be one of {sorted(MACHINES)}", file=sys.stderr)
+    if tree not in TREES:
+        print(f"drive_mamba: --tree must be one of {sorted(TREES)}", file=sys.stderr)
         raise SystemExit(2)
     examples = int(args[0]) if args else 200
     steps = int(args[1]) if len(args) > 1 else 40

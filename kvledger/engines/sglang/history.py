@@ -33,8 +33,9 @@ class HistoricalBug:
     tree: str  # drive_mamba.MACHINES key
     examples: int  # the hunt's budget (examples of `steps` rule calls)
     steps: int
-    found: str  # the replay constant in drive_mamba (the shrunk rule calls)
+    found: str  # the replay constant in `module` (the shrunk rule calls)
     invariant: str
+    module: str = "drive_mamba"  # where `found` lives (kvledger.engines.sglang.<module>)
 
 
 B14_UNIFIED = HistoricalBug(
@@ -52,7 +53,23 @@ B14_UNIFIED = HistoricalBug(
     invariant="I-EVICT-LOCKED",
 )
 
-BUGS: tuple[HistoricalBug, ...] = (B14_UNIFIED,)
+N1_PING_PONG = HistoricalBug(
+    name="N1 (ping-pong tracking slots freed, the request's handle left set)",
+    what=(
+        "HybridReqToTokenPool.free_mamba_cache (Mamba extra buffer): frees the request's ping-pong tracking"
+        " slots and leaves req.mamba_ping_pong_track_buffer naming them; alloc([req]) trusts a set handle"
+    ),
+    has_it="0.5.12",
+    fixed_in="0.5.13",
+    tree="requests",
+    examples=300,
+    steps=30,
+    found="FOUND_0512",
+    invariant="I-HANDLE-OWNED",
+    module="drive_requests",
+)
+
+BUGS: tuple[HistoricalBug, ...] = (B14_UNIFIED, N1_PING_PONG)
 
 
 def release_dir(version: str) -> Path:
@@ -86,11 +103,12 @@ def replay_in(
     version: str, bug: HistoricalBug, calls: str | None = None, timeout: float = 600
 ) -> dict[str, Any]:
     """Replay rule calls (``bug.found``, the hunt's shrunk ones, unless ``calls`` names another constant of
-    drive_mamba) in ``version`` (a subprocess): ``{"version", "found"}``."""
+    ``bug.module``) in ``version`` (a subprocess): ``{"version", "found"}``."""
     code = (
-        "import json; from kvledger.engines.sglang import drive_mamba as d, loader;"
+        "import json; from kvledger.engines.sglang import drive_mamba as d, loader; loader.load();"
+        f" from kvledger.engines.sglang import {bug.module} as m;"
         f" print(json.dumps({{'version': loader.load().version,"
-        f" 'found': d.replay(d.{calls or bug.found}, {bug.tree!r})}}))"
+        f" 'found': d.replay(m.{calls or bug.found}, {bug.tree!r})}}))"
     )
     return _run(version, ["-c", code], timeout)
 

@@ -28,16 +28,18 @@ from typing import Any
 from kvledger.contracts.errors import KVLedgerError
 from kvledger.engines.sglang.standins import RELEASE_STANDIN_ROOTS, STANDIN_ROOTS, standins
 
-SUPPORTED_RELEASES: tuple[str, ...] = ("0.5.11", "0.5.12", "0.5.20", "0.5.23")
+SUPPORTED_RELEASES: tuple[str, ...] = ("0.5.11", "0.5.12", "0.5.13", "0.5.20", "0.5.23")
 """SGLang releases whose memory components this package builds and watches (tests run each).
 
-0.5.23 and 0.5.20 are the current and the last-with-``MambaRadixCache`` releases; 0.5.11 and 0.5.12 are
-historical, the release that still had a catalogued bug and the one that fixed it
+0.5.23 and 0.5.20 are the current and the last-with-``MambaRadixCache`` releases; 0.5.11, 0.5.12 and
+0.5.13 are historical, releases that still had a catalogued bug and the ones that fixed it
 (:data:`HISTORICAL_RELEASES`)."""
 
 HISTORICAL_RELEASES: dict[str, str] = {
     "0.5.11": "B14 present: UnifiedRadixCache's MAMBA lock release re-reads the node's state",
-    "0.5.12": "B14 fixed: the lock records the components it skipped (skip_lock_node_ids)",
+    "0.5.12": "B14 fixed: the lock records the components it skipped (skip_lock_node_ids);"
+    " N1 present: free_mamba_cache leaves the request's ping-pong handle set",
+    "0.5.13": "N1 fixed: free_mamba_cache clears mamba_ping_pong_track_buffer (PR #26941)",
 }
 
 RELEASE_DIR_ENV = "KVLEDGER_SGLANG_RELEASE_DIR"
