@@ -344,3 +344,30 @@ def test_simulate_refuses_a_hybrid_decode_cache_above_page_1_in_one_line() -> No
     run = _simulate("--pd-decode-cache", "--page-size", "16")
     assert run.returncode == 2 and run.stdout == ""
     assert run.stderr.strip().count("\n") == 0 and "page_size 1" in run.stderr
+
+
+@needs_contracts
+@pytest.mark.fires("I-WRITER-LEASE")
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_sglang_24230_destination_sliced_from_the_row_start_is_caught_before_the_write(page_size: int) -> None:
+    """SGLang #24230 (fixed; a bug of #19746's decode radix cache): with a prefix hit the row is
+    ``[prefix | delta]``, and the delta's locations were sliced from index 0, i.e. the prefix's. Re-enacted
+    where the reference reads them (the destination sent to the prefill): the delta's data would land in the
+    tree's shared prefix. The first in-flight check names the message and the tree node owning the id."""
+
+    def from_row_start(original: Any) -> Any:
+        def _allocate(self: DecodeScheduler, req: Any, length: int, account: Any, cached: int = 0) -> Any:
+            out = original(self, req, length, account, cached)
+            if out is None or not cached:
+                return out
+            return self.req_to_token_pool.read(req.req_pool_idx, 0, length - cached)
+
+        return _allocate
+
+    spec = cache_spec() if page_size == 1 else cache_spec(page_size, tree="radix", hybrid=False)
+    system = build(spec)
+    _prime(system)
+    with patched(DecodeScheduler, "_allocate", from_row_start), pytest.raises(ContractViolation) as exc:
+        system.add_request(1, [*PREFIX, 7, 8, 9, 10], 2)
+        system.run_until_idle(300)
+    assert "I-WRITER-LEASE" in str(exc.value) and "node" in str(exc.value)
