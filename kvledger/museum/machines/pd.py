@@ -2,7 +2,8 @@
 
 Rules (the decode radix cache drawn on or off where it applies): arrivals from shared-prefix families,
 one at a time or in bursts (load spikes fill the queues), system steps, client aborts at either side in
-any state (the victim drawn by the pair of queues it is in, uniform over the occupied pairs), a fault
+any state (the victim drawn by the pair of queues it is in, uniform over the occupied pairs; and at the
+decode by the decode queue alone), a fault
 (drop, delay, fail, timeout) on the next message of any component (bootstrap, KV, Mamba state,
 metadata), injected allocation failures on either instance, forced retraction on the decode side; tiny
 pools on both sides, overlap on either. After every rule: each instance's busy identity per pool
@@ -203,6 +204,23 @@ class PDMachine(RuleBasedStateMachine):
         where_now, rid = pick_by_stage(live, where, stage, pick)
         event(f"abort at {side} from {' / '.join(where_now)}")
         self.system.abort(rid, side)
+
+    @precondition(lambda self: bool(self.system.decode.live_requests()))
+    @rule(stage=st.integers(0, 7), pick=st.integers(0, 63))
+    def abort_on_decode(self, stage: int, pick: int) -> None:
+        """A client abort at the decode side, drawn by the decode queue the victim is in: uniform over the
+        occupied decode queues (prealloc, transfer, prebuilt, running, retracted), then within one. Each
+        has its own release path (nothing held, a lease while writes may land, a pre-allocation that
+        never ran, a running request, a host copy; with the decode radix cache, a prefix lock); the
+        pair-wise draw of ``abort`` spreads over prefill stages too and reaches the short-lived decode
+        queues (prebuilt: only while the running batch is full) less often."""
+        decode = self.system.decode
+        live = [r for r in decode.live_requests() if not r.state.is_done]
+        if not live:
+            return
+        where, req = pick_by_stage(live, decode.where_is, stage, pick)
+        event(f"abort at decode from {where}")
+        self.system.abort(req.rid, DECODE)
 
     @rule(pair=st.sampled_from([(c, f) for c in Component for f in FAULTS_OF[c]]))
     def inject_fault(self, pair: tuple[Component, Fault]) -> None:
