@@ -371,3 +371,42 @@ def test_sglang_24230_destination_sliced_from_the_row_start_is_caught_before_the
         system.add_request(1, [*PREFIX, 7, 8, 9, 10], 2)
         system.run_until_idle(300)
     assert "I-WRITER-LEASE" in str(exc.value) and "node" in str(exc.value)
+
+
+# ------------------------------------------------------------------ the census, and bad input
+def test_the_decode_census_counts_the_locked_prefix_as_protected_and_only_the_delta_as_the_requests() -> None:
+    system = build(cache_spec())
+    _prime(system)
+    system.add_request(1, [*PREFIX, 1, 1], 30)
+    _run_until(system, lambda: bool(system.decode.running))
+    d = system.decode.running[0]
+    kv = next(t for t in system.decode.accounting.pool_terms() if t.pool == "kv")
+    assert d.cache_protected_len == len(PREFIX) and kv.protected == d.cache_protected_len
+    assert kv.held == {"req.running": system.decode.memory.kv_held_tokens(d)}
+    assert kv.held["req.running"] == d.kv_allocated_len - len(PREFIX)  # the delta and the decode tokens
+    mamba = next(t for t in system.decode.accounting.pool_terms() if t.pool == "mamba")
+    assert mamba.evictable == 1 and mamba.protected == 0  # the primer's state: KV-only lock (no state lock)
+    _drain(system)
+
+
+@pytest.mark.parametrize(
+    ("prefix_len", "kv_slots", "why"),
+    [
+        (-1, [0, 1, 2], "prefix_len"),
+        (True, [0, 1], "prefix_len"),
+        (4, [], "outside the plan"),
+        (1, [0, 1, 2], "already cached"),
+    ],
+)
+def test_init_receiver_refuses_a_bad_prefix_len_and_changes_nothing(
+    prefix_len: Any, kv_slots: list[int], why: str
+) -> None:
+    system = build(cache_spec())
+    channel = system.channel
+    channel.open(99, 3, expects_state=True)
+    before = channel.describe_room(99)
+    with pytest.raises(InvalidArgument, match=why):
+        channel.init_receiver(
+            99, DstInfo(kv_slots=kv_slots, mamba_slot=1, meta_idx=1, row=1, prefix_len=prefix_len)
+        )
+    assert channel.describe_room(99) == before and channel.rooms[99].init_step is None
