@@ -36,7 +36,16 @@ from kvledger.museum.machines.scheduler import (
     pick_by_stage,
     v2_options,
 )
-from kvledger.reference.disagg import DECODE, PREFILL, ChannelConfig, Component, Fault, PDSpec, PDSystem
+from kvledger.reference.disagg import (
+    DECODE,
+    PREFILL,
+    ChannelConfig,
+    Component,
+    Fault,
+    PDReq,
+    PDSpec,
+    PDSystem,
+)
 from kvledger.reference.disagg.decode_cache import check_decode_prefixes
 from kvledger.reference.disagg.instance import check_queues
 from kvledger.reference.disagg.messages import CONTROL, FAULTS_OF
@@ -215,7 +224,7 @@ class PDMachine(RuleBasedStateMachine):
         pair-wise draw of ``abort`` spreads over prefill stages too and reaches the short-lived decode
         queues (prebuilt: only while the running batch is full) less often."""
         decode = self.system.decode
-        live = [r for r in decode.live_requests() if not r.state.is_done]
+        live = [r for r in decode.live_requests() if isinstance(r, PDReq) and not r.state.is_done]
         if not live:
             return
         where, req = pick_by_stage(live, decode.where_is, stage, pick)
