@@ -244,7 +244,6 @@ class DecodeScheduler(PDScheduler):
         return True
 
     # ------------------------------------------------------------------ the decode radix cache
-    @seam
     def match_and_lock(self, req: PDReq) -> int:
         """The prompt's longest cached prefix in the decode's tree, locked for the request's life; returns
         its length (0 without a tree or a match: then no lock is taken).
