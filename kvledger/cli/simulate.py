@@ -161,6 +161,14 @@ def add_parser(sub: Any) -> None:
         "--pd-abort-rate", metavar="P", type=probability, default=0.0,
         help="probability per step that one live request is aborted at a random side (default: %(default)s)",
     )  # fmt: skip
+    d.add_argument(
+        "--pd-decode-cache",
+        action="store_true",
+        help=(
+            "a radix cache on the decode instance too (SGLang's --disaggregation-decode-enable-radix-cache):"
+            " a cached prompt prefix is not transferred; with a Mamba pool it needs --page-size 1"
+        ),
+    )
     _add_sizes(d, PD_SIZES)
 
     o = s.add_argument_group("run")
@@ -391,6 +399,7 @@ def _run_pd(ns: argparse.Namespace, opts: Any) -> int:
         abort_rate=ns.pd_abort_rate,
         latency=ns.pd_latency,
         transfer_timeout=ns.pd_transfer_timeout,
+        decode_radix_cache=ns.pd_decode_cache,
     )
     finals = {} if ns.no_plot else pd_timeline_paths(ns.plot)
     logs = [] if ns.record is None else record_paths(ns.record, pd=True)  # the prefill's, the decode's

@@ -80,7 +80,7 @@ def _ineffective() -> list[tuple[str, str, Callable[[argparse.Namespace], bool]]
     """(option, what cancels it, whether that is in force): the pairs where the first option does nothing."""
     mamba = ("mamba_slots", "mamba_strategy", "mamba_track_interval", "mamba_chunk_size")
     v2_only = ("mamba_track_interval", "mamba_chunk_size")
-    pd_only = ("pd_fault_rate", "pd_abort_rate", "pd_latency", "pd_transfer_timeout")
+    pd_only = ("pd_fault_rate", "pd_abort_rate", "pd_latency", "pd_transfer_timeout", "pd_decode_cache")
     rows: list[tuple[str, str, Callable[[argparse.Namespace], bool]]] = [
         ("plot", "--no-plot", lambda n: n.no_plot)
     ]

@@ -5,7 +5,8 @@ Both instances get the pool sizes of :class:`~kvledger.sim.simulate.SimOptions` 
 sized by I-SIZING on top: ``max_running + pre_alloc`` rows, a Mamba pool covering them). Random faults
 (``fault_rate``: each message and handshake draws drop / delay / fail / timeout with that probability)
 and random client aborts (``abort_rate``: each step, with that probability, one live request is aborted
-at a random side) are seeded by the workload seed.
+at a random side) are seeded by the workload seed. ``decode_radix_cache`` gives the decode instance a
+radix cache (``PDSpec.decode_radix_cache``; a hybrid model needs page size 1 for it).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class PDSimOptions:
     abort_rate: float = 0.0
     latency: int = 1
     transfer_timeout: int = 64
+    decode_radix_cache: bool = False  # ``--pd-decode-cache``: a radix cache on the decode instance too
 
     def spec(self) -> PDSpec:
         engine = self.base.engine_spec()
@@ -42,7 +44,7 @@ class PDSimOptions:
             seed=self.base.workload.seed,
         )
         decode = replace(engine, tree="none", chunk=None)
-        return PDSpec(prefill=engine, decode=decode, channel=channel)
+        return PDSpec(prefill=engine, decode=decode, channel=channel, decode_radix_cache=self.decode_radix_cache)
 
 
 @dataclass
@@ -57,6 +59,8 @@ class InstanceSummary:
     leases: int
     longest_lease: int
     resumes: int
+    prefix_hits: int  # decode radix cache: pre-allocations that matched a cached prefix
+    prefix_tokens: int  # ... and the positions they did not need transferred
     retractions: int
     prefill_batches: int
     decode_batches: int
@@ -75,6 +79,8 @@ class InstanceSummary:
             leases=pd.leases,
             longest_lease=pd.longest_lease,
             resumes=pd.resumes,
+            prefix_hits=pd.prefix_hits,
+            prefix_tokens=pd.prefix_tokens,
             retractions=st.retractions,
             prefill_batches=st.prefill_batches,
             decode_batches=st.decode_batches,

@@ -24,6 +24,7 @@ from tests.disagg.harness import build, pd_spec
 PROMPTS = {rid: [5, 5, 5, 5, 5, 5, 5, 5, rid % 3, rid, rid + 1, *range(rid)] for rid in range(8)}
 V1 = {"page_size": 1}
 V2 = {"page_size": 4, "mamba_strategy": "extra_buffer", "mamba_chunk_size": 4, "mamba_track_interval": 8}
+CACHE = {"page_size": 1, "decode_radix_cache": True}  # the decode radix cache (issue 27 item 4)
 
 
 def record_pd(setup: dict[str, object], *, faults: bool = True) -> dict[str, list[str]]:
@@ -46,7 +47,14 @@ def record_pd(setup: dict[str, object], *, faults: bool = True) -> dict[str, lis
     return {side: out.getvalue().splitlines() for side, out in outs.items()}
 
 
-@pytest.fixture(scope="module", params=[pytest.param(V1, id="v1-page1"), pytest.param(V2, id="v2-page4")])
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param(V1, id="v1-page1"),
+        pytest.param(V2, id="v2-page4"),
+        pytest.param(CACHE, id="v1-decode-cache"),
+    ],
+)
 def logs(request: pytest.FixtureRequest) -> dict[str, list[str]]:
     return record_pd(request.param)
 
@@ -196,3 +204,17 @@ def test_simulate_pd_record_writes_one_log_per_instance_that_audits_clean(tmp_pa
         assert f"event log written to {path}" in done.stdout.decode()
         audit = subprocess.run([*cli, "audit", str(path)], capture_output=True)
         assert audit.returncode == 0 and b"clean" in audit.stdout, audit.stdout.decode()
+
+
+def test_a_decode_radix_cache_run_logs_the_decode_tree_and_its_adoptions() -> None:
+    """With the decode radix cache the decode log has a tree: finished requests' KV adopted by nodes, and
+    later requests of the same prefix matching it (their prefix never appears among their own ids)."""
+    logs = record_pd(CACHE, faults=False)
+    decode = events(logs[DECODE])
+    assert any(ev["ev"] == "tree" for ev in decode)
+    for side in (PREFILL, DECODE):
+        report = audit_lines(logs[side])
+        assert report.verdict == "clean", (side, report.violation)
+    adopted = [ev for ev in decode if ev["ev"] == "move" and str(ev["to"]).startswith("node") and ev["pool"] == "kv"]
+    assert adopted, "no KV of a finished decode request was adopted by the decode tree"
+    assert {"insert", "lock", "unlock"} <= {ev["ev"] for ev in decode}  # a later request locked a prefix

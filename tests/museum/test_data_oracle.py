@@ -244,9 +244,10 @@ ORIGINAL_HOST_COPY = DecodeScheduler._host_copy
 @pytest.mark.slow
 def test_the_pd_hunt_finds_a_backup_that_misses_a_component() -> None:
     bug = (DecodeScheduler, "_host_copy", lossy_host_copy)
-    found = hunt_with(bug, "pd", batches=2)
+    # 4 batches: the PD machine's decode-queue aborts (issue 27) moved the first find to example 26 at seed 0.
+    found = hunt_with(bug, "pd", batches=4)
     assert found.found and found.invariant == "I-DATA-STATE", found.message
-    missed = hunt_with(bug, "pd", batches=2, oracle=False)
+    missed = hunt_with(bug, "pd", batches=4, oracle=False)
     assert not missed.found, missed.message
 
 

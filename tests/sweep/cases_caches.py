@@ -90,6 +90,8 @@ def _key_rows(method: str) -> list[Row]:
     for cat, label, key in BAD_KEYS:
         if method == "match_prefix":
             rows.append(Row(cat, label, "InvalidKey", lambda s, k=key: s.cache.match_prefix(k)))
+        elif method == "match_prefix_kv":
+            rows.append(Row(cat, label, "InvalidKey", lambda s, k=key: s.cache.match_prefix_kv(k)))
         else:
             rows.append(Row(cat, label, "InvalidKey", lambda s, k=key: _insert(s, key=k)))
     return rows
@@ -422,6 +424,7 @@ def _tree_rows(mamba: bool, paged: bool) -> dict[str, list[Row]]:
         "observe_steps": OBSERVE,
     }
     if mamba:
+        rows["match_prefix_kv"] = _key_rows("match_prefix_kv")  # the PD decode's KV-only match (issue 27)
         rows["evict_full"] = _count_rows("evict_full")
         rows["evict_mamba"] = _count_rows("evict_mamba")
     return rows

@@ -730,6 +730,8 @@ NOT_ENTRY_POINTS: dict[str, str] = {
             "transfer_may_touch",
             "retract",
             "release_now",
+            "match_and_lock",  # the decode radix cache's pre-allocation steps (issue 27 item 4)
+            "unlock_prefix",
         )
     },
     **{

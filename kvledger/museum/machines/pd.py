@@ -1,17 +1,19 @@
 """A Hypothesis state machine over both PD instances and the channel, every fault and abort enabled.
 
-Rules: arrivals from shared-prefix families, one at a time or in bursts (load spikes fill the queues),
-system steps, client aborts at either side in any state (the victim drawn by the pair of queues it is
-in, uniform over the occupied pairs), a fault (drop, delay, fail, timeout) on the next message of any
-component (bootstrap, KV, Mamba state, metadata), injected allocation failures on either instance,
-forced retraction on the decode side; tiny pools on both sides, overlap on either. After every rule:
-each instance's busy identity per pool (metadata included) with every PD holder term, the ledger
-cross-check, I-HANDLE-OWNED, I-OWNER-RELEASE, the audits of every pool and the prefill tree, the leases
-of every message in flight (I-WRITER-LEASE) and I-DRAIN. At drain (faults cleared), the same checks
-after every step for a while, then: liveness (every request ended on both sides, with a reason), the
-strong idle identities (I-QUIESCENT, leases included), no room open, and every request that finished on
-the decode side produced what it produces run alone (I-OUTPUT-ORACLE; with the tiny hybrid model in
-``PDModelMachine``). ``hypothesis.target`` steers toward messages in flight and leases.
+Rules (the decode radix cache drawn on or off where it applies): arrivals from shared-prefix families,
+one at a time or in bursts (load spikes fill the queues), system steps, client aborts at either side in
+any state (the victim drawn by the pair of queues it is in, uniform over the occupied pairs; and at the
+decode by the decode queue alone), a fault
+(drop, delay, fail, timeout) on the next message of any component (bootstrap, KV, Mamba state,
+metadata), injected allocation failures on either instance, forced retraction on the decode side; tiny
+pools on both sides, overlap on either. After every rule: each instance's busy identity per pool
+(metadata included) with every PD holder term, the ledger cross-check, I-HANDLE-OWNED, I-OWNER-RELEASE,
+the audits of every pool and the prefill tree, the leases of every message in flight (I-WRITER-LEASE)
+and I-DRAIN. At drain (faults cleared), the same checks after every step for a while, then: liveness
+(every request ended on both sides, with a reason), the strong idle identities (I-QUIESCENT, leases
+included), no room open, and every request that finished on the decode side produced what it produces
+run alone (I-OUTPUT-ORACLE; with the tiny hybrid model in ``PDModelMachine``). ``hypothesis.target``
+steers toward messages in flight and leases.
 """
 
 from __future__ import annotations
@@ -34,7 +36,17 @@ from kvledger.museum.machines.scheduler import (
     pick_by_stage,
     v2_options,
 )
-from kvledger.reference.disagg import DECODE, PREFILL, ChannelConfig, Component, Fault, PDSpec, PDSystem
+from kvledger.reference.disagg import (
+    DECODE,
+    PREFILL,
+    ChannelConfig,
+    Component,
+    Fault,
+    PDReq,
+    PDSpec,
+    PDSystem,
+)
+from kvledger.reference.disagg.decode_cache import check_decode_prefixes
 from kvledger.reference.disagg.instance import check_queues
 from kvledger.reference.disagg.messages import CONTROL, FAULTS_OF
 from kvledger.reference.engine import ModelKind, TreeKind
@@ -93,6 +105,8 @@ def pd_setups(draw: st.DrawFn, model: ModelKind = "hash", page_sizes: tuple[int,
         prefill_metadata_slots=draw(st.sampled_from([None, 1, 2, 8])),
         decode_metadata_slots=draw(st.sampled_from([None, 1, 3])),
         reserved_decode_tokens=draw(st.sampled_from([4, 4, 1, 7])),
+        # The decode radix cache (issue 27 item 4): any page size without a Mamba pool, page 1 with one.
+        decode_radix_cache=(not hybrid or page_size == 1) and draw(st.booleans()),
         **v2,  # type: ignore[arg-type]
     )
 
@@ -122,6 +136,7 @@ class PDMachine(RuleBasedStateMachine):
         event(
             f"tree={spec.prefill.tree} page={spec.prefill.page_size} overlap={spec.prefill.overlap}"
             + (" extra_buffer" if spec.prefill.mamba_strategy == "extra_buffer" and spec.prefill.hybrid else "")
+            + (" decode_radix_cache" if spec.decode_radix_cache else "")
         )
 
     @rule(
@@ -199,6 +214,23 @@ class PDMachine(RuleBasedStateMachine):
         event(f"abort at {side} from {' / '.join(where_now)}")
         self.system.abort(rid, side)
 
+    @precondition(lambda self: bool(self.system.decode.live_requests()))
+    @rule(stage=st.integers(0, 7), pick=st.integers(0, 63))
+    def abort_on_decode(self, stage: int, pick: int) -> None:
+        """A client abort at the decode side, drawn by the decode queue the victim is in: uniform over the
+        occupied decode queues (prealloc, transfer, prebuilt, running, retracted), then within one. Each
+        has its own release path (nothing held, a lease while writes may land, a pre-allocation that
+        never ran, a running request, a host copy; with the decode radix cache, a prefix lock); the
+        pair-wise draw of ``abort`` spreads over prefill stages too and reaches the short-lived decode
+        queues (prebuilt: only while the running batch is full) less often."""
+        decode = self.system.decode
+        live = [r for r in decode.live_requests() if isinstance(r, PDReq) and not r.state.is_done]
+        if not live:
+            return
+        where, req = pick_by_stage(live, decode.where_is, stage, pick)
+        event(f"abort at decode from {where}")
+        self.system.abort(req.rid, DECODE)
+
     @rule(pair=st.sampled_from([(c, f) for c in Component for f in FAULTS_OF[c]]))
     def inject_fault(self, pair: tuple[Component, Fault]) -> None:
         """A fault on the next message of a component: data (drop, delay, fail, timeout), the handshake,
@@ -235,6 +267,7 @@ class PDMachine(RuleBasedStateMachine):
             if inst.tree is not None:
                 inst.tree.audit()
             check_scheduler_data(inst)  # I-DATA-STATE, I-DATA-KV (the tagged hash runner)
+        check_decode_prefixes(self.system.decode)  # I-PD-PREFIX-LOCK
         self.system.channel.audit()
         self.system.check_leases()
         self.system.check_drain()
@@ -278,6 +311,8 @@ class PDMachine(RuleBasedStateMachine):
                 event(f"{inst.side} lease taken")
             if st_.resumes:
                 event("decode resumed a retracted request")
+            if st_.prefix_hits:
+                event("decode radix cache hit")
             for reason in st_.failures:
                 event(f"{inst.side} room failure: {reason}")
 

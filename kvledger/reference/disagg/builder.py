@@ -1,7 +1,10 @@
 """Assemble a PD pair: two engines from ``kvledger.reference.engine`` (reused, not copied) and a channel.
 
 The prefill instance is an ordinary engine (any cache; the Mamba radix cache by default). The decode
-instance has no radix cache (SGLang's default ``ChunkCache``) and SGLang's sizing (I-SIZING,
+instance has no radix cache by default (SGLang's ``ChunkCache``); ``PDSpec.decode_radix_cache`` gives it
+one (SGLang's ``--disaggregation-decode-enable-radix-cache``, off by default there too): the plain
+``RadixCache``, or for a hybrid model the ``MambaRadixCache`` without tracking, matched on KV only
+(spec/pd.md §"The decode radix cache"). The decode instance has SGLang's sizing (I-SIZING,
 ``kvledger.contracts.sizing``): ``max_running + pre_alloc`` rows after a reserved row 0, and a Mamba
 pool raised to cover every row. Both sides share the model (the same weights) and the page size.
 """
@@ -9,6 +12,7 @@ pool raised to cover every row. Both sides share the model (the same weights) an
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from kvledger.contracts.errors import InvalidArgument, SizeOutOfRange
 from kvledger.contracts.mamba_track import ping_pong_size
@@ -20,6 +24,7 @@ from kvledger.reference.disagg.prefill import PrefillScheduler
 from kvledger.reference.disagg.system import PDSystem
 from kvledger.reference.engine import EngineSpec, build_parts
 from kvledger.reference.pools import MetadataBufferPool
+from kvledger.reference.radix import MambaRadixCache, RadixCache
 
 _SHARED = ("page_size", "hybrid", "mamba_layers", "model", "vocab_size", "eos_token_id", "max_context_len")
 
@@ -36,6 +41,9 @@ class PDSpec:
     decode_metadata_slots: Size | None = None  # None: one per decode row
     reserved_decode_tokens: Count = 4
     channel: ChannelConfig = field(default_factory=ChannelConfig)
+    # A radix cache on the decode instance (SGLang PR #19746; for hybrids #32732): pre-allocation matches
+    # the prompt's KV there and only the rest is transferred. Off by default, as in SGLang.
+    decode_radix_cache: bool = False
 
     def __post_init__(self) -> None:
         check_fields(self)  # engine specs, channel config, sizes (ints within their bounds) by annotation
@@ -46,7 +54,16 @@ class PDSpec:
                     f" {getattr(self.prefill, name)!r} != {getattr(self.decode, name)!r}"
                 )
         if self.decode.tree != "none":
-            raise InvalidArgument("PD: the decode instance has no radix cache (tree='none')")
+            raise InvalidArgument(
+                "PD: the decode engine spec takes no tree (tree='none'): its radix cache is"
+                " PDSpec.decode_radix_cache"
+            )
+        if self.decode_radix_cache and self.decode.hybrid and self.decode.page_size != 1:
+            # The decode captures no state, so its Mamba tree caches a finished request's working slot, at
+            # token granularity (V1's rule); above page 1 that would need V2's tracked states on decode.
+            raise InvalidArgument(
+                f"PD: the decode radix cache of a hybrid model needs page_size 1, got {self.decode.page_size}"
+            )
         sizes = self.derived_sizes()
         for name, value in sizes.items():
             if value > MAX_SIZE:
@@ -89,6 +106,8 @@ def build_pd(spec: PDSpec) -> PDSystem:
     d = build_parts(replace(spec.decode, rows=rows, mamba_slots=mamba, reserved_rows=1, name_prefix="decode."))
     p_meta = MetadataBufferPool(p_slots, name="prefill.metadata")
     d_meta = MetadataBufferPool(d_slots, name="decode.metadata")
+    if spec.decode_radix_cache:
+        d.tree = decode_tree(d.kv_allocator, d.mamba_pool)
     note = getattr(d.runner, "note_external_writes", None)
     prefill = PrefillScheduler(
         p.config, metadata_pool=p_meta, channel=channel, kv_buffer=p.kv_buffer, **p.scheduler_kwargs()
@@ -109,3 +128,12 @@ def build_pd(spec: PDSpec) -> PDSystem:
         InstanceData(d.kv_buffer, d.mamba_pool, d_meta, note),
     )
     return PDSystem(prefill, decode, channel)
+
+
+def decode_tree(kv_allocator: Any, mamba_pool: Any) -> RadixCache | MambaRadixCache:
+    """The decode instance's radix cache: the plain one, or for a hybrid model the Mamba one without
+    tracking (no ``mamba_cache_chunk_size``: the decode captures no state; a finished request's working
+    slot is what it caches, as #32732's ``cache_finished_req`` does; page size 1, as V1's)."""
+    if mamba_pool is None:
+        return RadixCache(kv_allocator, name="decode.radix")
+    return MambaRadixCache(kv_allocator, mamba_pool, name="decode.mamba_radix")

@@ -357,8 +357,9 @@ class TransferChannel:
         """What the receiver still lacks (I-TRANSFER-ATOMIC: commit only when this is empty); open rooms."""
         room = self._open_room(room_id, "missing_components")
         missing = []
-        if room.kv_landed < room.plan_len:
-            missing.append(f"kv {room.plan_len - room.kv_landed}/{room.plan_len} positions")
+        delta = room.plan_len - room.prefix_len  # the positions the receiver's cache did not have
+        if room.kv_landed < delta:
+            missing.append(f"kv {delta - room.kv_landed}/{delta} positions")
         if room.expects_state and not room.state_landed:
             missing.append("mamba state")
         if not room.meta_landed:
@@ -376,12 +377,17 @@ class TransferChannel:
         if room.init_step is not None:
             raise InvalidState(f"room {room_id}: the receiver was already initialised")
         self._check_dst(dst)
-        if len(dst.kv_slots) != room.plan_len:
+        if not 0 <= dst.prefix_len <= room.plan_len:
+            raise InvalidArgument(
+                f"room {room_id}: dst.prefix_len {dst.prefix_len} outside the plan of {room.plan_len} positions"
+            )
+        if len(dst.kv_slots) != room.plan_len - dst.prefix_len:
             raise InvalidArgument(
                 f"room {room_id}: the decode pre-allocated {len(dst.kv_slots)} KV slots for a plan of"
-                f" {room.plan_len} positions"
+                f" {room.plan_len} positions with {dst.prefix_len} already cached"
             )
         room.init_step = room.last_progress = self.now
+        room.prefix_len = dst.prefix_len
         self._control(Component.INIT, "init", room_id, dst)
 
     def _check_dst(self, dst: DstInfo) -> None:
@@ -390,6 +396,7 @@ class TransferChannel:
         _check_id(dst.mamba_slot, "init_receiver: dst.mamba_slot", allow_none=True)
         _check_id(dst.meta_idx, "init_receiver: dst.meta_idx")
         _check_id(dst.row, "init_receiver: dst.row")
+        _check_id(dst.prefix_len, "init_receiver: dst.prefix_len")
         d = self.decode
         if d is None:
             return
@@ -504,16 +511,19 @@ class TransferChannel:
         if room.dst is None or room.sender_aborted:
             return
         dst = room.dst
+        skip = dst.prefix_len  # the sender learns the decode's cached prefix with its destination info
         for send in room.pending:
-            if send.end > send.start:
+            lo = max(send.start, skip)  # positions below the prefix are never sent (only the delta)
+            if send.end > lo:
+                cut = lo - send.start
                 self._dispatch(
                     room,
                     Component.KV,
-                    send.src_slots,
-                    dst.kv_slots[send.start : send.end],
-                    start=send.start,
+                    send.src_slots[cut:],
+                    dst.kv_slots[lo - skip : send.end - skip],
+                    start=lo,
                     end=send.end,
-                    tokens=send.tokens,
+                    tokens=send.tokens[cut:],
                 )
             room.dispatched_kv = send.end
             if send.state_src is not None and dst.mamba_slot is not None:
@@ -536,6 +546,7 @@ class TransferChannel:
             outcome, reason, life = Outcome.FAIL, f"{component.value} transfer timed out", c.message_timeout
         self._seq += 1
         msg = Message(self._seq, room.room, component, self.now, self.now + life, outcome, reason, src, dst, **span)
+        _check_delta(room, msg)  # I-PD-PREFIX-DELTA at dispatch (and again at landing)
         room.unresolved[msg.seq] = msg
         self._schedule(msg.resolve_step, "resolve", room.room, msg)
 
@@ -543,6 +554,7 @@ class TransferChannel:
         del room.unresolved[msg.seq]
         self.stats.messages[(msg.component.value, msg.outcome.value)] += 1
         if msg.outcome is Outcome.LAND:
+            _check_delta(room, msg)
             if self.before_land is not None:
                 self.before_land(msg)
             self._write(msg)
@@ -620,9 +632,21 @@ class TransferChannel:
             f"room {room_id}: bootstrapped={room.bootstrapped} sender(failure={room.sender_failure},"
             f" aborted={room.sender_aborted}, closed={room.sender_closed}, last_handed={room.last_handed},"
             f" pending={len(room.pending)}) receiver(failure={room.receiver_failure},"
-            f" closed={room.receiver_closed}, init={room.init_step}, kv={room.kv_landed}/{room.plan_len},"
+            f" closed={room.receiver_closed}, init={room.init_step},"
+            f" kv={room.kv_landed}/{room.plan_len - room.prefix_len}"
+            f"{f' (prefix {room.prefix_len} cached)' if room.prefix_len else ''},"
             f" state={room.state_landed}, meta={room.meta_landed}, drain={room.drain_requested},"
             f" ack={room.ack_received}) in flight={list(room.unresolved.values())}"
+        )
+
+
+def _check_delta(room: Room, msg: Message) -> None:
+    """I-PD-PREFIX-DELTA, when a KV message is dispatched and before it writes: nothing below the prefix the
+    decode matched in its cache (those positions' KV is the cache's, shared, maybe locked by others)."""
+    if msg.component is Component.KV and msg.start < room.prefix_len:
+        raise ContractViolation(
+            f"I-PD-PREFIX-DELTA: room {room.room}: {msg!r} would write position {msg.start}, below the"
+            f" {room.prefix_len} positions the decode matched in its cache"
         )
 
 

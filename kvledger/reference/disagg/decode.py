@@ -11,7 +11,13 @@ Queues: prealloc → transfer → waiting (prebuilt, no forward) → running, pl
 | ``RETRACTED`` | ``pd.decode.retracted`` | no pool id: KV and state in a host copy |
 | ended, writes may land | ``pd.decode.lease`` | all of the above until the sender acknowledged the drain |
 
-No radix cache (SGLang's default ``ChunkCache``). Rows are ``max_running + pre_alloc`` with row 0
+No radix cache by default (SGLang's ``ChunkCache``). With ``PDSpec.decode_radix_cache`` pre-allocation
+matches the prompt's KV in the decode's tree (for a hybrid on KV only: the state arrives by transfer, no
+copy-on-write), locks the matched node for the request's life and allocates only the rest, which is
+all the sender transmits (``DstInfo.prefix_len``); a finished request inserts what it committed (with
+its working slot, for a hybrid). The shared prefix is the tree's (``cache.protected`` while locked) in
+every queue; the lock goes with the rest of the request's holdings, a lease included (I-PD-PREFIX-LOCK,
+spec/pd.md). Rows are ``max_running + pre_alloc`` with row 0
 reserved and the Mamba pool sized to cover every row (I-SIZING). One step is SGLang's
 ``process_decode_queue`` then the decode batch: release drained leases, resume retracted requests (while
 any remains, nothing new is pre-allocated), pop pre-allocated requests (FIFO; each needs a row, a
@@ -22,7 +28,7 @@ requests into the running batch, decode.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -39,6 +45,7 @@ from kvledger.contracts.seams import seam
 from kvledger.contracts.sizing import check_decode_sizing
 from kvledger.reference.disagg import landing
 from kvledger.reference.disagg.channel import DstInfo, Poll
+from kvledger.reference.disagg.decode_cache import check_decode_prefixes
 from kvledger.reference.disagg.instance import PDScheduler
 from kvledger.reference.disagg.request import DECODE, HostCopy, PDReq
 from kvledger.reference.scheduler.request import Req, ReqState
@@ -65,12 +72,13 @@ class DecodeScheduler(PDScheduler):
         self.prebuilt_queue: list[PDReq] = []
         self.retracted_queue: list[PDReq] = []
         super().__init__(*args, **kwargs)
-        if self.tree is not None:
-            raise ContractViolation("the decode instance models SGLang's default ChunkCache: no radix cache")
+        if self.tree is not None and self.memory.tracking is not None:
+            raise ContractViolation("the decode radix cache tracks no state (its states arrive by transfer)")
         self.reserved_decode_tokens = reserved_decode_tokens
         self.mamba_slots_per_req = mamba_slots_per_req
         # Mamba V2: the ping-pong tracking slots a decode request holds besides its working slot, from
-        # pre-allocation (or resumption) to release; without a decode radix cache nothing captures into them.
+        # pre-allocation (or resumption) to release; nothing captures into them (the decode radix cache,
+        # when there is one, caches a finished request's working slot, not a tracked state).
         self.tracking_slots = tracking_slots if self.mamba_pool is not None else 0
         self.note_kv_written = note_kv_written
         check_decode_sizing(
@@ -103,11 +111,11 @@ class DecodeScheduler(PDScheduler):
             reason = "prompt + reserved decode tokens exceeds the KV pool"
         return reason
 
-    def _prealloc_need(self, length: int, reserved: int | None = None) -> int:
-        """KV for ``length`` positions in whole pages, plus the decode reservation (``reserved``, by
-        default ``reserved_decode_tokens``)."""
+    def _prealloc_need(self, length: int, reserved: int | None = None, cached: int = 0) -> int:
+        """KV for ``length`` positions in whole pages, less the ``cached`` ones (a matched prefix, whole
+        pages), plus the decode reservation (``reserved``, by default ``reserved_decode_tokens``)."""
         reserve = self.reserved_decode_tokens if reserved is None else reserved
-        return ceil_to_page(length, self.config.page_size) + reserve
+        return ceil_to_page(length, self.config.page_size) - cached + reserve
 
     # ------------------------------------------------------------------ process_decode_queue
     def before_schedule(self) -> None:
@@ -131,22 +139,34 @@ class DecodeScheduler(PDScheduler):
             ),
             default=0,
         )
-        return self.kv_allocator.available_size() - max(promised, largest)
+        # With a decode radix cache, what it could evict counts too (a full tree must not block
+        # pre-allocation forever: nothing else evicts it while no request is admitted).
+        free = self.kv_allocator.available_size() + self.memory.counters.kv_evictable()
+        return free - max(promised, largest)
 
-    def _fits(self, length: int, reserved: int | None = None) -> bool:
-        """A row, a metadata slot, the Mamba slots and ``length`` positions of KV for one more request."""
+    def _fits(self, length: int, reserved: int | None = None, cached: int = 0) -> bool:
+        """A row, a metadata slot, the Mamba slots and ``length`` positions of KV (``cached`` of them
+        already in the decode's tree) for one more request."""
         if self.req_to_token_pool.available_size() < 1 or self.metadata_pool.available_size() < 1:
             return False
-        if self.mamba_pool is not None and self.mamba_pool.available_size() < self.mamba_slots_per_req:
+        if self.mamba_pool is not None and self._states_available() < self.mamba_slots_per_req:
             return False
-        return self._prealloc_need(length, reserved) <= self._allocatable_tokens()
+        return self._prealloc_need(length, reserved, cached) <= self._allocatable_tokens()
 
-    def _allocate(self, req: PDReq, length: int, account: Any) -> torch.Tensor | None:
-        """Row, working slot, V2 tracking slots and KV for positions ``[0, length)`` (all or nothing), via the
-        scheduler's path (the tracking slots first, given back if the rest does not fit)."""
-        req.cache_protected_len = req.kv_committed_len = req.kv_allocated_len = 0
-        req.extend_input_len = length
+    def _states_available(self) -> int:
+        """Free Mamba slots, plus the unlocked states the decode's tree could evict for them."""
+        return self.memory.counters.mamba_available() + self.memory.counters.mamba_evictable()
+
+    def _allocate(self, req: PDReq, length: int, account: Any, cached: int = 0) -> torch.Tensor | None:
+        """Row, working slot, V2 tracking slots and KV for positions ``[cached, length)`` (all or nothing;
+        ``[0, cached)`` is the locked prefix the tree holds, ``req.prefix_indices``), via the scheduler's
+        path (the tracking slots first, given back if the rest does not fit)."""
+        req.cache_protected_len = req.kv_committed_len = req.kv_allocated_len = cached
+        req.extend_input_len = length - cached
         if self.tracking_slots and self.mamba_pool is not None:
+            short = self.tracking_slots - self.memory.counters.mamba_available()
+            if short > 0 and self.tree is not None and self.tree.caches_mamba:
+                self.tree.evict_mamba(short)  # unlocked states of the decode's tree make room
             track = self.mamba_pool.alloc(self.tracking_slots, req.owner)
             if track is None:
                 return None
@@ -181,19 +201,28 @@ class DecodeScheduler(PDScheduler):
         for req in list(self.prealloc_queue):
             if self.channel.receiver_status(req.bootstrap_room) is Poll.BOOTSTRAPPING:
                 continue
-            if not self._fits(len(req.origin_input_ids)) or not self._pre_alloc(req):
+            if not self._pre_alloc(req):
                 self.pd_stats.retries += 1
                 break
 
     def _pre_alloc(self, req: PDReq) -> bool:
+        """Match and lock the cached prefix (with a decode radix cache), then take a metadata slot, the
+        row, the Mamba slots and KV for the rest; on any shortage give everything back, the lock too."""
+        length = len(req.origin_input_ids)
+        cached = self.match_and_lock(req)
+        if not self._fits(length, cached=cached):
+            self.unlock_prefix(req)
+            return False
         idx = self.metadata_pool.alloc(req.owner)
         if idx is None:
+            self.unlock_prefix(req)
             return False
         req.metadata_idx = idx
-        out = self._allocate(req, len(req.origin_input_ids), PD_DECODE_TRANSFER)
+        out = self._allocate(req, length, PD_DECODE_TRANSFER, cached)
         if out is None:
             self.metadata_pool.free(idx, req.owner)
             req.metadata_idx = None
+            self.unlock_prefix(req)
             return False
         self.prealloc_queue.remove(req)
         self._enter(req, ReqState.TRANSFER, PD_DECODE_TRANSFER, "pre-allocated")
@@ -206,10 +235,44 @@ class DecodeScheduler(PDScheduler):
                 mamba_slot=None if req.mamba_pool_idx is None else int(req.mamba_pool_idx[0]),
                 meta_idx=idx,
                 row=req.req_pool_idx,
+                prefix_len=cached,
             ),
         )
         self.pd_stats.transfers_started += 1
+        self.pd_stats.prefix_hits += bool(cached)
+        self.pd_stats.prefix_tokens += cached
         return True
+
+    # ------------------------------------------------------------------ the decode radix cache
+    def match_and_lock(self, req: PDReq) -> int:
+        """The prompt's longest cached prefix in the decode's tree, locked for the request's life; returns
+        its length (0 without a tree or a match: then no lock is taken).
+
+        KV only (#32732's ``skip_mamba_match``): the request's state arrives by transfer, so the match
+        needs no state on its last node and copies none (no copy-on-write from the tree). The whole
+        prompt may match (#19746 allows a full hit: then only the state and the metadata travel).
+        """
+        if self.tree is None:
+            return 0
+        key, tree = req.origin_input_ids, self.tree
+        # ``match_prefix_kv`` is the reference MambaRadixCache's (the builder's decode tree), not the protocol's.
+        res = cast(Any, tree).match_prefix_kv(key) if tree.caches_mamba else tree.match_prefix(key)
+        cached = int(res.device_indices.numel())
+        if cached == 0:
+            return 0
+        req.prefix_indices = res.device_indices
+        req.last_node = res.last_node
+        req.lock = self.tree.inc_lock_ref(res.last_node)
+        return cached
+
+    def unlock_prefix(self, req: PDReq) -> None:
+        """Pre-allocation gave up: give back the lock ``match_and_lock`` took (the request stays queued)."""
+        if req.lock is not None:
+            assert self.tree is not None
+            self.tree.dec_lock_ref(req.lock)
+            req.lock = None
+        req.prefix_indices = req.last_node = None
+        req.cache_protected_len = req.kv_committed_len = req.kv_allocated_len = 0
 
     def pop_transferred(self) -> None:
         """Commit transferred requests; abort failed ones (released, or leased while writes may land)."""
@@ -318,6 +381,11 @@ class DecodeScheduler(PDScheduler):
             self._enter(req, ReqState.PREBUILT, PD_DECODE_WAITING, "resumed from host")
             self.prebuilt_queue.append(req)
             self.pd_stats.resumes += 1
+
+    def _check_step(self) -> None:
+        if self.accounting.enabled:
+            check_decode_prefixes(self)  # I-PD-PREFIX-LOCK
+        super()._check_step()
 
     # ------------------------------------------------------------------ writer lease
     @seam

@@ -40,6 +40,8 @@ class PDStats:
     transfers_succeeded: int = 0
     failures: Counter[str] = field(default_factory=Counter)  # room failures seen here (remote aborts too), by reason
     retries: int = 0  # a ready queue entry had to wait a step for a row, a slot or memory
+    prefix_hits: int = 0  # decode radix cache: pre-allocations that matched a cached prefix
+    prefix_tokens: int = 0  # ... and the positions they did not need transferred
     resumes: int = 0  # decode: retracted requests brought back from their host copy
     aborts_by_stage: Counter[str] = field(default_factory=Counter)  # state at abort -> count
     leases: int = 0

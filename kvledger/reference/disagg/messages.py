@@ -107,10 +107,13 @@ class ChannelConfig:
 class DstInfo:
     """The decode's pre-allocation, as sent to the prefill (SGLang ``kv_receiver.init``)."""
 
-    kv_slots: list[int]  # token slots for positions [0, plan_len)
+    kv_slots: list[int]  # token slots for positions [prefix_len, plan_len)
     mamba_slot: int | None
     meta_idx: int
     row: int
+    # Positions [0, prefix_len) the decode already holds (its radix cache matched them, SGLang's
+    # ``decode_prefix_len``): the sender transmits only the rest. Whole pages; 0 without a decode cache.
+    prefix_len: int = 0
 
 
 @dataclass
@@ -171,6 +174,7 @@ class Room:
     receiver_closed: bool = False
     expects_state: bool = False
     init_step: int | None = None
+    prefix_len: int = 0  # positions the receiver matched in its cache: never written, never awaited
     last_progress: int = 0
     kv_landed: int = 0
     landed_positions: bytearray = field(default_factory=bytearray)

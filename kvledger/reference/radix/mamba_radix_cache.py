@@ -238,6 +238,21 @@ class MambaRadixCache(RadixTreeBase):
             branching = branching_seqlen(matched, int(value.numel()), self.mamba_cache_chunk_size)
         return MatchResult(value, last, slot, branching)
 
+    @ensure(
+        lambda self, result: tree_checks.check_path_recency(self.root, result.last_node),
+        "I-LRU-ORDER: after a match every node on the path is more recent than its parent",
+    )
+    def match_prefix_kv(self, key: Sequence[int]) -> MatchResult:
+        """The longest cached page-aligned KV prefix of ``key``, whatever states its nodes hold (SGLang's
+        ``skip_mamba_match``, used by a PD decode instance whose states arrive by transfer).
+
+        No copy-on-write and no state touched: the returned node may be a tombstone, and a lock on it then
+        protects the KV only (``LockRef.took_mamba`` is False).
+        """
+        _, nodes = self._match_key(key)
+        self._touch_path(nodes)
+        return MatchResult(self._concat(nodes), nodes[-1] if nodes else self.root)
+
     def _best_prefix(self, nodes: Sequence[TreeNode]) -> int:
         """How many nodes of the matched path to keep: up to the deepest one with a state."""
         n = len(nodes)

@@ -100,6 +100,53 @@ AREA = Area(
             notes="The machine found the FIFO stop of the prealloc queue keeping failed entries queued.",
         ),
         Invariant(
+            id="I-PD-PREFIX-LOCK",
+            title="a decode request locks its cached prefix exactly while it may use it",
+            statement=(
+                "With the decode radix cache, a decode request that matched a prefix at pre-allocation holds"
+                " exactly one live lock, on the node its prefix ends at, from pre-allocation through the"
+                " transfer, prebuilt and running queues and a lease after an abort until its release; the"
+                " prefix's KV is owned by tree nodes in `cache.protected`, never by the request. A request in"
+                " the prealloc or retracted queue holds no lock and no cached prefix. Every live lock of the"
+                " decode tree belongs to one such request, so each is released exactly once and the prefix is"
+                " never freed while locked."
+            ),
+            severity=Severity.BUG,
+            origin=Origin.SGLANG,
+            parts=("pd-decode", "radix-cache", "kv-token-pool", "kv-page-pool"),
+            upstream=(
+                "SGLang PR #19746 (decode radix cache: lock the matched prefix for the request's life)",
+                "SGLang PR #32732 (hybrids: skip the Mamba match, no copy-on-write)",
+                "SGLang PR #35049 (deferred release of an aborted request until the ack)",
+                "SGLang PR #26218 review (the decode's lock not recorded on the request, so never released)",
+            ),
+            checks=(
+                contract("kvledger/reference/disagg/decode_cache.py:check_decode_prefixes", "after every step"),
+                contract(f"{DECODE}:DecodeScheduler.match_and_lock"),
+                contract(f"{DECODE}:DecodeScheduler.unlock_prefix", "pre-allocation gave up"),
+            ),
+            exercised_by=(MACHINE, MODEL_MACHINE),
+        ),
+        Invariant(
+            id="I-PD-PREFIX-DELTA",
+            title="a transfer writes only what the decode's cache did not have",
+            statement=(
+                "The decode's pre-allocation tells the sender how many leading positions its radix cache"
+                " matched (`DstInfo.prefix_len`, SGLang's `decode_prefix_len`, whole pages); no KV message"
+                " writes a position below it (that KV is the tree's, shared with other requests), and the"
+                " commit waits for exactly the positions above it."
+            ),
+            severity=Severity.BUG,
+            origin=Origin.SGLANG,
+            parts=("pd-decode", "pd-channel", "radix-cache"),
+            upstream=("SGLang PR #19746", "SGLang PR #24230 (out_cache_loc slicing when pre_len > 0)"),
+            checks=(
+                contract(f"{CHANNEL}:_check_delta", "at every KV dispatch and before every KV landing"),
+                contract(f"{CHANNEL}:TransferChannel.missing_components", "the delta's positions only"),
+            ),
+            exercised_by=(MACHINE, MODEL_MACHINE),
+        ),
+        Invariant(
             id="I-SIZING",
             title="the decode pools cover every row",
             statement=(
