@@ -242,7 +242,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @initialize(setup=setups(), faults=fault_swarms, spec=spec_draws)
     def init(self, setup: EngineSpec, faults: list[str], spec: SpecDraw | None = None) -> None:
-        # the hash tokens, with data tags in every state and KV slot (not under speculative decoding yet)
+        # the hash tokens, with data tags in every state and KV slot (the verify forward writes them too)
         setup = with_data_tags(speculative_setup(setup, spec))
         self.setup = setup
         self.faults = frozenset(faults)
