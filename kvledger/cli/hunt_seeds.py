@@ -2,8 +2,9 @@
 
 Every target (an exhibit, or a machine run clean) is hunted at N consecutive seeds from ``--seed``, each
 stopped at its first failing example. The table (or ``--json``) gives, per target, in how many seeds it
-was found within ``--budget``, in how many the invariant that fired is one the exhibit lists, the median
-examples and seconds to the first failing example over the seeds that found it, the slowest, and the
+was found within ``--budget`` (wall seconds, or with ``--cpu-budget`` CPU seconds of the hunting
+process), in how many the invariant that fired is one the exhibit lists, the median examples, wall
+seconds and CPU seconds to the first failing example over the seeds that found it, the slowest, and the
 invariants. Exit status: 0 when every exhibit was found at every seed (a clean run: nothing found at any
 seed), 1 otherwise.
 """
@@ -40,7 +41,8 @@ def run_seeds(ns: argparse.Namespace, targets: list[tuple[Any, str | None]], pro
 
             def on_seed(run: SeedRun, label: str = label) -> None:
                 verdict = (
-                    f"found {run.invariant} in {run.seconds:.1f} s ({run.examples} examples)"
+                    f"found {run.invariant} in {run.seconds:.1f} s, {run.cpu_seconds:.1f} CPU s"
+                    f" ({run.examples} examples)"
                     if run.found
                     else f"not found ({run.examples} examples)"
                 )
@@ -55,12 +57,14 @@ def run_seeds(ns: argparse.Namespace, targets: list[tuple[Any, str | None]], pro
                     max_batches=ns.batches,
                     on_start=on_start,
                     on_seed=on_seed,
+                    cpu_budget=ns.cpu_budget,
                 )
             )
     load_end = load_average()
     if ns.json:
         doc = {
             "budget_s": ns.budget,
+            "budget_clock": "cpu" if ns.cpu_budget else "wall",
             "batches": ns.batches,
             "seeds": seeds,
             "load_average_start": load_start,
@@ -69,7 +73,7 @@ def run_seeds(ns: argparse.Namespace, targets: list[tuple[Any, str | None]], pro
         }
         print(json.dumps(doc, indent=1))
     else:
-        _table(detections, seeds, ns.budget, ns.batches, load_start, load_end)
+        _table(detections, seeds, ns.budget, ns.batches, load_start, load_end, ns.cpu_budget)
     every_run = [run for d in detections for run in d.runs]
     if not ns.all and not ns.exhibit:  # a clean run
         return 1 if any(run.found for run in every_run) else 0
@@ -87,11 +91,13 @@ def _table(
     batches: int | None,
     load_start: Any,
     load_end: Any,
+    cpu_budget: bool = False,
 ) -> None:
     from rich.table import Table
 
     loads = "" if load_start is None else f", load average {load_start:.1f} -> {load_end:.1f}"
-    bound = f"budget {budget:g} s" + ("" if batches is None else f" or {batches} batches of 8 examples")
+    clock = "CPU s" if cpu_budget else "s"
+    bound = f"budget {budget:g} {clock}" + ("" if batches is None else f" or {batches} batches of 8 examples")
     title = f"kvledger hunt: detection over seeds {seeds[0]}..{seeds[-1]}, {bound}{loads}"
     table = Table(title=title)
     for col in (
@@ -102,6 +108,8 @@ def _table(
         "median examples",
         "median s",
         "max s",
+        "median CPU s",
+        "max CPU s",
         "invariants",
     ):
         table.add_column(col, overflow="fold" if col in ("exhibit", "invariants") else "ellipsis")
@@ -115,6 +123,8 @@ def _table(
             _number(d.median_examples, "g"),
             _number(d.median_seconds, ".1f"),
             _number(d.max_seconds, ".1f"),
+            _number(d.median_cpu_seconds, ".1f"),
+            _number(d.max_cpu_seconds, ".1f"),
             " ".join(d.invariants) or "-",
         )
     console().print(table)

@@ -440,7 +440,8 @@ EXHIBITS: tuple[Exhibit, ...] = (
             "holding a rejected draft's state, later cached for a prefix the request never committed. "
             "PR #35821 clamps the step to the accepted length."
         ),
-        breaks=("I-TRACK-POINT", "I-SPEC-STATE"),
+        # I-DATA-STATE: the machines' data tags see the rejected draft's state in the recorded tracking half
+        breaks=("I-TRACK-POINT", "I-SPEC-STATE", "I-DATA-STATE"),
     ),
 )
 

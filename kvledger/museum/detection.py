@@ -7,8 +7,10 @@ script, so a measurement costs the time to find and nothing after it. Per exhibi
 the seeds found within the budget, the median examples and seconds to the first failing example over
 those seeds, the slowest, and the invariants that fired (each checked against the exhibit's list).
 
-Examples are the figure that does not depend on the machine's load; seconds do (the JSON carries the
-load average at the start and the end of the measurement).
+Examples are the figure that does not depend on the machine's load; wall seconds do (the JSON carries
+the load average at the start and the end of the measurement). CPU seconds of the hunting process are
+reported alongside, and the budget may be counted in them (``cpu_budget``): on a machine shared with
+other work they stay close to what the hunt costs alone.
 """
 
 from __future__ import annotations
@@ -33,10 +35,14 @@ class SeedRun:
     examples: int  # examples started up to the first failing one (all of them when not found)
     invariant: str | None
     expected: bool | None  # the invariant is one the exhibit lists (None: a clean run)
+    cpu_seconds: float = 0.0  # the hunting process's CPU seconds, to the same point
 
     @classmethod
     def of(cls, seed: int, result: HuntResult) -> SeedRun:
-        return cls(seed, result.found, result.seconds, result.examples, result.invariant, result.expected)
+        return cls(
+            seed, result.found, result.seconds, result.examples, result.invariant, result.expected,
+            result.cpu_seconds,
+        )  # fmt: skip
 
 
 @dataclass
@@ -71,6 +77,16 @@ class Detection:
         return statistics.median(found) if found else None
 
     @property
+    def median_cpu_seconds(self) -> float | None:
+        found = self._found("cpu_seconds")
+        return statistics.median(found) if found else None
+
+    @property
+    def max_cpu_seconds(self) -> float | None:
+        found = self._found("cpu_seconds")
+        return max(found) if found else None
+
+    @property
     def max_seconds(self) -> float | None:
         found = self._found("seconds")
         return max(found) if found else None
@@ -90,6 +106,8 @@ class Detection:
             "median_examples": self.median_examples,
             "median_seconds": self.median_seconds,
             "max_seconds": self.max_seconds,
+            "median_cpu_seconds": self.median_cpu_seconds,
+            "max_cpu_seconds": self.max_cpu_seconds,
             "invariants": self.invariants,
             "runs": [vars(r) for r in self.runs],
         }
@@ -117,6 +135,7 @@ def detect(
     max_batches: int | None = None,
     on_start: Callable[[int], Callable[[int], None]] = lambda seed: lambda n: None,
     on_seed: Callable[[SeedRun], None] = lambda run: None,
+    cpu_budget: bool = False,
 ) -> Detection:
     """Hunt ``exhibit`` (or run ``machine`` clean) once per seed, each stopped at its first failing example.
     ``on_start(seed)`` is called as a seed's hunt starts and returns what is called with the examples
@@ -135,6 +154,7 @@ def detect(
             verify=False,
             on_example=on_example,
             shrink=False,
+            cpu_budget=cpu_budget,
         )
         run = SeedRun.of(seed, result)
         runs.append(run)

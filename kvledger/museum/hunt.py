@@ -71,6 +71,7 @@ class HuntResult:
     repro_verified: bool | None  # ``python repro.py`` failed naming the same invariant
     message: str = ""
     steps: list[str] = field(default_factory=list)
+    cpu_seconds: float = 0.0  # the hunting process's CPU seconds to the first failing example (or all)
 
     def as_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -81,17 +82,30 @@ class HuntResult:
 class _Clock:
     """Shared between the hunt and the machine subclass it runs: deadlines and counts."""
 
-    def __init__(self, budget: float, shrink: float, on_example: Callable[[int], None]) -> None:
+    def __init__(
+        self, budget: float, shrink: float, on_example: Callable[[int], None], cpu_budget: bool = False
+    ) -> None:
         self.start = time.monotonic()
-        self.deadline = self.start + budget
+        self.cpu_start = time.process_time()
+        # The budget's clock: wall seconds, or (``cpu_budget``) the CPU seconds of this process, which a
+        # machine shared with other work does not inflate.
+        self.budget_clock = time.process_time if cpu_budget else time.monotonic
+        self.deadline = self.budget_clock() + budget
         self.shrink = shrink
         self.examples = 0
         self.first_failure: float | None = None
+        self.first_failure_cpu: float | None = None
         self.on_example = on_example
+
+    def failed(self) -> None:
+        """Record the first failing example's time, on both clocks (later calls change nothing)."""
+        if self.first_failure is None:
+            self.first_failure = time.monotonic()
+            self.first_failure_cpu = time.process_time()
 
     def out_of_time(self) -> bool:
         """The generation budget is spent (shrinking is bounded by Hypothesis's own deadline, set below)."""
-        return self.first_failure is None and time.monotonic() > self.deadline
+        return self.first_failure is None and self.budget_clock() > self.deadline
 
 
 def _is_failure(exc: BaseException | None) -> bool:
@@ -114,8 +128,7 @@ def _hunting(base: type[RuleBasedStateMachine], clock: _Clock, seed: int) -> typ
     def teardown(self: Any) -> None:
         failing = _is_failure(sys.exc_info()[1])
         if failing:  # a check already fired: the drain would only add a later, secondary violation
-            if clock.first_failure is None:
-                clock.first_failure = time.monotonic()
+            clock.failed()
             return
         try:
             base.teardown(self)
@@ -123,8 +136,8 @@ def _hunting(base: type[RuleBasedStateMachine], clock: _Clock, seed: int) -> typ
             failing = _is_failure(exc)
             raise
         finally:
-            if failing and clock.first_failure is None:
-                clock.first_failure = time.monotonic()
+            if failing:
+                clock.failed()
 
     cls = type(base.__name__, (base,), {"__init__": __init__, "teardown": teardown})
     cls._hypothesis_internal_use_seed = seed  # type: ignore[attr-defined]
@@ -382,15 +395,18 @@ def hunt(
     minimize_seconds: float = 20.0,
     on_example: Callable[[int], None] = lambda n: None,
     shrink: bool = True,
+    cpu_budget: bool = False,
 ) -> HuntResult:
     """Hunt one exhibit (or, with ``exhibit=None``, run clean) with its machine for ``budget`` seconds, or
     for ``max_batches`` batches of ``BATCH_EXAMPLES`` examples (a bound that does not depend on the
     clock: with a fixed seed the hunt is then deterministic, which is what a test may assert).
     ``shrink=False`` stops at the first failing example (no shrink, no step deletion): what a detection
-    measurement (:mod:`.detection`) needs, at a fraction of the cost."""
+    measurement (:mod:`.detection`) needs, at a fraction of the cost. ``cpu_budget`` counts ``budget`` in
+    CPU seconds of this process instead of wall seconds (a shared machine inflates the latter); either
+    way the result gives both."""
     name = machine or (exhibit.machine if exhibit else "scheduler")
     base = machine_class(name)
-    clock = _Clock(budget, shrink_seconds, on_example)
+    clock = _Clock(budget, shrink_seconds, on_example, cpu_budget)
     report: list[str] = []
     failure: BaseException | None = None
     batch = 0
@@ -409,12 +425,17 @@ def hunt(
                 if failure is not exc:
                     report.clear()  # the printed examples are of every failure; the chosen one's are its notes
     end = time.monotonic()
+    end_cpu = time.process_time()
     label = exhibit.id if exhibit else "(clean)"
     if failure is not None and clock.first_failure is None and isinstance(failure, HypothesisException):
         failure = None  # Hypothesis's own complaint (the deadline's rejections mid-batch), not a finding
     if failure is None:
-        return HuntResult(label, name, False, end - clock.start, 0.0, clock.examples, None, None, None, None, None)
+        return HuntResult(
+            label, name, False, end - clock.start, 0.0, clock.examples, None, None, None, None, None,
+            cpu_seconds=end_cpu - clock.cpu_start,
+        )  # fmt: skip
     first = clock.first_failure or end
+    first_cpu = clock.first_failure_cpu or end_cpu
     inv = invariant_of(failure)
     steps = _steps(report, failure, base.__name__)
     if steps and shrink and minimize_seconds > 0:
@@ -435,6 +456,7 @@ def hunt(
         repro_verified=None,
         message=_headline(failure),
         steps=steps,
+        cpu_seconds=first_cpu - clock.cpu_start,
     )
     if out_dir is not None and steps:
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -79,11 +79,6 @@ class EngineSpec:
                 f"EngineSpec.checks full needs a process started at full ({switch.LEVEL_ENV_VAR}=full);"
                 f" this one runs at {switch.LEVEL.label} (icontract's decorators are applied at import)"
             )
-        if self.model == "hash-tags" and self.speculative is not None:
-            raise InvalidArgument(
-                "EngineSpec: model 'hash-tags' does not follow the speculative verify (it writes no tags there);"
-                " use model 'hash' or 'tiny-hybrid' with speculative decoding"
-            )
         if self.kv_tokens < self.page_size:
             raise InvalidArgument(
                 f"EngineSpec: kv_tokens {self.kv_tokens} is less than one page of {self.page_size}"

@@ -219,16 +219,17 @@ def hunt_with(bug: tuple[type, str, Any], machine: str, batches: int, oracle: bo
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "bug",
+    ("bug", "batches"),
     [
-        pytest.param((MambaRadixCache, "_copy_state", cow_in_the_wrong_direction), id="cow-backwards"),
-        pytest.param((MambaTracking, "keep_idx", the_other_ping_pong_half), id="wrong-ping-pong-half"),
+        pytest.param((MambaRadixCache, "_copy_state", cow_in_the_wrong_direction), 3, id="cow-backwards"),
+        # 6 batches since the follow-up arrivals joined the draws (found at 43 examples, seed 0)
+        pytest.param((MambaTracking, "keep_idx", the_other_ping_pong_half), 6, id="wrong-ping-pong-half"),
     ],
 )
-def test_the_scheduler_hunt_finds_a_content_bug_the_counts_miss(bug: tuple[type, str, Any]) -> None:
-    found = hunt_with(bug, "scheduler", batches=3)
+def test_the_scheduler_hunt_finds_a_content_bug_the_counts_miss(bug: tuple[type, str, Any], batches: int) -> None:
+    found = hunt_with(bug, "scheduler", batches=batches)
     assert found.found and found.invariant == "I-DATA-STATE", found.message
-    missed = hunt_with(bug, "scheduler", batches=3, oracle=False)
+    missed = hunt_with(bug, "scheduler", batches=batches, oracle=False)
     assert not missed.found, missed.message  # the same examples, without tags: nothing to see
 
 

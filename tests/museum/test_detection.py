@@ -32,7 +32,8 @@ def test_the_summary_counts_finds_and_takes_medians_over_the_seeds_that_found() 
     assert (d.median_examples, d.median_seconds, d.max_seconds) == (7, 2.0, 4.0)
     assert d.invariants == ["I-COUNT", "I-EXCLUSIVE"]
     assert d.as_json()["runs"][1] == {
-        "seed": 1, "found": False, "seconds": 60.0, "examples": 900, "invariant": None, "expected": None
+        "seed": 1, "found": False, "seconds": 60.0, "examples": 900, "invariant": None, "expected": None,
+        "cpu_seconds": 0.0,
     }  # fmt: skip
     nothing = Detection("(clean)", "cache", 60.0, [SeedRun(5, False, 60.0, 100, None, None)])
     assert nothing.median_examples is None and nothing.max_seconds is None and nothing.invariants == []
@@ -66,3 +67,27 @@ def test_the_command_reports_per_exhibit_as_json_and_a_table(tmp_path: Path) -> 
     table = kvledger("hunt", "--machine", "cache", "--seeds", "1", "--batches", "1", see_imports=False)
     assert table.returncode == 0, table.stderr[-2000:]  # a clean run that found nothing
     assert "detection over seeds 0..0" in table.stdout and "0/1" in table.stdout
+
+
+def test_cpu_seconds_are_summarised_like_wall_seconds() -> None:
+    runs = [SeedRun(0, True, 9.0, 7, "I-COUNT", True, 3.0), SeedRun(1, True, 20.0, 9, "I-COUNT", True, 5.0)]
+    d = Detection("B1", "scheduler", 60.0, runs)
+    assert (d.median_cpu_seconds, d.max_cpu_seconds) == (4.0, 5.0)
+    assert d.as_json()["median_cpu_seconds"] == 4.0
+
+
+@needs_contracts
+def test_a_cpu_budget_bounds_the_hunt_by_this_processs_cpu_seconds() -> None:
+    """A budget of 0.5 CPU seconds stops a clean hunt after a few examples; the result gives the CPU
+    seconds spent, which a CPU budget keeps near it (one example's overrun at most)."""
+    d = detect(None, [0], machine="cache", budget=0.5, max_batches=50, cpu_budget=True)
+    (run,) = d.runs
+    assert not run.found and 0 < run.examples < 50 * 8
+    assert 0.5 <= run.cpu_seconds < 0.5 + 30
+    done = kvledger(
+        "hunt", "--machine", "cache", "--seeds", "1", "--budget", "0.5", "--cpu-budget", "--json",
+        see_imports=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    doc = json.loads(done.stdout)
+    assert doc["budget_clock"] == "cpu" and doc["results"][0]["runs"][0]["cpu_seconds"] >= 0.5

@@ -33,11 +33,14 @@ REQUIRED = {
 # seed 2, at the same rate of one seed in five), so a single seed would test the luck of one stream.
 CI_BATCHES = 8
 CI_SEEDS = 5
-# B5 and B7 are rare under every draw set measured (1 seed in 5 within 64 examples); with the speculative
-# draws added they were found at none of seeds 0..4 in CI_BATCHES, so the deep hunt keeps them.
+# B5 and B7 (an aborted waiting request keeps its copy-on-write slot) are rare: the follow-up arrivals and
+# the abort aimed at the waiting queue (issue 25) bring them to 2 seeds in 5 within CI_BATCHES (seeds 0
+# and 3, 26 and 43 examples; they were at none of seeds 0..4 once the speculative draws joined).
+# Re-measured on the final machines (spec/museum.md, "On the final machines"): every exhibit below is first
+# found within CI_BATCHES at seed 0; B2, vLLM-prediction and B16-spec joined (16, 7 and 60 examples).
 CI_HUNT = [
-    "B1", "B4", "#16067", "B8", "B9", "B11", "B14", "B16", "B17", "B21", "vLLM-oversize", "N1", "N4",
-    "N4-reader", "N5", "N6a", "N9",
+    "B1", "B2", "B4", "B5", "#16067", "B7", "B8", "B9", "B11", "B14", "B16", "B17", "B21", "vLLM-prediction",
+    "vLLM-oversize", "N1", "N4", "N4-reader", "N5", "N6a", "N9", "B16-spec",
 ]  # fmt: skip
 DEEP_BATCHES = 250  # 2000 examples
 NOT_FOUND: dict[str, str] = {}  # exhibit id -> why the deep hunt cannot find it (a strict xfail)

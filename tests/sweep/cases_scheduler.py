@@ -442,12 +442,6 @@ SPEC: list[Row] = [
     ),
     Row(DEGENERATE, "chunk 0", "InvalidArgument", lambda s: Spec(chunk=0)),
     Row(
-        DEGENERATE,
-        "the tagged hash runner under speculative decoding",
-        "InvalidArgument",
-        lambda s: Spec(model="hash-tags", speculative=SpeculativeConfig()),
-    ),
-    Row(
         OUT_OF_RANGE,
         "an eos_token_id outside the vocabulary",
         "InvalidArgument",

@@ -242,7 +242,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @initialize(setup=setups(), faults=fault_swarms, spec=spec_draws)
     def init(self, setup: EngineSpec, faults: list[str], spec: SpecDraw | None = None) -> None:
-        # the hash tokens, with data tags in every state and KV slot (not under speculative decoding yet)
+        # the hash tokens, with data tags in every state and KV slot (the verify forward writes them too)
         setup = with_data_tags(speculative_setup(setup, spec))
         self.setup = setup
         self.faults = frozenset(faults)
@@ -289,6 +289,26 @@ class SchedulerMachine(RuleBasedStateMachine):
         for i in range(n):
             self.add(FAMILIES[family] + suffix + [i], max_new)
 
+    @precondition(lambda self: bool(self.sched.requests))
+    @rule(
+        pick=st.integers(0, 63),
+        suffix=st.lists(st.integers(0, 99), max_size=8),
+        max_new=st.integers(1, 12),
+        copies=st.integers(1, 3),
+    )
+    def arrive_follow_up(self, pick: int, suffix: list[int], max_new: int, copies: int) -> None:
+        """A conversation's next turn: an earlier request's prompt and the output it has so far, then new
+        tokens (none: the same prompt sent again), one to three at once. Its prefix is cached whenever the
+        earlier turn's was kept, so the match lands on a node with a state: a waiting request holding a
+        copy-on-write slot, the state every rule (an abort, a retraction, the next admission) can then
+        meet. Uniform arrivals rarely extend a whole earlier prompt."""
+        reqs = [self.sched.requests[rid] for rid in sorted(self.sched.requests)]
+        earlier = reqs[pick % len(reqs)]
+        prompt = earlier.origin_input_ids + earlier.output_ids + suffix
+        event("follow-up arrival")
+        for _ in range(copies):
+            self.add(prompt, max_new)
+
     def add(self, prompt: list[int], max_new: int) -> None:
         req = self.sched.add_request(self.next_rid, prompt, max_new)
         self.next_rid += 1
@@ -314,6 +334,17 @@ class SchedulerMachine(RuleBasedStateMachine):
         reqs = (self.sched.requests[rid] for rid in sorted(self.sched.requests))
         _, req = pick_by_stage(reqs, lambda r: stage_of(self.sched, r), stage, pick)
         self.abort_request(req)
+
+    @precondition(lambda self: bool(self.sched.waiting))
+    @rule(pick=st.integers(0, 63), sweep=st.booleans())
+    def abort_waiting(self, pick: int, sweep: bool) -> None:
+        """An abort aimed at the waiting queue: one waiting request, or (``sweep``) every one, as a queue
+        timeout or a queue-length limit ends them. The waiting queue is where a request may hold ids it
+        was never admitted with (a matched prefix's copy-on-write slot); the stage-drawn abort meets it
+        only as one stage among the others."""
+        waiting = list(self.sched.waiting)
+        for req in waiting if sweep else [waiting[pick % len(waiting)]]:
+            self.abort_request(req)
 
     def abort_request(self, req: Any) -> None:
         was_done = req.state.is_done

@@ -13,6 +13,14 @@ does (so the output oracle is unchanged), and on every forward it also moves dat
 * with a KV buffer, it reads the K/V its requests attend to, through their ``req_to_token`` rows, and
   checks that position ``p`` holds the tag of the prefix up to ``p`` (I-DATA-KV), then writes the tags of
   the new positions at ``out_cache_loc``.
+* under speculative decoding it is also the verify forward (:meth:`TaggingHashRunner.verify_drafts`,
+  what ``SpecDecoding.verify`` calls): the same reads and checks at the verify's data-plane start, the
+  KV of every verified position written with the tag of the *drafted* prefix (the last token, then the
+  drafts, the rejected ones included: their positions hold a rejected draft's tag, which no later read
+  may trust), the working state put back to the tag of the accepted prefix (a real runner restores the
+  state kept aside after the last kept token), and the Mamba V2 capture the scheduler will record written
+  from the drafted prefix at the length ``SpecDecoding.track_seqlen`` names (so a capture at a rejected
+  position holds a rejected draft's tag, and the machine's check of the keep half sees it).
 
 The machines check the rest after every rule (every cached state, tracking slot and host copy:
 ``kvledger.museum.machines.data_oracle``). The cost is a few tensor operations per forward and a fold of
@@ -31,7 +39,7 @@ from kvledger import kernels
 from kvledger.contracts.data_tags import HALF_BITS, HALF_MASK, PrefixTags, decode
 from kvledger.contracts.errors import ContractViolation, InvalidArgument
 from kvledger.reference.scheduler.request import Req
-from kvledger.reference.scheduler.runner import HashTokenRunner
+from kvledger.reference.scheduler.runner import HashTokenRunner, hash_next_token
 
 
 def _component(leads: np.ndarray, lengths: np.ndarray, width: int) -> np.ndarray:
@@ -135,6 +143,17 @@ def kv_rows(tags: Sequence[int], positions: Sequence[int]) -> tuple[torch.Tensor
     return torch.from_numpy(conv).unsqueeze(1), torch.from_numpy(temporal).unsqueeze(1)
 
 
+def _accepted(targets: list[int], drafts: list[int], eos: int | None) -> list[int]:
+    """The kept tokens of a verify: the drafts equal to the target's tokens, in order, then the target's
+    own next token (the bonus), cut at an end-of-sequence token."""
+    out: list[int] = []
+    for j, tok in enumerate(targets):
+        out.append(tok)
+        if tok == eos or j >= len(drafts) or drafts[j] != tok:
+            break
+    return out
+
+
 class TaggingHashRunner(HashTokenRunner):
     """The hash runner that also writes, and checks on read, the data tags of states and KV."""
 
@@ -172,10 +191,77 @@ class TaggingHashRunner(HashTokenRunner):
             self._advance_states(reqs, starts, ends, tags)
         return out
 
-    # ------------------------------------------------------------------ Mamba states
-    def _advance_states(
-        self, reqs: Sequence[Req], starts: list[int], ends: list[int], tags: list[list[int]]
+    # ------------------------------------------------------------------ the speculative verify
+    def verify_drafts(
+        self, reqs: Sequence[Req], plan: Any, out_cache_loc: torch.Tensor, spec: Any
+    ) -> list[list[int]]:
+        """The verify forward over ``plan.num_positions`` positions per request from ``plan.starts`` (the
+        last token, then the drafts): returns the kept tokens (the accepted drafts and the bonus token, as
+        ``SpecDecoding``'s hash verify), and moves the data a model's verify moves (module docstring)."""
+        n = plan.num_positions
+        kept: list[list[int]] = []
+        tags: list[list[int]] = []
+        for req, start, drawn in zip(reqs, plan.starts, plan.drawn, strict=True):
+            drafted, targets = self._draft(req.context_ids(), start, n, drawn)
+            kept.append(_accepted(targets, drafted[start + 1 :], plan.eos))
+            tags.append(self.prefix_tags.extend(self.prefix_tags.tags(drafted[:start]), drafted[start:]))
+        starts = list(plan.starts)
+        if self.kv_buffer is not None and self.req_to_token_pool is not None:
+            self._check_kv_reads(reqs, starts, tags)
+            self._write_kv(starts, [s + n for s in starts], tags, out_cache_loc)
+        if self.mamba_pool is not None:
+            self._verify_states(reqs, starts, tags, [len(k) for k in kept], spec)
+        return kept
+
+    def _draft(self, context: list[int], start: int, n: int, drawn: int) -> tuple[list[int], list[int]]:
+        """The drafted sequence (``context`` then ``n - 1`` drafts) and the target's token after each of
+        the ``n`` verified positions: the drafter agrees with the target for ``drawn`` drafts, then
+        proposes another token (as the tiny model's verify does)."""
+        if len(context) != start + 1:
+            raise ContractViolation(
+                f"I-DATA-STATE: a verify planned from {start} tokens for a context of {len(context)}"
+                " (the data plane's start is every token but the last)"
+            )
+        drafted = list(context)
+        targets: list[int] = []
+        for j in range(n):
+            tok = hash_next_token(drafted, self.vocab_size)
+            targets.append(tok)
+            if j + 1 < n:
+                drafted.append(tok if j < drawn else (tok + 1) % self.vocab_size)
+        return drafted, targets
+
+    def _verify_states(
+        self, reqs: Sequence[Req], starts: list[int], tags: list[list[int]], kept: list[int], spec: Any
     ) -> None:
+        """Check the working states at the verify's start, then write each the accepted prefix's state
+        (start + kept tokens) and carry out the V2 capture the scheduler will record."""
+        having = self._check_working_states(reqs, starts, tags)
+        tracking = spec.s.memory.tracking
+        slots: list[int] = []
+        write_tags: list[int] = []
+        lengths: list[int] = []
+        for i in having:
+            req, start = reqs[i], starts[i]
+            slots.append(int(req.mamba_pool_idx.reshape(-1)[0]))  # type: ignore[union-attr]
+            write_tags.append(tags[i][start + kept[i]])
+            lengths.append(start + kept[i])
+            pp = req.mamba_ping_pong_track_buffer
+            if tracking is None or pp is None:
+                continue
+            drafted_end = len(tags[i]) - 1
+            at = spec.track_seqlen(start, start + kept[i], drafted_end, tracking.interval)
+            if at is None or not start < at <= drafted_end:
+                continue
+            slots.append(int(pp[req.mamba_next_track_idx]))
+            write_tags.append(tags[i][at])
+            lengths.append(at)
+        write_states(self.mamba_pool, slots, write_tags, lengths)
+
+    # ------------------------------------------------------------------ Mamba states
+    def _check_working_states(self, reqs: Sequence[Req], starts: list[int], tags: list[list[int]]) -> list[int]:
+        """I-DATA-STATE at a forward's start: each request's working state is its prefix's up to where the
+        forward starts. Returns the indices of the requests that hold a working slot."""
         slots = [int(r.mamba_pool_idx.reshape(-1)[0]) for r in reqs if r.mamba_pool_idx is not None]
         having = [i for i, r in enumerate(reqs) if r.mamba_pool_idx is not None]
         begun = [starts[i] for i in having]
@@ -187,7 +273,13 @@ class TaggingHashRunner(HashTokenRunner):
                 f" Mamba state is not the state of its first {starts[i]} tokens: "
                 + describe_state(self.mamba_pool, slots[bad[0]], tags[i])
             )
-        write_slots = list(slots)
+        return having
+
+    def _advance_states(
+        self, reqs: Sequence[Req], starts: list[int], ends: list[int], tags: list[list[int]]
+    ) -> None:
+        having = self._check_working_states(reqs, starts, tags)
+        write_slots = [int(reqs[i].mamba_pool_idx.reshape(-1)[0]) for i in having]  # type: ignore[union-attr]
         write_tags = [tags[i][ends[i]] for i in having]
         write_lengths = [ends[i] for i in having]
         for i in having:
