@@ -180,6 +180,11 @@ def _engine_problem(ns: argparse.Namespace) -> str | None:
             " states per token and needs --page-size 1; use --mamba-strategy extra_buffer, or add --no-mamba"
             " or --no-radix-cache"
         )
+    if mamba_tree and ns.mamba_strategy == "no_buffer" and ns.speculative and ns.overlap:
+        return (
+            "--speculative with --overlap and the Mamba radix cache in no_buffer (V1) mode: V1 would cache a"
+            " working state an in-flight verify already moved; use --mamba-strategy extra_buffer or drop --overlap"
+        )
     if mamba_tree and ns.mamba_strategy == "extra_buffer":
         problem = _extra_buffer_problem(ns)
         if problem is not None:

@@ -95,6 +95,17 @@ class EngineSpec:
             raise InvalidArgument(
                 "the Mamba radix cache in V1 (no_buffer) caches states at token granularity: page_size must be 1"
             )
+        v1_tree = self.tree == "mamba_radix" and self.mamba_strategy == "no_buffer"
+        if self.speculative is not None and self.overlap and v1_tree:
+            # A verify launched before the previous batch's results moves the working state to its accepted
+            # prefix while kv_committed_len waits for those results; V1 caches the working state itself (a
+            # chunk's fork, a finish's adoption), so it would cache a state of more tokens than its node
+            # (found by the data tags, spec/speculative.md). SGLang runs V1 without the overlap scheduler
+            # and speculative decoding on extra_buffer only.
+            raise InvalidArgument(
+                "EngineSpec: speculative decoding with the overlap scheduler needs the Mamba radix cache in"
+                " extra_buffer (V2) mode: V1 (no_buffer) would cache a working state an in-flight verify moved"
+            )
         if self.tree == "mamba_radix" and not self.hybrid:
             raise InvalidArgument("the Mamba radix cache needs a Mamba pool (hybrid=True)")
         if self.model == "tiny-hybrid" and not self.hybrid:

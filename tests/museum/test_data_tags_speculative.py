@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from kvledger.contracts.errors import ContractViolation
-from kvledger.museum.machines.data_oracle import check_scheduler_data, with_data_tags
+from kvledger.contracts.errors import ContractViolation, InvalidArgument
+from kvledger.museum.machines.data_oracle import check_scheduler_data
 from kvledger.reference.engine import EngineSpec, build_engine
 from kvledger.reference.scheduler import Scheduler
 from kvledger.reference.scheduler.spec_config import SpeculativeConfig
@@ -114,20 +114,33 @@ def test_a_rejected_drafts_kv_position_holds_that_drafts_tag_and_is_never_truste
     check_scheduler_data(sched)
 
 
+def test_v1_with_overlap_under_speculative_decoding_is_refused() -> None:
+    with pytest.raises(InvalidArgument, match="extra_buffer"):
+        EngineSpec(
+            overlap=True,
+            mamba_strategy="no_buffer",
+            speculative=SpeculativeConfig(num_steps=3, topk=1, num_draft_tokens=4),
+        )
+
+
 @pytest.mark.fires("I-DATA-STATE")
-def test_the_v1_tree_with_overlap_caches_a_state_the_inflight_verify_moved() -> None:
-    """The finding that keeps this combination untagged in the machines (``with_data_tags``): a verify
-    launched before the prefill's results moves the working state past the committed length, and V1's
-    ``cache_unfinished`` forks it for the prompt's node. When the reference fixes this, this test fails:
-    lift the exception then."""
+def test_why_v1_with_overlap_is_refused_under_speculative_decoding() -> None:
+    """The refusal's reason, found by these tags: a verify launched before the previous batch's results
+    moves the working state to its accepted prefix while ``kv_committed_len`` waits for those results, and
+    V1 caches the working state itself (a chunk's fork, a finish's adoption): a state of more tokens than
+    its node. Shown by stepping around ``EngineSpec``'s refusal for this one engine."""
     spec = EngineSpec(
-        model="hash",
-        overlap=True,
+        model="hash-tags",
+        kv_tokens=256,
+        mamba_slots=10,
+        chunk=8,
         mamba_strategy="no_buffer",
         speculative=SpeculativeConfig(num_steps=3, topk=1, num_draft_tokens=4),
     )
-    assert with_data_tags(spec) is spec
-    sched = speculative_engine("hash-tags", mamba_strategy="no_buffer", overlap=True)
+    object.__setattr__(spec, "overlap", True)  # past __post_init__, which refuses this combination
+    sched = build_engine(spec)
+    assert sched.speculative is not None and sched.config.overlap
+    sched.speculative.draw.scripted([0, 1, 3, 2])
     with pytest.raises(ContractViolation, match=r"I-DATA-STATE: tree Node#\d+.* should hold the state"):
         run_checked(sched)
 

@@ -17,7 +17,7 @@ from kvledger.reference.scheduler.spec_config import RowTooNarrow, SpeculativeCo
 CONFIGS = [
     # page, overlap, strategy, topk
     (1, False, "no_buffer", 1),
-    (1, True, "no_buffer", 2),
+    (1, True, "extra_buffer", 2),  # V1 with overlap is refused under speculative decoding (EngineSpec)
     (1, False, "extra_buffer", 1),
     (1, True, "extra_buffer", 1),
     (16, False, "extra_buffer", 2),
@@ -103,7 +103,7 @@ def test_over_allocation_then_the_tail_returns_in_the_same_step() -> None:
 
 
 def test_overlap_keeps_one_verify_for_the_batch_in_flight() -> None:
-    s = engine(1, True, "no_buffer", 1)
+    s = engine(1, True, "extra_buffer", 1)
     assert s.speculative is not None
     s.speculative.draw.scripted([1])
     s.add_request(0, list(range(10)), 20)

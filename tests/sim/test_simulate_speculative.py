@@ -80,6 +80,10 @@ def test_bad_combinations_are_one_line_and_status_2() -> None:
             ["--speculative", "3", "--overlap", "--mamba-track-interval", "6"],
             "two consecutive verifies could both capture into one tracking half; use >= 8",
         ),
+        (
+            ["--speculative", "3", "--overlap", "--mamba-strategy", "no_buffer"],
+            "V1 would cache a working state an in-flight verify already moved",
+        ),
         (["--speculative", "-1"], "argument --speculative: must be >= 0, got -1"),
         (["--speculative", "3", "--speculative-accept-rate", "1.5"], "--speculative-accept-rate"),
     ]

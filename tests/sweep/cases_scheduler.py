@@ -442,6 +442,12 @@ SPEC: list[Row] = [
     ),
     Row(DEGENERATE, "chunk 0", "InvalidArgument", lambda s: Spec(chunk=0)),
     Row(
+        WRONG_STATE,
+        "speculative decoding under overlap with the Mamba tree in V1",
+        "InvalidArgument",
+        lambda s: Spec(overlap=True, mamba_strategy="no_buffer", speculative=SpeculativeConfig()),
+    ),
+    Row(
         OUT_OF_RANGE,
         "an eos_token_id outside the vocabulary",
         "InvalidArgument",

@@ -54,26 +54,11 @@ _HOLDING = frozenset(
 
 def with_data_tags(spec: EngineSpec) -> EngineSpec:
     """``spec`` on the tagged hash runner (unchanged when it runs another model); speculative decoding
-    included: the tagged runner is also the verify forward.
-
-    One exception, a finding of these tags: the V1 Mamba tree with overlap under speculative decoding. A
-    verify launched before the previous batch's results moves the working state to its accepted prefix
-    while ``kv_committed_len`` waits for those results, and the V1 path then caches the working state at
-    the committed length (a prefill's ``cache_unfinished`` fork, a finish's adoption): a state of more
-    tokens than its node. Until the reference settles what V1 caches there (spec/museum.md, "Data tags
-    through the verify"), that combination runs untagged (its counts still checked)."""
-    if spec.model != "hash" or _v1_overlap_speculative(spec):
+    included: the tagged runner is also the verify forward. (The one combination these tags found wrong,
+    the V1 Mamba tree under overlap with speculative decoding, is refused by ``EngineSpec``.)"""
+    if spec.model != "hash":
         return spec
     return replace(spec, model=DATA_MODEL)
-
-
-def _v1_overlap_speculative(spec: EngineSpec) -> bool:
-    return (
-        spec.speculative is not None
-        and spec.overlap
-        and spec.tree == "mamba_radix"
-        and spec.mamba_strategy == "no_buffer"
-    )
 
 
 def with_data_tags_pd(spec: Any) -> Any:

@@ -216,10 +216,13 @@ spec_draws: st.SearchStrategy[SpecDraw | None] = st.one_of(
 def speculative_setup(setup: EngineSpec, drawn: SpecDraw | None) -> EngineSpec:
     """``setup`` with the drawn speculative configuration, fitted to it: ``num_draft_tokens`` within the
     tree, and under Mamba V2 with overlap few enough steps that two consecutive verifies cannot both
-    capture (the configuration's rule); none when even one step is too many."""
+    capture (the configuration's rule); none when even one step is too many, or under V1 with overlap
+    (which ``EngineSpec`` refuses)."""
     if drawn is None:
         return setup
     steps, topk, extra, _ = drawn
+    if setup.overlap and setup.tree == "mamba_radix" and setup.mamba_strategy == "no_buffer":
+        return setup  # refused by EngineSpec: V1 under overlap would cache a state a verify moved
     if setup.mamba_strategy == "extra_buffer" and setup.tree == "mamba_radix" and setup.overlap:
         steps = min(steps, setup.mamba_track_interval // 2 - 1)
         if steps < 1:
