@@ -33,6 +33,7 @@ from kvledger.reference.model.runner import TinyHybridRunner
 from kvledger.reference.model.state_oracle import prefix_state
 from kvledger.reference.model.tiny_hybrid import compute_mode
 from kvledger.reference.scheduler.request import Req
+from kvledger.reference.scheduler.spec_config import kept_tokens
 
 _LAYER = 0
 
@@ -68,21 +69,10 @@ class SpeculativeTinyRunner(TinyHybridRunner):
             for i, req in enumerate(reqs):
                 if drafts[i]:
                     del req.pending_output_ids[-len(drafts[i]) :]
-        kept = [self._kept(targets[i], drafts[i], plan.eos) for i in range(len(reqs))]
+        kept = [kept_tokens(targets[i], drafts[i], plan.eos) for i in range(len(reqs))]
         self._restore(reqs, mslots, snaps, [len(k) for k in kept])
         self._capture_accepted(reqs, starts, snaps, [len(k) for k in kept], n, spec)
         return kept
-
-    @staticmethod
-    def _kept(targets: list[int], drafts: list[int], eos: int | None) -> list[int]:
-        """The accepted drafts (the longest prefix equal to the target's tokens) and the bonus token, cut at an
-        end-of-sequence token."""
-        out: list[int] = []
-        for j, tok in enumerate(targets):
-            out.append(tok)
-            if tok == eos or j >= len(drafts) or drafts[j] != tok:
-                break
-        return out
 
     def _state_of(self, mslots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         pool = self.mamba_pool

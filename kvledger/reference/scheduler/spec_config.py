@@ -97,3 +97,15 @@ class SpeculativeConfig:
         the reserve plus a partly filled page (PR #26972)."""
         page_size, overlap = _check_layout(page_size, overlap)
         return footprint.row_headroom(self.num_steps, self.topk, self.num_draft_tokens, page_size, overlap)
+
+
+def kept_tokens(targets: list[int], drafts: list[int], eos: int | None) -> list[int]:
+    """What one verify keeps: the drafts equal to the target's tokens, in order (the longest agreeing
+    prefix), then the target's own next token (the bonus), cut at an end-of-sequence token. Shared by the
+    verify forwards that compute the target's tokens (the tiny model's and the tagged hash runner's)."""
+    out: list[int] = []
+    for j, tok in enumerate(targets):
+        out.append(tok)
+        if tok == eos or j >= len(drafts) or drafts[j] != tok:
+            break
+    return out

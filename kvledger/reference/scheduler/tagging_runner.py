@@ -40,6 +40,7 @@ from kvledger.contracts.data_tags import HALF_BITS, HALF_MASK, PrefixTags, decod
 from kvledger.contracts.errors import ContractViolation, InvalidArgument
 from kvledger.reference.scheduler.request import Req
 from kvledger.reference.scheduler.runner import HashTokenRunner, hash_next_token
+from kvledger.reference.scheduler.spec_config import kept_tokens
 
 
 def _component(leads: np.ndarray, lengths: np.ndarray, width: int) -> np.ndarray:
@@ -143,17 +144,6 @@ def kv_rows(tags: Sequence[int], positions: Sequence[int]) -> tuple[torch.Tensor
     return torch.from_numpy(conv).unsqueeze(1), torch.from_numpy(temporal).unsqueeze(1)
 
 
-def _accepted(targets: list[int], drafts: list[int], eos: int | None) -> list[int]:
-    """The kept tokens of a verify: the drafts equal to the target's tokens, in order, then the target's
-    own next token (the bonus), cut at an end-of-sequence token."""
-    out: list[int] = []
-    for j, tok in enumerate(targets):
-        out.append(tok)
-        if tok == eos or j >= len(drafts) or drafts[j] != tok:
-            break
-    return out
-
-
 class TaggingHashRunner(HashTokenRunner):
     """The hash runner that also writes, and checks on read, the data tags of states and KV."""
 
@@ -203,7 +193,7 @@ class TaggingHashRunner(HashTokenRunner):
         tags: list[list[int]] = []
         for req, start, drawn in zip(reqs, plan.starts, plan.drawn, strict=True):
             drafted, targets = self._draft(req.context_ids(), start, n, drawn)
-            kept.append(_accepted(targets, drafted[start + 1 :], plan.eos))
+            kept.append(kept_tokens(targets, drafted[start + 1 :], plan.eos))
             tags.append(self.prefix_tags.extend(self.prefix_tags.tags(drafted[:start]), drafted[start:]))
         starts = list(plan.starts)
         if self.kv_buffer is not None and self.req_to_token_pool is not None:
