@@ -8,28 +8,23 @@ SGLang defers to the forward pass is made here with ``MambaPool.copy_from``), fi
 donated to the tree), abort, extra locks, locks taken on tombstones, revival of tombstones by an insert
 that ends there, KV and state evictions, matches. Each holder (request or extra lock) is its own owner.
 
-Run it in a process that loads 0.5.20 (``KVLEDGER_SGLANG_RELEASE_DIR``):
-``python -m kvledger.engines.sglang.drive_mamba [EXAMPLES]`` prints one JSON line: the first violation
-Hypothesis found (after shrinking) and the steps that lead to it, or ``null``.
+Run it with :mod:`.drive_run` in a process that loads the release (``KVLEDGER_SGLANG_RELEASE_DIR``):
+``python -m kvledger.engines.sglang.drive_run [EXAMPLES] [STEPS] [--tree=mamba|unified|requests]``.
 """
 
 from __future__ import annotations
 
-import json
-import sys
 import types
 from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
     precondition,
     rule,
-    run_state_machine_as_test,
 )
 
 from kvledger.engines.sglang import build
@@ -289,23 +284,6 @@ class SGLangUnifiedMambaMachine(SGLangMambaMachine):
     TREE = "unified"
 
 
-MACHINES: dict[str, type[SGLangMambaMachine]] = {
-    "mamba": SGLangMambaMachine,
-    "unified": SGLangUnifiedMambaMachine,
-}
-TREES = (*MACHINES, "requests")
-"""``--tree`` values: ``requests`` is :class:`.drive_requests.SGLangRequestMachine` (the Unified tree
-driven with SGLang's ``Req`` objects too), imported on first use."""
-
-
-def machine(tree: str) -> type[SGLangMambaMachine]:
-    if tree == "requests":
-        from kvledger.engines.sglang.drive_requests import SGLangRequestMachine
-
-        return SGLangRequestMachine
-    return MACHINES[tree]
-
-
 FOUND_0520: tuple[str, ...] = (
     "state.setup(pool_pages=6, slots=3)",
     "state.admit(draw=([0, 0], None, 0), keep=False)",
@@ -349,71 +327,3 @@ B14_UNLOCK: tuple[str, ...] = (
 :data:`FOUND_0511`): holder A locks the tombstone ``[0]``, a revival gives it a state, holder B locks it
 (taking the state lock), A unlocks. 0.5.11's release re-reads the node's state and releases B's state
 lock (I-LOCK-SYMMETRY, at the unlock); 0.5.12 honours the lock's skip record (``skip_lock_node_ids``)."""
-
-
-def replay(calls: tuple[str, ...] = FOUND_0520, tree: str = "mamba") -> str | None:
-    """Run the rule calls Hypothesis printed; the first line of the violation they hit, or None."""
-    from kvledger.contracts.errors import ContractViolation
-
-    state = machine(tree)()
-    try:
-        for call in calls:
-            eval(call, {"state": state})  # the machine's own rule calls, as Hypothesis printed them
-    except ContractViolation as exc:
-        return (str(exc).splitlines() or [""])[0]
-    finally:
-        state.teardown()
-    return None
-
-
-def hunt(examples: int, steps: int = 40, tree: str = "mamba") -> dict[str, Any]:
-    """Run the machine; the first violation found (shrunk) and the steps Hypothesis printed, or None."""
-    import io
-    from contextlib import redirect_stdout
-
-    load()
-    buf = io.StringIO()
-    try:
-        with redirect_stdout(buf):
-            run_state_machine_as_test(
-                machine(tree),
-                settings=settings(
-                    max_examples=examples, stateful_step_count=steps, deadline=None, derandomize=True,
-                    suppress_health_check=list(HealthCheck), print_blob=False, report_multiple_bugs=False,
-                ),
-            )  # fmt: skip
-    except Exception as exc:  # the violation (or a crash of SGLang's own assertions): report it
-        text = buf.getvalue().splitlines() + list(getattr(exc, "__notes__", []))
-        calls = [
-            line.strip()
-            for line in text
-            if line.strip().startswith("state.") and not line.strip().startswith("state.teardown(")
-        ]
-        first = (str(exc).splitlines() or [""])[0]
-        return {"found": f"{type(exc).__name__}: {first}", "steps": calls}
-    return {"found": None, "steps": []}
-
-
-def main() -> None:
-    args = [a for a in sys.argv[1:] if not a.startswith("--tree=")]
-    tree = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--tree=")), "mamba")
-    if tree not in TREES:
-        print(f"drive_mamba: --tree must be one of {sorted(TREES)}", file=sys.stderr)
-        raise SystemExit(2)
-    examples = int(args[0]) if args else 200
-    steps = int(args[1]) if len(args) > 1 else 40
-    print(
-        json.dumps(
-            {
-                "version": load().version,
-                "tree": tree,
-                "examples": examples,
-                "steps_per_example": steps,
-                **hunt(examples, steps, tree),
-            }
-        )
-    )
-
-
-if __name__ == "__main__":
-    main()

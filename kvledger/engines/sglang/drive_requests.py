@@ -313,10 +313,3 @@ retracted; ``cache_finished_req(req, is_insert=False)`` frees the ping-pong slot
 ``free_mamba_cache`` and leaves ``req.mamba_ping_pong_track_buffer`` naming them: I-HANDLE-OWNED when
 the release returns. 0.5.13's ``free_mamba_cache`` clears the handle (PR #26941) and runs the same budget
 clean."""
-
-
-def replay(calls: tuple[str, ...] = FOUND_0512) -> str | None:
-    """Run the rule calls Hypothesis printed on this machine; the violation's first line, or None."""
-    from kvledger.engines.sglang.drive_mamba import replay as replay_calls
-
-    return replay_calls(calls, "requests")

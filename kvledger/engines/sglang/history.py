@@ -30,7 +30,7 @@ class HistoricalBug:
     what: str
     has_it: str  # the last release with the bug
     fixed_in: str  # the first release without it
-    tree: str  # drive_mamba.MACHINES key
+    tree: str  # drive_run.MACHINES key
     examples: int  # the hunt's budget (examples of `steps` rule calls)
     steps: int
     found: str  # the replay constant in `module` (the shrunk rule calls)
@@ -95,7 +95,7 @@ def hunt_in(
 ) -> dict[str, Any]:
     """The machine's hunt in ``version`` (a subprocess): ``found`` (the first violation, shrunk) and ``steps``."""
     n = bug.examples if examples is None else examples
-    args = ["-m", "kvledger.engines.sglang.drive_mamba", str(n), str(bug.steps), f"--tree={bug.tree}"]
+    args = ["-m", "kvledger.engines.sglang.drive_run", str(n), str(bug.steps), f"--tree={bug.tree}"]
     return _run(version, args, timeout)
 
 
@@ -105,7 +105,7 @@ def replay_in(
     """Replay rule calls (``bug.found``, the hunt's shrunk ones, unless ``calls`` names another constant of
     ``bug.module``) in ``version`` (a subprocess): ``{"version", "found"}``."""
     code = (
-        "import json; from kvledger.engines.sglang import drive_mamba as d, loader; loader.load();"
+        "import json; from kvledger.engines.sglang import drive_run as d, loader; loader.load();"
         f" from kvledger.engines.sglang import {bug.module} as m;"
         f" print(json.dumps({{'version': loader.load().version,"
         f" 'found': d.replay(m.{calls or bug.found}, {bug.tree!r})}}))"

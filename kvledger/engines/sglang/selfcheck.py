@@ -87,7 +87,7 @@ def main() -> None:
     if sgl.has_mamba_radix_cache:
         report["mamba_radix_cache"] = mamba_radix_cache_round()
         report["lock_symmetry"] = lock_symmetry_round()
-        from kvledger.engines.sglang.drive_mamba import replay
+        from kvledger.engines.sglang.drive_run import replay
 
         report["machine_found"] = replay()
     print(json.dumps(report))
