@@ -352,6 +352,17 @@ class Ledger:
         mv, top = self._mv, len(self._mv)
         return all(type(i) is int and 0 <= i < top and mv[i] == code for i in ids)
 
+    def held_mask(self, ids: np.ndarray, owner: Owner) -> np.ndarray:
+        """Per id of an int64 array (any values), whether ``owner`` holds it: one gather, False for ids
+        outside the table (I-ROW-WRITE's look at the overwritten cells of a row)."""
+        code = self._codes.get(owner)
+        out = np.zeros(ids.shape, dtype=bool)
+        if code is None:
+            return out
+        inside = (ids >= 0) & (ids < len(self._own))
+        out[inside] = self._own[ids[inside]] == code
+        return out
+
     def all_held_each(self, ids: Any, owners: Sequence[Owner]) -> bool:
         """Whether ``ids[i]`` is held by ``owners[i]`` for every i (vectorised)."""
         a = as_id_array(ids)
@@ -1100,6 +1111,9 @@ class NullLedger:
 
     def owner_of(self, slot: int) -> Owner | None:
         return None
+
+    def held_mask(self, ids: np.ndarray, owner: Owner) -> np.ndarray:
+        return np.zeros(ids.shape, dtype=bool)
 
     # Queries answer "nothing recorded": callers check ``enabled`` before trusting them.
     def count(self, account: Account) -> int:

@@ -49,8 +49,7 @@ class RowWriteGuard:
         end = start + len(values)
         stop = min(end, int(self.filled[row]))
         if stop > start:
-            kept = set(values.tolist())
-            self._check(row, list(zip(range(start, stop), table[row, start:stop].tolist(), strict=True)), kept)
+            self._check(row, start, table[row, start:stop], values)
         if end > self._marks[row]:
             self._marks[row] = end
 
@@ -63,33 +62,39 @@ class RowWriteGuard:
             p = np.asarray(positions, dtype=np.int64)
             over = p < self.filled[r]
             if over.any():
-                for row, pos, value in zip(r[over].tolist(), p[over].tolist(), values[over].tolist(), strict=True):
-                    self._check(row, [(pos, int(table[row, pos]))], {value})
+                for row, pos, k in zip(r[over].tolist(), p[over].tolist(), np.flatnonzero(over).tolist(), strict=True):
+                    self._check(row, pos, table[row, pos : pos + 1], values[k : k + 1])
             self.filled[r] = np.maximum(self.filled[r], p + 1)
             return
         marks = self._marks
         again = [k for k, (row, pos) in enumerate(zip(rows, positions, strict=True)) if pos < marks[row]]
         if again:  # a position the owner wrote before: checked first, nothing recorded if it is refused
-            vals = values.tolist()
             for k in again:
                 row, pos = rows[k], positions[k]
-                self._check(row, [(pos, int(table[row, pos]))], {vals[k]})
+                self._check(row, pos, table[row, pos : pos + 1], values[k : k + 1])
         for row, pos in zip(rows, positions, strict=True):
             if pos >= marks[row]:
                 marks[row] = pos + 1
 
-    def _check(self, row: int, cells: list[tuple[int, int]], written: set[int]) -> None:
-        """Refuse the write if an overwritten cell holds an id the row's owner owns and the write does not
-        put back somewhere in the span (``written``): that id would be lost."""
+    def _check(self, row: int, start: int, slots: np.ndarray, written: np.ndarray) -> None:
+        """Refuse the write if an overwritten cell (``slots``, the row's cells from position ``start``)
+        holds an id the row's owner owns and the write does not put back somewhere in the span
+        (``written``): that id would be lost. One gather of the owner codes of the overwritten slots;
+        only cells the owner holds are looked at one by one."""
         owner = self.row_ledger.owner_of(row)
         kv_ledger = self.kv_allocator.ledger
         if owner is None or not kv_ledger.held_count(owner):
             return  # the row's owner holds no KV: no overwritten id can be its own
         page = self.kv_allocator.page_size
+        slots = slots.astype(np.int64)
+        mine = np.flatnonzero(kv_ledger.held_mask(slots // page if page > 1 else slots, owner) & (slots != 0))
+        if not mine.size:
+            return
+        kept = set(written.tolist())
         owned = [
-            (pos, slot)
-            for pos, slot in cells
-            if slot and slot not in written and kv_ledger.owner_of(slot // page) is owner
+            (start + k, slot)
+            for k, slot in zip(mine.tolist(), slots[mine].tolist(), strict=True)
+            if slot not in kept
         ]
         if owned:
             ids = sorted({slot // page for _, slot in owned})
