@@ -391,10 +391,11 @@ class IdFreeList:
         """``ids`` as a host array or a short list of ints; ``tensor`` the caller's, if any. ``held``: the
         caller's ``ledger.require_held_by`` just confirmed ``owner`` holds them (the owner table then only
         records the move; a ledger checks it again)."""
-        move = self.ledger.move_held if held else self.ledger.transfer
         n = len(ids)
         if n == 0:
             return
+        if self._ledger_on:
+            move = self.ledger.move_held if held else self.ledger.transfer
         hook = self.on_release
         if self.pending is not None:
             a = np.asarray(ids, dtype=np.int64)
