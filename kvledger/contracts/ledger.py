@@ -568,11 +568,10 @@ class Ledger:
             self.observer.moved(self, a, src, dst, op)
         self._check_count(op)
 
-    def move_held(self, ids: Any, owner: Owner, dst: Owner, op: str) -> None:
-        """The move of ids :meth:`require_held_by` has just confirmed ``owner`` holds, in the same call of
-        the same pool (which also refused repeats): a :class:`Ledger` checks it again, as every move (the
-        ``ledger`` level promises that); the :class:`OwnerTable` only records it."""
-        self.transfer(ids, owner, dst, op)
+    # The move of ids require_held_by has just confirmed ``owner`` holds, in the same call of the same pool
+    # (which also refused repeats): a Ledger checks it again, as every move (the ``ledger`` level promises
+    # that), so it is ``transfer`` itself, no extra call; the OwnerTable only records it.
+    move_held = transfer
 
     def give_back(self, ids: list[int], owner: Owner, dst: Owner, op: str) -> None:
         """A pool's release of a few ids (Python ints, validated against the pool's own state): the
