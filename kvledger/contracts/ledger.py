@@ -352,6 +352,17 @@ class Ledger:
         mv, top = self._mv, len(self._mv)
         return all(type(i) is int and 0 <= i < top and mv[i] == code for i in ids)
 
+    def held_mask(self, ids: np.ndarray, owner: Owner) -> np.ndarray:
+        """Per id of an int64 array (any values), whether ``owner`` holds it: one gather, False for ids
+        outside the table (I-ROW-WRITE's look at the overwritten cells of a row)."""
+        code = self._codes.get(owner)
+        out = np.zeros(ids.shape, dtype=bool)
+        if code is None:
+            return out
+        inside = (ids >= 0) & (ids < len(self._own))
+        out[inside] = self._own[ids[inside]] == code
+        return out
+
     def all_held_each(self, ids: Any, owners: Sequence[Owner]) -> bool:
         """Whether ``ids[i]`` is held by ``owners[i]`` for every i (vectorised)."""
         a = as_id_array(ids)
@@ -556,6 +567,11 @@ class Ledger:
         if self.observer is not None:
             self.observer.moved(self, a, src, dst, op)
         self._check_count(op)
+
+    # The move of ids require_held_by has just confirmed ``owner`` holds, in the same call of the same pool
+    # (which also refused repeats): a Ledger checks it again, as every move (the ``ledger`` level promises
+    # that), so it is ``transfer`` itself, no extra call; the OwnerTable only records it.
+    move_held = transfer
 
     def give_back(self, ids: list[int], owner: Owner, dst: Owner, op: str) -> None:
         """A pool's release of a few ids (Python ints, validated against the pool's own state): the
@@ -911,8 +927,50 @@ class OwnerTable(Ledger):
             self.observer.moved(self, a, src, dst, op)
 
     def give_back(self, ids: list[int], owner: Owner, dst: Owner, op: str) -> None:
+        # One pass: ``transfer``'s check of a few ints is require_held_by's; any doubt (the check fails,
+        # or the ids are not a short list of in-range ints) re-runs require_held_by for ForeignSlot.
+        codes = self._codes
+        code = codes.get(owner)
+        if code is not None and type(ids) is list and 0 < len(ids) <= SMALL_MOVE:
+            mv, top = self._mv, len(self._mv)
+            if all(type(i) is int and 0 <= i < top and mv[i] == code for i in ids) and (
+                len(ids) == 1 or len(set(ids)) == len(ids)
+            ):
+                if dst is not owner:
+                    dst_code = codes.get(dst) or self._code_of(dst)
+                    for i in ids:
+                        mv[i] = dst_code
+                    self._moved(owner, code, dst, dst_code, len(ids))
+                if self.observer is not None:
+                    self.observer.moved(self, np.asarray(ids, dtype=np.int64), owner, dst, op)
+                return
         self.require_held_by(ids, owner, op)
         self.transfer(ids, owner, dst, op)
+
+    def move_held(self, ids: Any, owner: Owner, dst: Owner, op: str) -> None:
+        # require_held_by passed in this same call (and the pool refused repeats): only record the move.
+        code = self._codes.get(owner)
+        if code is None or dst is owner:
+            self.transfer(ids, owner, dst, op)
+            return
+        if type(ids) is list:
+            n = len(ids)
+            if n == 0:
+                return
+            dst_code = self._codes.get(dst) or self._code_of(dst)
+            mv = self._mv
+            for i in ids:
+                mv[i] = dst_code
+        else:
+            a = as_id_array(ids)
+            n = a.size
+            if n == 0:
+                return
+            dst_code = self._codes.get(dst) or self._code_of(dst)
+            self._own[a] = dst_code
+        self._moved(owner, code, dst, dst_code, n)
+        if self.observer is not None:
+            self.observer.moved(self, as_id_array(ids), owner, dst, op)
 
     def _moved(self, src: Owner, src_code: int, dst: Owner, dst_code: int, n: int) -> None:
         held = self._held
@@ -959,13 +1017,24 @@ class OwnerTable(Ledger):
             self.observer.moved(self, a, src, list(dsts), op)
 
     def _hand_out(self, a: np.ndarray, dsts: Sequence[Owner]) -> None:
-        mv, get, held, count = self._mv, self._codes.get, self._held, self._count
-        for i, d in zip(a.tolist(), dsts, strict=True):
-            c = get(d) or self._code_of(d)
+        get = self._codes.get
+        found = list(map(get, dsts))
+        codes: list[int] = (
+            [c if c is not None else self._code_of(d) for c, d in zip(found, dsts, strict=True)]
+            if None in found  # an owner's first id in this pool: register it
+            else found  # type: ignore[assignment]  # no None in it
+        )
+        mv, held, count = self._mv, self._held, self._count
+        for i, c in zip(a.tolist(), codes, strict=True):
             mv[i] = c
             held[c] += 1
-            count[d._account] += 1
+        account = dsts[0]._account
         n = len(dsts)
+        if all(d._account is account for d in dsts):  # a decode batch: every request running
+            count[account] += n
+        else:
+            for d in dsts:
+                count[d._account] += 1
         held[FREE_CODE] -= n
         count[FREE] -= n
 
@@ -1027,6 +1096,9 @@ class NullLedger:
     def give_back(self, ids: list[int], owner: Owner, dst: Owner, op: str) -> None:
         return None
 
+    def move_held(self, ids: Any, owner: Owner, dst: Owner, op: str) -> None:
+        return None
+
     def require_held_by(self, ids: Any, owner: Owner, op: str, *, distinct: bool = False) -> None:
         return None
 
@@ -1038,6 +1110,9 @@ class NullLedger:
 
     def owner_of(self, slot: int) -> Owner | None:
         return None
+
+    def held_mask(self, ids: np.ndarray, owner: Owner) -> np.ndarray:
+        return np.zeros(ids.shape, dtype=bool)
 
     # Queries answer "nothing recorded": callers check ``enabled`` before trusting them.
     def count(self, account: Account) -> int:

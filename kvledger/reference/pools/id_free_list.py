@@ -306,7 +306,7 @@ class IdFreeList:
                 self._push_free(a)
                 return
             self.check_release(a, owner, op, unit)
-            self._release(a, ids, owner, op)
+            self._release(a, ids, owner, op, held=self._ledger_on)
             return
         st, first, last = self._state_bytes, self.first, self.last
         if n == 1:
@@ -328,7 +328,7 @@ class IdFreeList:
                 self._push_free(lst)
                 return
             self.ledger.require_held_by(lst, owner, op)
-        self._release(lst, ids, owner, op)
+        self._release(lst, ids, owner, op, held=self._ledger_on)
 
     def release_if_clean(self, a: np.ndarray, owner: Owner, op: str = "free") -> bool:
         """Release int64 host ids if they are in range, held and distinct, and say so; False (nothing
@@ -347,13 +347,13 @@ class IdFreeList:
                 return True
             if self._ledger_on:
                 self.ledger.require_held_by(lst, owner, op)
-            self._release(lst, None, owner, op)
+            self._release(lst, None, owner, op, held=self._ledger_on)
             return True
         if not self._held_distinct(a, n):
             return False
         if self._ledger_on:
             self.ledger.require_held_by(a, owner, op)
-        self._release(a, None, owner, op)
+        self._release(a, None, owner, op, held=self._ledger_on)
         return True
 
     def free_distinct(self, a: np.ndarray, owner: Owner, op: str = "free", unit: str = "id") -> None:
@@ -373,7 +373,7 @@ class IdFreeList:
             self._refuse_release(a, op, unit)
         if self._ledger_on:
             self.ledger.require_held_by(a, owner, op)
-        self._release(a, None, owner, op)
+        self._release(a, None, owner, op, held=self._ledger_on)
 
     def release(self, ids: torch.Tensor | np.ndarray, owner: Owner, op: str = "free") -> None:
         """Return validated ids. The ledger moves first, so a bookkeeping bug leaves the pool as it was.
@@ -386,17 +386,21 @@ class IdFreeList:
             self._release(host_ids(ids), ids, owner, op)
 
     def _release(
-        self, ids: np.ndarray | list[int], tensor: torch.Tensor | None, owner: Owner, op: str
+        self, ids: np.ndarray | list[int], tensor: torch.Tensor | None, owner: Owner, op: str, held: bool = False
     ) -> None:
-        """``ids`` as a host array or a short list of ints; ``tensor`` the caller's, if any."""
+        """``ids`` as a host array or a short list of ints; ``tensor`` the caller's, if any. ``held``: the
+        caller's ``ledger.require_held_by`` just confirmed ``owner`` holds them (the owner table then only
+        records the move; a ledger checks it again)."""
         n = len(ids)
         if n == 0:
             return
+        if self._ledger_on:
+            move = self.ledger.move_held if held else self.ledger.transfer
         hook = self.on_release
         if self.pending is not None:
             a = np.asarray(ids, dtype=np.int64)
             if self._ledger_on:
-                self.ledger.transfer(a, owner, self.ledger.pending_owner, op + "(group)")
+                move(a, owner, self.ledger.pending_owner, op + "(group)")
             if hook is not None:
                 hook(tensor if tensor is not None else self._device_tensor(a))
             self.pending.append(a.copy())
@@ -404,7 +408,7 @@ class IdFreeList:
             self._state[a] = PENDING
             return
         if self._ledger_on:
-            self.ledger.transfer(ids, owner, FREE_LIST, op)
+            move(ids, owner, FREE_LIST, op)
         self._push_free(ids)
         if hook is not None:
             hook(tensor if tensor is not None else self._device_tensor(np.asarray(ids, dtype=np.int64)))

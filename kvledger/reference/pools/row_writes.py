@@ -25,12 +25,18 @@ import numpy as np
 
 from kvledger.contracts.errors import ContractViolation
 
+CELLS_IN_PYTHON = 64
+"""Up to this many cells, :meth:`RowWriteGuard.check_cells` reads and writes the marks as Python ints."""
+
 
 class RowWriteGuard:
     """Per row, how far its current owner has written; and the check of a write against the KV ledger."""
 
     def __init__(self, rows: int, row_ledger: Any, kv_allocator: Any) -> None:
         self.filled = np.zeros(rows, dtype=np.int64)
+        # The same marks as Python ints through a memoryview: a decode step writes one cell per request,
+        # and a handful of numpy calls on ten cells cost more than the loop (issue 24, level owners).
+        self._marks: memoryview = self.filled.data
         self.row_ledger = row_ledger
         self.kv_allocator = kv_allocator
 
@@ -43,33 +49,52 @@ class RowWriteGuard:
         end = start + len(values)
         stop = min(end, int(self.filled[row]))
         if stop > start:
-            kept = set(values.tolist())
-            self._check(row, [(p, int(table[row, p])) for p in range(start, stop)], kept)
-        if end > self.filled[row]:
-            self.filled[row] = end
+            self._check(row, start, table[row, start:stop], values)
+        if end > self._marks[row]:
+            self._marks[row] = end
 
     def check_cells(
         self, table: np.ndarray, rows: Sequence[int], positions: Sequence[int], values: np.ndarray
     ) -> None:
         """Before ``table[rows[i], positions[i]] = values[i]`` (distinct rows); then records the new marks."""
-        r = np.asarray(rows, dtype=np.int64)
-        p = np.asarray(positions, dtype=np.int64)
-        over = p < self.filled[r]
-        if over.any():
-            for row, pos, value in zip(r[over].tolist(), p[over].tolist(), values[over].tolist(), strict=True):
-                self._check(row, [(pos, int(table[row, pos]))], {value})
-        self.filled[r] = np.maximum(self.filled[r], p + 1)
+        if len(rows) > CELLS_IN_PYTHON:
+            r = np.asarray(rows, dtype=np.int64)
+            p = np.asarray(positions, dtype=np.int64)
+            over = p < self.filled[r]
+            if over.any():
+                for row, pos, k in zip(r[over].tolist(), p[over].tolist(), np.flatnonzero(over).tolist(), strict=True):
+                    self._check(row, pos, table[row, pos : pos + 1], values[k : k + 1])
+            self.filled[r] = np.maximum(self.filled[r], p + 1)
+            return
+        marks = self._marks
+        again = [k for k, (row, pos) in enumerate(zip(rows, positions, strict=True)) if pos < marks[row]]
+        if again:  # a position the owner wrote before: checked first, nothing recorded if it is refused
+            for k in again:
+                row, pos = rows[k], positions[k]
+                self._check(row, pos, table[row, pos : pos + 1], values[k : k + 1])
+        for row, pos in zip(rows, positions, strict=True):
+            if pos >= marks[row]:
+                marks[row] = pos + 1
 
-    def _check(self, row: int, cells: list[tuple[int, int]], written: set[int]) -> None:
-        """Refuse the write if an overwritten cell holds an id the row's owner owns and the write does not
-        put back somewhere in the span (``written``): that id would be lost."""
+    def _check(self, row: int, start: int, slots: np.ndarray, written: np.ndarray) -> None:
+        """Refuse the write if an overwritten cell (``slots``, the row's cells from position ``start``)
+        holds an id the row's owner owns and the write does not put back somewhere in the span
+        (``written``): that id would be lost. One gather of the owner codes of the overwritten slots;
+        only cells the owner holds are looked at one by one."""
         owner = self.row_ledger.owner_of(row)
         kv_ledger = self.kv_allocator.ledger
+        if owner is None or not kv_ledger.held_count(owner):
+            return  # the row's owner holds no KV: no overwritten id can be its own
         page = self.kv_allocator.page_size
+        slots = slots.astype(np.int64)
+        mine = np.flatnonzero(kv_ledger.held_mask(slots // page if page > 1 else slots, owner) & (slots != 0))
+        if not mine.size:
+            return
+        kept = set(written.tolist())
         owned = [
-            (pos, slot)
-            for pos, slot in cells
-            if slot and slot not in written and kv_ledger.owner_of(slot // page) is owner
+            (start + k, slot)
+            for k, slot in zip(mine.tolist(), slots[mine].tolist(), strict=True)
+            if slot not in kept
         ]
         if owned:
             ids = sorted({slot // page for _, slot in owned})
