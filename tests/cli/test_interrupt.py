@@ -24,6 +24,13 @@ pytestmark = pytest.mark.slow
 BIG = ["--gsp-num-groups", "64"]  # a run of a minute or more: still running when the signal comes
 
 
+def _terminal_sigint() -> None:
+    """In the child, before Python starts: SIGINT at its default, as a command started from a terminal
+    has it. A suite run as a background job (a CI runner's ``cmd &``) inherits SIGINT ignored, and a
+    Python started with it ignored keeps ignoring it (test_swallowed_interrupt): not what these test."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(args: list[str], cwd: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "kvledger", *args],
@@ -32,6 +39,7 @@ def _start(args: list[str], cwd: Path) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_terminal_sigint,
     )
 
 

@@ -8,12 +8,23 @@ from __future__ import annotations
 
 import contextlib
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from kvledger.cli import interrupt
 from kvledger.cli.output import staged
+
+
+@pytest.fixture(autouse=True)
+def terminal_sigint() -> Iterator[None]:
+    """Python's own SIGINT handler for each test, as a process started from a terminal has it: a suite run
+    as a background job (a CI runner's ``cmd &``) starts with SIGINT ignored, which only the last test
+    here is about, and it sets that up itself."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 def swallowed_ctrl_c() -> None:
