@@ -48,6 +48,10 @@ def state_view(state: torch.Tensor, name: str = "state") -> torch.Tensor:
     if state.dim() < 2:
         raise ValueError(f"{name} must have shape [L, S, *F], got {tuple(state.shape)}")
     bits_dtype(state.dtype)
+    if state.dim() == 3:  # already [L, S, F] (every pool's layout): the view would be the tensor itself
+        if state.shape[2] > 1 and state.stride(2) != 1:
+            raise ValueError(f"{name}'s feature tail must be unit-stride, got strides {state.stride()}")
+        return state
     layers, slots = state.shape[0], state.shape[1]
     features = math.prod(state.shape[2:])
     try:
@@ -74,6 +78,12 @@ def check_index(idx: torch.Tensor, name: str, size: int, device: torch.device) -
     if idx.numel() == 0:
         return
     if idx.is_cpu:
+        if idx.numel() <= 16:  # a few host indices (a Mamba slot per request): Python's min/max beat numpy's
+            values = idx.tolist()
+            lo_i, hi_i = min(values), max(values)
+            if lo_i >= 0 and hi_i < size:
+                return
+            raise ValueError(f"{name} has entries in [{lo_i}, {hi_i}], outside [0, {size})")
         # Host indices: one unsigned reduction in numpy (a negative entry reads as a huge one).
         a = idx.numpy()
         if int(a.astype(np.int64, copy=False).view(np.uint64).max()) < size:

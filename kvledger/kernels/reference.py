@@ -94,34 +94,54 @@ def poison_slots(state: torch.Tensor, slots: torch.Tensor) -> None:
 _NUMPY_FLOATS = (torch.float32, torch.float64)
 
 
+def _host_slots(view: torch.Tensor, slots: torch.Tensor) -> np.ndarray | None:
+    """The selected slots of a ``[L, S, F]`` CPU view as a numpy ``[L, n, F]`` gather (None: not a host
+    array numpy can read). The gather is numpy's: torch's advanced indexing costs several times more
+    for the few slots a call names (the poison read-back runs on every freed Mamba slot at ``full``)."""
+    if not view.is_cpu or view.requires_grad:
+        return None
+    return view.numpy()[:, slots.numpy()]
+
+
 def _host_rows(view: torch.Tensor, slots: torch.Tensor) -> np.ndarray:
     """The selected slots of a ``[L, S, F]`` CPU view as a ``[n, L * F]`` numpy array."""
     layers, _, features = view.shape
-    return view[:, slots].numpy().transpose(1, 0, 2).reshape(slots.numel(), layers * features)
+    gathered = _host_slots(view, slots)
+    if gathered is None:
+        gathered = view[:, slots].numpy()
+    return gathered.transpose(1, 0, 2).reshape(slots.numel(), layers * features)
 
 
-def _per_slot_hits(state: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """Bool ``[n, L * F]``: which elements of each selected slot hold poison (any NaN for floats)."""
+def _slot_hits(state: torch.Tensor, slots: torch.Tensor) -> np.ndarray | torch.Tensor:
+    """Bool ``[L, n, F]``: which elements of each selected slot hold poison (any NaN for floats)."""
     value = poison_value(state.dtype)
     view = _checks.check_slots(state, slots)
-    if state.is_cpu and (state.dtype in _NUMPY_FLOATS or not state.dtype.is_floating_point):
-        rows = _host_rows(view, slots)
-        return torch.from_numpy(np.isnan(rows) if state.dtype.is_floating_point else rows == value)
-    layers, _, features = view.shape
-    selected = view[:, slots].transpose(0, 1).reshape(slots.numel(), layers * features)
+    if state.dtype in _NUMPY_FLOATS or not state.dtype.is_floating_point:
+        gathered = _host_slots(view, slots)
+        if gathered is not None:
+            return np.isnan(gathered) if state.dtype.is_floating_point else gathered == value
+    selected = view[:, slots]
     if state.dtype.is_floating_point:
         return torch.isnan(selected.float())
     return selected == value
 
 
+def _per_slot(hits: np.ndarray | torch.Tensor, every: bool) -> torch.Tensor:
+    """Reduce ``[L, n, F]`` hits to ``[n]``: every element (``every``) or any element of each slot."""
+    if isinstance(hits, np.ndarray):
+        reduced = hits.all(axis=(0, 2)) if every else hits.any(axis=(0, 2))
+        return torch.from_numpy(np.ascontiguousarray(reduced))
+    return hits.all(dim=2).all(dim=0) if every else hits.any(dim=2).any(dim=0)
+
+
 def poisoned_mask(state: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """Bool ``[n]``: True where every element of the slot, in every layer, is poison (NaN-aware)."""
-    return _per_slot_hits(state, slots).all(dim=1)
+    return _per_slot(_slot_hits(state, slots), every=True)
 
 
 def any_poisoned(state: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """Bool ``[n]``: True where any element of the slot is poison (a read of a poisoned slot leaked)."""
-    return _per_slot_hits(state, slots).any(dim=1)
+    return _per_slot(_slot_hits(state, slots), every=False)
 
 
 def fingerprint_slots(state: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:

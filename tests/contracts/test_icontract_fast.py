@@ -15,7 +15,7 @@ import pytest
 
 from kvledger.contracts import icontract_fast, switch
 from kvledger.contracts.errors import ContractViolation
-from kvledger.contracts.switch import ensure, require, snapshot
+from kvledger.contracts.switch import ensure, invariant, require, snapshot
 
 pytestmark = pytest.mark.skipif(not switch.ENABLED, reason="icontract decorators are off")
 
@@ -90,3 +90,84 @@ def test_install_leaves_replaced_functions_alone() -> None:
     finally:
         checkers._assert_postconditions = original
         assert icontract_fast.install()
+
+
+def _shelf_class() -> type:
+    """A class with an invariant and checked methods, decorated by whatever wrappers are installed now."""
+
+    @invariant(lambda self: len(self.items) < 4, "at most three items")
+    class Shelf:
+        def __init__(self) -> None:
+            self.items: list[int] = []
+
+        def __repr__(self) -> str:
+            return f"Shelf({self.items})"
+
+        @require(lambda x: x >= 0, "x is a count")
+        @snapshot(lambda self: len(self.items), name="n")
+        @ensure(lambda self, OLD: len(self.items) == OLD.n + 1, "one item more")
+        @ensure(lambda self, x, result: result == x * 2)
+        def put(self, x: int, twice: bool = True) -> int:
+            self.items.append(x)
+            return x * 2 if twice else x
+
+        def put_unchecked(self, x: int) -> None:  # the invariant only
+            self.items.append(x)
+
+        def count(self, *extra: int) -> int:  # *args: icontract's own invariant wrapper
+            return len(self.items) + len(extra)
+
+        @require(lambda self, x, limit: x <= limit, "under the limit")
+        @ensure(lambda self, result, scale: result == len(self.items) * scale)
+        def put_scaled(self, x: int, *, limit: int = 10, scale: int = 1) -> int:  # keyword-only parameters
+            self.items.append(x)
+            return len(self.items) * scale
+
+    return Shelf
+
+
+def _wrapper_modules(method: Any) -> list[str]:
+    """The file of each wrapper around ``method``, outermost first (the invariant's, then the checker's)."""
+    out = []
+    while hasattr(method, "__wrapped__"):
+        out.append(method.__code__.co_filename.rsplit("/", 1)[-1])
+        method = method.__wrapped__
+    return out
+
+
+SHELF_CALLS: dict[str, Callable[[Any], object]] = {
+    "passes": lambda s: s.put(3),
+    "default argument filled": lambda s: s.put(3, True),
+    "keyword arguments": lambda s: s.put(x=4, twice=False),
+    "self by keyword": lambda s: type(s).put(self=s, x=2),
+    "precondition fails": lambda s: s.put(-1),
+    "postcondition fails": lambda s: s.put(3, twice=False),
+    "invariant fails after the call": lambda s: [s.put_unchecked(i) for i in range(5)],
+    "invariant fails before the call": lambda s: (s.items.extend(range(6)), s.put(1)),
+    "variadic method": lambda s: (s.put(1), s.count(7, 8)),
+    "missing argument": lambda s: s.put(),
+    "keyword-only defaults": lambda s: s.put_scaled(3),
+    "keyword-only given": lambda s: s.put_scaled(3, limit=5, scale=2),
+    "keyword-only precondition fails": lambda s: s.put_scaled(30, limit=5),
+    "keyword-only passed by position": lambda s: s.put_scaled(3, 5),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SHELF_CALLS))
+def test_fast_wrappers_give_icontracts_verdicts(case: str) -> None:
+    """The leaner wrappers (pre/postconditions and invariants) against icontract's own, built the same way."""
+    fast_class = _shelf_class()
+    assert _wrapper_modules(fast_class.put) == ["icontract_fast.py", "icontract_fast.py"]
+    assert _wrapper_modules(fast_class.count) == ["_checkers.py"]  # *args: icontract's own
+    assert _wrapper_modules(fast_class.put_scaled) == ["icontract_fast.py", "icontract_fast.py"]
+    icontract_fast.uninstall()
+    try:
+        slow_class = _shelf_class()
+        assert _wrapper_modules(slow_class.put) == ["_checkers.py", "_checkers.py"]
+        slow = _outcome(lambda: SHELF_CALLS[case](slow_class()))
+    finally:
+        assert icontract_fast.install()
+    fast = _outcome(lambda: SHELF_CALLS[case](fast_class()))
+    assert fast == slow
+    if "fails" in case:
+        assert fast[0] == ContractViolation.__name__

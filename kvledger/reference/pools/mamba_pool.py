@@ -183,7 +183,7 @@ class MambaPool(IdPool):
             self._poison(slots)
 
     @ensure(
-        lambda self, slots: bool(self._raw_poisoned(slots).all()),
+        lambda self, slots: all(bool(kernels.poisoned_mask(s, slots).all()) for s in (self._conv, self._temporal)),
         "I-POISON-ON-FREE: every freed slot holds the poison value",
     )
     def _poison(self, slots: torch.Tensor) -> None:

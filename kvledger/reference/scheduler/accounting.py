@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
@@ -88,6 +88,13 @@ class Accounting:
         # Changed since the last count (an ordered set); their ladders are verified when counted, so a
         # request outside it has a ladder that held when it last changed.
         self._dirty: dict[Req, None] = {}
+        # I-HANDLE-OWNED's marks, narrower than ``_dirty``: the requests whose handle fields were written
+        # or whose owner gave ids away since their handles were last verified. Nothing else can make a
+        # verified handle name an id its request does not own (every change of an id's owner is a ledger
+        # move out of its holder, which calls the holder's ``giver``), so verifying these is the
+        # invariant for every live request; a decode step, which writes only lengths, marks none.
+        self._handles_unverified: dict[Req, None] = {}
+        self._handle_fields = frozenset(self._handles)
         self._by_owner: dict[Owner, Req] = {}
         # The terms of the last after-step check, reused by the timeline snapshot taken right after it;
         # any tracked change in between drops them.
@@ -105,19 +112,28 @@ class Accounting:
             return
         req.watch = self
         req.owner.watcher = self._owner_changed
-        req.owner.giver = self._owner_changed  # ids left it: its handles are looked at again
+        req.owner.giver = self._owner_gave  # ids left it: its handles are looked at again
         self._by_owner[req.owner] = req
         self._dirty[req] = None
+        self._handles_unverified[req] = None
 
-    def touch(self, req: Req) -> None:
-        """``req`` changed a tracked field (called by ``Req.__setattr__``)."""
+    def touch(self, req: Req, field: str) -> None:
+        """``req`` wrote the tracked ``field`` (called by ``Req.__setattr__``)."""
         self._dirty[req] = None
         self._last_terms = None
+        if field in self._handle_fields:
+            self._handles_unverified[req] = None
 
     def _owner_changed(self, owner: Owner) -> None:
         req = self._by_owner.get(owner)
         if req is not None:
             self._dirty[req] = None
+
+    def _owner_gave(self, owner: Owner) -> None:
+        req = self._by_owner.get(owner)
+        if req is not None:
+            self._dirty[req] = None
+            self._handles_unverified[req] = None
             self._last_terms = None
 
     def released(self, req: Req) -> None:
@@ -125,14 +141,20 @@ class Accounting:
         if req.watch is self:
             self._dirty[req] = None
 
-    def changed_requests(self) -> list[Req] | None:
-        """The requests whose handles may have changed since the last count: those whose tracked fields
-        were written and those that gave ids away in a ledger (None: every live request, under
-        ``recount_every_step``). A handle goes stale only by one of the two, so checking these after a
-        step is I-HANDLE-OWNED for every live request, in O(changed)."""
+    def take_unverified_handles(self, among: Iterable[Req] | None = None) -> list[Req] | None:
+        """The requests (of ``among``, default every marked one) whose handles must be verified now, unmarked
+        as they are handed out: the caller verifies them (I-HANDLE-OWNED). None under
+        ``recount_every_step``: verify every request, marked or not."""
         if self.recount_every_step:
             return None
-        return list(self._dirty)
+        marked = self._handles_unverified
+        if among is None:
+            self._handles_unverified = {}
+            return list(marked)
+        out = [r for r in among if r in marked]
+        for r in out:
+            del marked[r]
+        return out
 
     def tracked_requests(self) -> int:
         """Requests the accounting still follows (what a long run must keep bounded)."""

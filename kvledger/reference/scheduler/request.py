@@ -57,9 +57,14 @@ class ReqState(enum.Enum):
     PREBUILT = "prebuilt"  # decode: transferred, waiting to join the running batch (no forward)
     RETRACTED = "retracted"  # decode: retracted, its KV and state kept in a host copy
 
-    @property
-    def is_done(self) -> bool:
-        return self in (ReqState.FINISHED, ReqState.ABORTED, ReqState.REJECTED)
+    is_done: bool
+    """Finished, aborted or rejected: the request ends here. A plain attribute of each member (set below),
+    not a property: it is read for every queued request after every step."""
+
+
+for _state in ReqState:
+    _state.is_done = _state in (ReqState.FINISHED, ReqState.ABORTED, ReqState.REJECTED)
+del _state
 
 
 @dataclass(eq=False)
@@ -150,7 +155,9 @@ class Req:
     def mamba_slots(self) -> list[int]:
         """Every Mamba slot a handle of this request names: the working (or COW) slot, then the tracking
         slots."""
-        out = [] if self.mamba_pool_idx is None else [int(self.mamba_pool_idx[0])]
+        # ``tolist`` is one call into torch; ``int(t[0])`` is an indexing op and a conversion, several
+        # times slower, and this runs for every changed request after every step (the identity's terms).
+        out: list[int] = [] if self.mamba_pool_idx is None else self.mamba_pool_idx.tolist()[:1]
         if self.mamba_ping_pong_track_buffer is not None:
             out += self.mamba_ping_pong_track_buffer.tolist()
         return out
@@ -187,7 +194,7 @@ def _tracking_setattr(self: Req, name: str, value: Any) -> None:
     if name in _TRACKED:
         watch = self.__dict__.get("watch")
         if watch is not None:
-            watch.touch(self)
+            watch.touch(self, name)
 
 
 if ENABLED:  # contracts on: every write of a tracked field marks the request for the next check

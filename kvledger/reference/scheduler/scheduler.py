@@ -355,8 +355,8 @@ class Scheduler:
         """The checks after every step: handles first (their message names the slot and the holder), then
         that ended requests released what they held, then the busy identity and the ledger cross-check."""
         if self.accounting.enabled:
-            changed = self.accounting.changed_requests()  # O(changed), not O(live): see there
-            self.check_handles_owned(None if changed is None else self._live_among(changed))
+            unverified = self.accounting.take_unverified_handles()  # O(changed handles): see there
+            self.check_handles_owned(None if unverified is None else self._live_among(unverified))
             self.check_ended_requests_released()
             if self.speculative is not None:
                 self.speculative.check_requests()
@@ -678,8 +678,9 @@ class Scheduler:
             self._next_batch_id, list(reqs), is_decode, extend_lens, out_cache_loc, chunked_req
         )
         self.accounting.check_not_in_flight(batch)
-        if self.accounting.enabled:
-            self.check_handles_owned(batch.reqs)  # a forward never runs on an id its request does not own
+        if self.accounting.enabled:  # a forward never runs on an id its request does not own
+            unverified = self.accounting.take_unverified_handles(batch.reqs)
+            self.check_handles_owned(batch.reqs if unverified is None else unverified)
         return batch
 
     def _launch(self, batch: ScheduleBatch) -> None:
