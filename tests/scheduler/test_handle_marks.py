@@ -65,6 +65,7 @@ def test_writing_a_handle_marks_the_request_and_a_length_does_not() -> None:
     assert sched.accounting.take_unverified_handles() == [b]
 
 
+@pytest.mark.fires("I-HANDLE-OWNED")
 def test_a_slot_freed_behind_its_handle_is_named_at_the_next_step() -> None:
     """The ids leave the owner without the handle being written: the ledger's give-away marks it."""
     sched = engine()
@@ -77,6 +78,7 @@ def test_a_slot_freed_behind_its_handle_is_named_at_the_next_step() -> None:
     assert f"{slot}" in str(err.value)
 
 
+@pytest.mark.fires("I-HANDLE-OWNED")
 def test_a_handle_rewritten_to_another_requests_slot_is_named_before_the_forward() -> None:
     sched = engine()
     a, b = decoding_pair(sched)

@@ -160,11 +160,14 @@ AREA = Area(
             id="I-HANDLE-OWNED",
             title="a handle implies ownership",
             statement=(
-                "Every id a request's handles name (`req_pool_idx`, `mamba_pool_idx`, a PD `metadata_idx`;"
-                " Mamba V2 ping-pong slots to come) is owned by that request in the pool's ledger: checked"
-                " every step and for the requests of every batch when it is formed, in O(live requests). A"
-                " release that leaves a handle set is caught at once, naming the slot, the holder and the"
-                " slot's moves, while the counting identity is still balanced."
+                "Every id a request's handles name (`req_pool_idx`, `mamba_pool_idx`, the Mamba V2"
+                " `mamba_ping_pong_track_buffer`, a PD `metadata_idx`) is owned by that request in the pool's"
+                " ledger: checked after every step and for the requests of every batch when it is formed."
+                " Incremental: verified for the requests whose handle fields were written or whose owner gave"
+                " ids away in a ledger since their last verification, the only two ways a verified handle can"
+                " go stale (`recount_every_step` verifies every live request). A release that leaves a handle"
+                " set is caught at once, naming the slot, the holder and the slot's moves, while the counting"
+                " identity is still balanced."
             ),
             severity=Severity.BUG,
             origin=Origin.KVLEDGER,
