@@ -1,4 +1,5 @@
-"""A faster evaluation loop for icontract's pre/postconditions and snapshots (issue 12).
+"""A faster evaluation loop for icontract's pre/postconditions and snapshots (issue 12), and leaner
+wrappers around the checked functions (issue 24).
 
 icontract stays the contract library: it decorates, stores the conditions, renders violation messages,
 and CrossHair reads the same decorators. What this module replaces is the loop that *evaluates* the
@@ -8,16 +9,19 @@ re-derives, for every condition on every call, whether the condition is a corout
 of the call's arguments). Measured on ``kvledger simulate`` with contracts on, that bookkeeping was
 about a third of the contract cost.
 
-The loop here works out each condition's argument names once (stored on the condition's ``Contract``)
-and then calls it directly. A condition that returns anything but a plain ``bool``, that is a coroutine
-function, or whose arguments are missing is handed to icontract's own loop, so every corner case
-(numpy truth values, "require else" groups, missing-argument ``TypeError``) behaves exactly as before;
-a violation is always built by icontract's ``_create_violation_error``, so messages are unchanged.
+The loop here works out each condition's arguments once (an ``itemgetter`` stored on the condition's
+``Contract``) and then calls it with them by position. A condition that returns anything but a plain
+``bool``, that is a coroutine function, or whose arguments are missing is handed to icontract's own
+loop, so every corner case (numpy truth values, "require else" groups, missing-argument ``TypeError``)
+behaves exactly as before; a violation is always built by icontract's ``_create_violation_error``, so
+messages are unchanged.
 
-:func:`install` patches four functions of ``icontract._checkers`` that icontract's wrappers look up
-at call time (CrossHair patches the first three to turn icontract off). It refuses to act on an
-icontract version it was not checked against, or when those functions were already replaced by
-someone else, and reports whether it installed. ``KVLEDGER_FAST_CONTRACTS=0`` keeps icontract's loop.
+:func:`install` patches four functions of ``icontract._checkers`` that icontract's wrappers look up at
+call time (CrossHair patches the first three to turn icontract off), and the two that build the
+wrappers when a module is decorated (see "the wrappers" below; ``kvledger.contracts.switch`` installs
+them before any decorated kvledger module is imported). It refuses to act on an icontract version it
+was not checked against, or when those functions were already replaced by someone else, and reports
+whether it installed. ``KVLEDGER_FAST_CONTRACTS=0`` keeps icontract's loop and wrappers.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
-"""``kvledger.contracts.icontract_fast``: icontract's conditions evaluated by a leaner loop, same verdicts.
+"""``kvledger.contracts.icontract_fast``: icontract's conditions evaluated by a leaner loop and called
+through leaner wrappers, same verdicts.
 
-Each case runs the same calls with the fast loop installed and with icontract's own loop, and compares
-what happens: the result, or the exception type and its full message.
+Each case runs the same calls with the fast loop (and, for the wrappers, a class decorated while they are
+installed) and with icontract's own, and compares what happens: the result, or the exception type and its
+full message.
 """
 
 from __future__ import annotations
@@ -20,29 +22,51 @@ from kvledger.contracts.switch import ensure, invariant, require, snapshot
 pytestmark = pytest.mark.skipif(not switch.ENABLED, reason="icontract decorators are off")
 
 
-class Box:
-    def __init__(self) -> None:
-        self.items: list[int] = []
+def _shelf_class() -> type:
+    """A class with an invariant and checked methods, decorated by whatever wrappers are installed now."""
 
-    def __repr__(self) -> str:
-        return f"Box({self.items})"
+    @invariant(lambda self: len(self.items) < 4, "at most three items")
+    class Shelf:
+        def __init__(self) -> None:
+            self.items: list[int] = []
 
-    @require(lambda x: x >= 0, "x is a count")
-    @require(lambda self, x: x < 100 or not self.items)
-    @snapshot(lambda self: len(self.items), name="n")
-    @ensure(lambda self, OLD: len(self.items) == OLD.n + 1, "one item more")
-    @ensure(lambda self, x, result: result == x * 2)
-    def put(self, x: int, twice: bool = True) -> int:
-        self.items.append(x)
-        return x * 2 if twice else x
+        def __repr__(self) -> str:
+            return f"Shelf({self.items})"
 
-    @ensure(lambda result: np.bool_(result > 0))  # a numpy truth value: icontract's own loop judges it
-    def positive(self, value: int) -> int:
-        return value
+        @require(lambda x: x >= 0, "x is a count")
+        @require(lambda self, x: x < 100 or not self.items)
+        @snapshot(lambda self: len(self.items), name="n")
+        @ensure(lambda self, OLD: len(self.items) == OLD.n + 1, "one item more")
+        @ensure(lambda self, x, result: result == x * 2)
+        def put(self, x: int, twice: bool = True) -> int:
+            self.items.append(x)
+            return x * 2 if twice else x
 
-    @ensure(lambda result: result)  # a truthy non-bool: icontract's own loop judges it
-    def truthy(self, value: Any) -> Any:
-        return value
+        @ensure(lambda result: np.bool_(result > 0))  # a numpy truth value: icontract's own loop judges it
+        def positive(self, value: int) -> int:
+            return value
+
+        @ensure(lambda result: result)  # a truthy non-bool: icontract's own loop judges it
+        def truthy(self, value: Any) -> Any:
+            return value
+
+        def put_unchecked(self, x: int) -> None:  # the invariant only
+            self.items.append(x)
+
+        def count(self, *extra: int) -> int:  # *args: icontract's own invariant wrapper
+            return len(self.items) + len(extra)
+
+        @require(lambda self, x, limit: x <= limit, "under the limit")
+        @ensure(lambda self, result, scale: result == len(self.items) * scale)
+        def put_scaled(self, x: int, *, limit: int = 10, scale: int = 1) -> int:  # keyword-only parameters
+            self.items.append(x)
+            return len(self.items) * scale
+
+    return Shelf
+
+
+Box = _shelf_class()
+"""Decorated at import, as kvledger's classes are: the fast wrappers and loop when contracts are on."""
 
 
 def _outcome(call: Callable[[], object]) -> tuple[str, str]:
@@ -90,40 +114,6 @@ def test_install_leaves_replaced_functions_alone() -> None:
     finally:
         checkers._assert_postconditions = original
         assert icontract_fast.install()
-
-
-def _shelf_class() -> type:
-    """A class with an invariant and checked methods, decorated by whatever wrappers are installed now."""
-
-    @invariant(lambda self: len(self.items) < 4, "at most three items")
-    class Shelf:
-        def __init__(self) -> None:
-            self.items: list[int] = []
-
-        def __repr__(self) -> str:
-            return f"Shelf({self.items})"
-
-        @require(lambda x: x >= 0, "x is a count")
-        @snapshot(lambda self: len(self.items), name="n")
-        @ensure(lambda self, OLD: len(self.items) == OLD.n + 1, "one item more")
-        @ensure(lambda self, x, result: result == x * 2)
-        def put(self, x: int, twice: bool = True) -> int:
-            self.items.append(x)
-            return x * 2 if twice else x
-
-        def put_unchecked(self, x: int) -> None:  # the invariant only
-            self.items.append(x)
-
-        def count(self, *extra: int) -> int:  # *args: icontract's own invariant wrapper
-            return len(self.items) + len(extra)
-
-        @require(lambda self, x, limit: x <= limit, "under the limit")
-        @ensure(lambda self, result, scale: result == len(self.items) * scale)
-        def put_scaled(self, x: int, *, limit: int = 10, scale: int = 1) -> int:  # keyword-only parameters
-            self.items.append(x)
-            return len(self.items) * scale
-
-    return Shelf
 
 
 def _wrapper_modules(method: Any) -> list[str]:
