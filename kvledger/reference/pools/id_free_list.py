@@ -194,6 +194,19 @@ class IdFreeList:
         """:meth:`alloc`, returning the ids as a host array (the caller's to keep)."""
         if n > self._len:
             return None
+        if n == 1:  # a decode token, one page: the id as a Python int, no _take / _commit_take
+            ring, h = self._ring, self._head
+            a = ring[h : h + 1].copy()
+            i = a.item()
+            if self._ledger_on and not self.ledger.move_one(i, FREE_LIST, owner, op):
+                self.ledger.transfer([i], FREE_LIST, owner, op)  # raises with the evidence, nothing changed
+            h += 1
+            self._head = h if h < ring.size else 0
+            self._len -= 1
+            self._state_bytes[i] = HELD
+            if self.on_alloc is not None:
+                self.on_alloc(self._device_tensor(a))
+            return a
         a = self._take(n)
         if self._ledger_on:
             self.ledger.transfer(a, FREE_LIST, owner, op)  # checks first: a bug leaves the pool as it was
@@ -295,12 +308,11 @@ class IdFreeList:
         n = ids.numel()
         if n == 0:
             return
-        # Release's own path (no ledger, no open free group, no poisoning hook): validate, then straight
-        # onto the free list, without the general path's calls (issue 24: free at SGLang's speed).
-        plain = not self._ledger_on and self.pending is None and self.on_release is None
         if n > SMALL:
             a = host_ids(ids)
-            if plain:
+            # Release's own path (no ledger, no open free group, no poisoning hook): validate, then straight
+            # onto the free list, without the general path's calls (issue 24: free at SGLang's speed).
+            if not self._ledger_on and self.pending is None and self.on_release is None:
                 if not self._held_distinct(a, n):
                     self._refuse_release(a, op, unit)
                 self._push_free(a)
@@ -310,10 +322,14 @@ class IdFreeList:
             return
         st, first, last = self._state_bytes, self.first, self.last
         if n == 1:
-            i = int(ids.item())
+            i: int = ids.item()  # type: ignore[assignment]  # an int: the tensor is int64 (as_index_tensor)
             if not (first <= i <= last and st[i] == HELD):
                 self._refuse_release(np.asarray([i], dtype=np.int64), op, unit)
-            if plain and self._len < self.count:
+            if self.pending is None and self.on_release is None and self._len < self.count:
+                # Straight onto the ring; with a ledger, after the owner check and the checked move of the
+                # id (ForeignSlot first, nothing changed).
+                if self._ledger_on and not self.ledger.move_one(i, owner, FREE_LIST, op):
+                    self.ledger.give_back([i], owner, FREE_LIST, op)  # raises ForeignSlot with the evidence
                 self._push_one(i)
                 return
             lst = [i]
@@ -341,8 +357,10 @@ class IdFreeList:
             st, first, last = self._state_bytes, self.first, self.last
             if not (all(first <= i <= last and st[i] == HELD for i in lst) and (n < 2 or len(set(lst)) == n)):
                 return False
-            plain = not self._ledger_on and self.pending is None and self.on_release is None
-            if n == 1 and plain and self._len < self.count:
+            if n == 1 and self.pending is None and self.on_release is None and self._len < self.count:
+                # the owner check and the checked move of one id (ForeignSlot first)
+                if self._ledger_on and not self.ledger.move_one(lst[0], owner, FREE_LIST, op):
+                    self.ledger.give_back(lst, owner, FREE_LIST, op)  # raises ForeignSlot, nothing changed
                 self._push_one(lst[0])
                 return True
             if self._ledger_on:
