@@ -21,6 +21,8 @@ How it stays cheap enough to leave on (issue 12):
   fails or a test asks.
 * I-COUNT is checked at the ledger's public boundaries that change counts (each transfer and retag),
   never on per-id accessors such as :meth:`owner_of`.
+* A move of one id (a decode token's slot, one page: the alloc/free pair of issue 24) is one call,
+  :meth:`Ledger.move_one`, on Python ints: the same check, log entry and I-COUNT as every move.
 
 The ledger never looks at tensors' contents; it is told about moves by the pool and recounts the pool's
 own structures only in :meth:`Ledger.audit`. Ids may be given as a numpy array, a torch tensor (any
