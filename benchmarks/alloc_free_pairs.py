@@ -71,7 +71,8 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _run_child(contracts: str, args: argparse.Namespace) -> dict[str, Any]:
-    env = dict(os.environ, KVLEDGER_CONTRACTS=contracts)
+    # KVLEDGER_CHECKS wins over KVLEDGER_CONTRACTS: an inherited one would put both children at its level.
+    env = {k: v for k, v in os.environ.items() if k != "KVLEDGER_CHECKS"} | {"KVLEDGER_CONTRACTS": contracts}
     cmd = [
         sys.executable,
         os.path.abspath(__file__),

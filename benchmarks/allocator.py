@@ -141,7 +141,8 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
 def _run_child(contracts: str, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", f"--rounds={args.rounds}"]
     cmd += [f"--pool={p}" for p in args.pools]
-    env = dict(os.environ, KVLEDGER_CONTRACTS=contracts)
+    # KVLEDGER_CHECKS wins over KVLEDGER_CONTRACTS: an inherited one would put both children at its level.
+    env = {k: v for k, v in os.environ.items() if k != "KVLEDGER_CHECKS"} | {"KVLEDGER_CONTRACTS": contracts}
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"child with KVLEDGER_CONTRACTS={contracts} failed:\n{done.stderr}")

@@ -21,6 +21,8 @@ How it stays cheap enough to leave on (issue 12):
   fails or a test asks.
 * I-COUNT is checked at the ledger's public boundaries that change counts (each transfer and retag),
   never on per-id accessors such as :meth:`owner_of`.
+* A move of one id (a decode token's slot, one page: the alloc/free pair of issue 24) is one call,
+  :meth:`Ledger.move_one`, on Python ints: the same check, log entry and I-COUNT as every move.
 
 The ledger never looks at tensors' contents; it is told about moves by the pool and recounts the pool's
 own structures only in :meth:`Ledger.audit`. Ids may be given as a numpy array, a torch tensor (any
@@ -32,7 +34,7 @@ from __future__ import annotations
 import os
 import sys
 from collections import Counter, defaultdict, deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -139,6 +141,10 @@ class MoveLog:
 
     def append(self, entry: tuple[Any, ...]) -> None:
         self._entries.append(entry)
+
+    def entries_append(self) -> Callable[[tuple[Any, ...]], None]:
+        """The ring's own ``append`` (a ledger binds it once: its moves skip :meth:`append`'s call)."""
+        return self._entries.append
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -261,7 +267,11 @@ class Ledger:
         # Ids per account: a defaultdict, whose item updates run at dict speed (a Counter's are twice as
         # slow, and every move makes two of them).
         self._count: defaultdict[Account, int] = defaultdict(int, {FREE: self.size})
+        # A live view of the counts, for I-COUNT's sum at every move (one attribute read, no method call).
+        self._count_values = self._count.values()
         self._log = MoveLog(DEFAULT_HISTORY if history is None else history)
+        # The log's own append, bound once: a move appends straight to the ring, not through a method.
+        self._append = self._log.entries_append()
         # Scratch for the O(n) duplicate check: positions scattered by id and read back.
         self._scratch = np.zeros(domain.stop, dtype=np.int32)
         self._positions = np.arange(domain.stop, dtype=np.int32)
@@ -270,17 +280,22 @@ class Ledger:
     def _code_of(self, owner: Owner) -> int:
         """The code of ``owner``, registering it (and attaching the ledger to it) on first use."""
         code = self._codes.get(owner)
-        if code is None:
-            if self._spare:
-                code = self._spare.pop()
-                self._owners[code] = owner
-                self._held[code] = 0
-            else:
-                code = len(self._owners)
-                self._owners.append(owner)
-                self._held.append(0)
-            self._codes[owner] = code
-            owner._attach(self)
+        return self._register(owner) if code is None else code
+
+    def _register(self, owner: Owner) -> int:
+        """A code for ``owner``, not registered yet (a pair of one id registers its owner each time)."""
+        spare = self._spare
+        if spare:
+            code = spare.pop()  # a released code: its held count is 0 (released only when it reached 0)
+            self._owners[code] = owner
+        else:
+            code = len(self._owners)
+            self._owners.append(owner)
+            self._held.append(0)
+        self._codes[owner] = code
+        ledgers = owner._ledgers  # Owner._attach, inline
+        if self not in ledgers:
+            ledgers.append(self)
         return code
 
     def _release_code(self, code: int) -> None:
@@ -290,7 +305,9 @@ class Ledger:
         self._owners[code] = None
         del self._codes[owner]
         self._spare.append(code)
-        owner._detach(self)
+        ledgers = owner._ledgers  # Owner._detach, inline
+        if self in ledgers:
+            ledgers.remove(self)
 
     def logged_moves(self) -> int:
         """Entries in the bounded move log (at most its size, ``history``): what a long run must bound."""
@@ -559,7 +576,7 @@ class Ledger:
             self._held[dst_code] += n
             self._count[dst._account] += n
             self._settle(src, src_code, n)  # type: ignore[arg-type]  # _check_move proved it registered
-        self._log.append(
+        self._append(
             (self.step, op, tuple(lst) if lst is not None else a.astype(np.int32), src.serial, src.kind,
              src.key, src._account.name, dst.serial, dst.kind, dst.key, dst._account.name, self.epoch)
         )  # fmt: skip
@@ -581,14 +598,56 @@ class Ledger:
             self.require_held_by(ids, owner, op)  # raises ForeignSlot with the evidence
             self.transfer(ids, owner, dst, op)
 
+    @ensure(
+        lambda self, i, dst, result: not result or self.owner_of(i) is dst,
+        "I-PARTITION: a moved id is its new owner's",
+    )
+    def move_one(self, i: int, src: Owner, dst: Owner, op: str) -> bool:
+        """:meth:`transfer` of one id (a Python int) from ``src`` to ``dst``, checked, logged and followed
+        by I-COUNT as every move; False, with nothing changed, when ``src`` does not hold ``i`` (or ``i`` is
+        not an int of the table). The caller then asks :meth:`transfer` (a move the pool makes itself: an
+        allocation) or :meth:`give_back` (a caller's free: ``ForeignSlot``) for the error with the evidence.
+
+        The ``ledger`` level's page-1 alloc/free pair is two of these (issue 24): one call, no list.
+        """
+        codes = self._codes
+        src_code = codes.get(src)
+        mv = self._mv
+        if src_code is None or type(i) is not int or not 0 <= i < len(mv) or mv[i] != src_code:
+            return False
+        if dst is not src:  # a move to oneself only leaves a trace in the log
+            dst_code = codes.get(dst) or self._register(dst)
+            mv[i] = dst_code
+            held = self._held
+            held[dst_code] += 1
+            held[src_code] -= 1
+            count = self._count
+            count[dst._account] += 1
+            count[src._account] -= 1
+            if not held[src_code] and src_code > PENDING_CODE:
+                self._release_code(src_code)
+            if src.giver is not None:
+                src.giver(src)
+        self._append(
+            (self.step, op, (i,), src.serial, src.kind, src.key, src._account.name,
+             dst.serial, dst.kind, dst.key, dst._account.name, self.epoch)
+        )  # fmt: skip
+        self.step += 1
+        if self.observer is not None:
+            self.observer.moved(self, np.array((i,), dtype=np.int64), src, dst, op)
+        counts = self._count_values
+        if sum(counts) != self.size or min(counts) < 0:
+            self._check_count(op)  # raises, naming the counts
+        return True
+
     def _move_few(self, lst: list[int], src: Owner, dst: Owner, op: str) -> bool:
         """:meth:`transfer` of a short list of Python ints (a decode step's id, a request's pages), checked
         and moved through the memoryview, the log entry and I-COUNT as in the general path; False, with
         nothing changed, when any doubt (an odd type, an id out of range or not ``src``'s, a repeat)
         sends the move to the general path for the evidence.
 
-        The ``ledger`` level's hot path (issue 24): an alloc/free pair of one id is two of these, so every
-        call and attribute read here is a measurable share of the pair.
+        The ``ledger`` level's hot path (issue 24) for a few ids (one id: :meth:`move_one`), so every call
+        and attribute read here is a measurable share of a decode step's moves.
         """
         src_code = self._codes.get(src)
         if src_code is None:
@@ -607,7 +666,7 @@ class Ledger:
             if len(set(lst)) != n:
                 return False
         if dst is not src:  # a move to oneself only leaves a trace in the log
-            dst_code = self._codes.get(dst) or self._code_of(dst)
+            dst_code = self._codes.get(dst) or self._register(dst)
             for i in lst:
                 mv[i] = dst_code
             held = self._held
@@ -620,14 +679,14 @@ class Ledger:
                 self._release_code(src_code)
             if src.giver is not None:
                 src.giver(src)
-        self._log.append(
+        self._append(
             (self.step, op, tuple(lst), src.serial, src.kind, src.key, src._account.name,
              dst.serial, dst.kind, dst.key, dst._account.name, self.epoch)
         )  # fmt: skip
         self.step += 1
         if self.observer is not None:
             self.observer.moved(self, np.asarray(lst, dtype=np.int64), src, dst, op)
-        counts = self._count.values()
+        counts = self._count_values
         if sum(counts) != self.size or min(counts) < 0:
             self._check_count(op)  # raises, naming the counts
         return True
@@ -882,7 +941,7 @@ class OwnerTable(Ledger):
             # An allocation: ids the pool took off its own free list (see transfer_each).
             n = ids.size
             if n:
-                dst_code = codes.get(dst) or self._code_of(dst)
+                dst_code = codes.get(dst) or self._register(dst)
                 if n <= SMALL_MOVE:
                     mv = self._mv
                     for i in ids.tolist():
@@ -907,7 +966,7 @@ class OwnerTable(Ledger):
                     break
             if ok and (n == 1 or len(set(lst)) == n):
                 if dst is not src:
-                    dst_code = codes.get(dst) or self._code_of(dst)
+                    dst_code = codes.get(dst) or self._register(dst)
                     for i in lst:
                         mv[i] = dst_code
                     self._moved(src, src_code, dst, dst_code, n)
@@ -920,7 +979,7 @@ class OwnerTable(Ledger):
             return
         self._check_move(a, src_code, src, dst, op)  # the general path: raises with the evidence
         if dst is not src:
-            dst_code = codes.get(dst) or self._code_of(dst)
+            dst_code = codes.get(dst) or self._register(dst)
             self._own[a] = dst_code
             self._moved(src, src_code, dst, dst_code, n)  # type: ignore[arg-type]  # checked: registered
         if self.observer is not None:
@@ -937,7 +996,7 @@ class OwnerTable(Ledger):
                 len(ids) == 1 or len(set(ids)) == len(ids)
             ):
                 if dst is not owner:
-                    dst_code = codes.get(dst) or self._code_of(dst)
+                    dst_code = codes.get(dst) or self._register(dst)
                     for i in ids:
                         mv[i] = dst_code
                     self._moved(owner, code, dst, dst_code, len(ids))
@@ -946,6 +1005,22 @@ class OwnerTable(Ledger):
                 return
         self.require_held_by(ids, owner, op)
         self.transfer(ids, owner, dst, op)
+
+    def move_one(self, i: int, src: Owner, dst: Owner, op: str) -> bool:
+        # One id, checked whatever the source (one comparison; a free naming the free list as its owner
+        # must not pass as an allocation): False, nothing changed, when ``src`` does not hold it.
+        codes = self._codes
+        src_code = codes.get(src)
+        mv = self._mv
+        if src_code is None or type(i) is not int or not 0 <= i < len(mv) or mv[i] != src_code:
+            return False
+        if dst is not src:
+            dst_code = codes.get(dst) or self._register(dst)
+            mv[i] = dst_code
+            self._moved(src, src_code, dst, dst_code, 1)
+        if self.observer is not None:
+            self.observer.moved(self, np.array((i,), dtype=np.int64), src, dst, op)
+        return True
 
     def move_held(self, ids: Any, owner: Owner, dst: Owner, op: str) -> None:
         # require_held_by passed in this same call (and the pool refused repeats): only record the move.
@@ -957,7 +1032,7 @@ class OwnerTable(Ledger):
             n = len(ids)
             if n == 0:
                 return
-            dst_code = self._codes.get(dst) or self._code_of(dst)
+            dst_code = self._codes.get(dst) or self._register(dst)
             mv = self._mv
             for i in ids:
                 mv[i] = dst_code
@@ -966,7 +1041,7 @@ class OwnerTable(Ledger):
             n = a.size
             if n == 0:
                 return
-            dst_code = self._codes.get(dst) or self._code_of(dst)
+            dst_code = self._codes.get(dst) or self._register(dst)
             self._own[a] = dst_code
         self._moved(owner, code, dst, dst_code, n)
         if self.observer is not None:
@@ -1095,6 +1170,9 @@ class NullLedger:
 
     def give_back(self, ids: list[int], owner: Owner, dst: Owner, op: str) -> None:
         return None
+
+    def move_one(self, i: int, src: Owner, dst: Owner, op: str) -> bool:
+        return True
 
     def move_held(self, ids: Any, owner: Owner, dst: Owner, op: str) -> None:
         return None

@@ -116,3 +116,45 @@ def test_whole_pages_free_in_lifo_order() -> None:
     assert id_list_of(pool).free_ids().tolist() == pages + before
     pool.free(tokens[3 * PAGE :], A)
     assert id_list_of(pool).free_ids().tolist()[0] == tokens[3 * PAGE].item() // PAGE
+
+
+def test_a_long_free_longer_than_the_pool_is_a_repeat() -> None:
+    pool, ids = _token_pool()
+    call = ids[:16].repeat(5)  # 80 ids, more than the 64 the pool has: held, in range, repeated
+    expect_rejected(pool, DuplicateIds, lambda: pool.free(call, A))
+
+
+def test_a_long_free_wrapping_around_the_ring_keeps_fifo_order() -> None:
+    with override_ledgers(False):
+        pool = TokenToKVPoolAllocator(32)
+    first = pool.alloc(24, A)
+    assert first is not None
+    pool.free(first, A)  # the ring's free ids now start at position 24 and wrap
+    ids = pool.alloc(30, A)
+    assert ids is not None
+    before = pool.free_ids()
+    call = ids[:20].flip(0)  # reversed, so that no write lands on the value a position held before
+    pool.free(call, A)  # written from position 24: 8 at the end of the ring, 12 from its start
+    assert pool.free_ids() == before + call.tolist()
+    pool.free(ids[20:], A)
+    assert pool.available_size() == 32
+    pool.audit()
+
+
+def test_a_long_free_onto_a_lifo_free_list_goes_to_its_head_in_order() -> None:
+    from kvledger.reference.pools.id_free_list import IdFreeList
+    from kvledger.reference.pools.validate import resolve_device
+
+    with override_ledgers(False):
+        free_list = IdFreeList("lifo", 1, 32, resolve_device("cpu"), reuse="lifo")
+    ids = free_list.alloc(20, A)
+    assert ids is not None
+    before = free_list.free_ids().tolist()
+    free_list.free_checked(ids[:12], A)
+    assert free_list.free_ids().tolist() == ids[:12].tolist() + before
+    with pytest.raises(DoubleFree):
+        free_list.free_checked(ids[5:17], A)
+    assert free_list.free_ids().tolist() == ids[:12].tolist() + before  # refused whole
+    free_list.free_checked(ids[12:], A)
+    assert free_list.available() == 32
+    free_list.audit()

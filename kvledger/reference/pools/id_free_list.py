@@ -194,6 +194,19 @@ class IdFreeList:
         """:meth:`alloc`, returning the ids as a host array (the caller's to keep)."""
         if n > self._len:
             return None
+        if n == 1:  # a decode token, one page: the id as a Python int, no _take / _commit_take
+            ring, h = self._ring, self._head
+            a = ring[h : h + 1].copy()
+            i = a.item()
+            if self._ledger_on and not self.ledger.move_one(i, FREE_LIST, owner, op):
+                self.ledger.transfer([i], FREE_LIST, owner, op)  # raises with the evidence, nothing changed
+            h += 1
+            self._head = h if h < ring.size else 0
+            self._len -= 1
+            self._state_bytes[i] = HELD
+            if self.on_alloc is not None:
+                self.on_alloc(self._device_tensor(a))
+            return a
         a = self._take(n)
         if self._ledger_on:
             self.ledger.transfer(a, FREE_LIST, owner, op)  # checks first: a bug leaves the pool as it was
@@ -266,6 +279,52 @@ class IdFreeList:
         scratch[a] = pos
         return bool(scratch[a].tobytes() == pos.tobytes())
 
+    def _free_plain(self, a: np.ndarray, n: int, op: str, unit: str) -> None:
+        """Validate and release ``n`` (> SMALL) int64 host ids at the release level, in one function:
+        :meth:`_held_distinct`'s byte comparisons (sign, held, repeats), then :meth:`_push_free`'s ring
+        write and state update. Issue 24: free of a prefill chunk next to SGLang's one ``torch.cat``,
+        where every call and attribute read is a measurable share; a refusal changes nothing."""
+        if n <= BYTE_TESTS:
+            if a.tobytes()[HIGH_BYTES] != bytes(n):  # a negative id (numpy would wrap it) or a huge one
+                self._refuse_release(a, op, unit)
+        elif int(a.view(np.uint64).max()) > self.last:
+            self._refuse_release(a, op, unit)
+        state = self._state
+        try:
+            held = state[a].tobytes() == bytes(n)  # HELD is 0; IndexError past the last id
+        except IndexError:
+            held = False
+        if not held or n > self._positions.size:  # more ids than the pool has: some repeat
+            self._refuse_release(a, op, unit)
+        pos = self._positions[:n]
+        scratch = self._scratch
+        scratch[a] = pos
+        if scratch[a].tobytes() != pos.tobytes():  # a repeated id lost one of its scattered positions
+            self._refuse_release(a, op, unit)
+        ring = self._ring
+        cap = ring.size
+        if self._len + n > cap:  # a ring replaced behind the pool's back (tests): the general push copes
+            self._push_free(a)
+            return
+        if self._lifo:
+            start = self._head - n
+            if start < 0:
+                start += cap
+            self._head = start
+        else:
+            start = self._head + self._len
+            if start >= cap:
+                start -= cap
+        end = start + n
+        if end <= cap:
+            ring[start:end] = a
+        else:
+            split = cap - start
+            ring[start:] = a[:split]
+            ring[: end - cap] = a[split:]
+        self._len += n
+        state[a] = FREE
+
     def _refuse_release(self, a: np.ndarray, op: str, unit: str) -> None:
         """The precise typed error for a release the fast path refused (range, repeats, then state)."""
         bad = (a < self.first) | (a > self.last)
@@ -295,25 +354,26 @@ class IdFreeList:
         n = ids.numel()
         if n == 0:
             return
-        # Release's own path (no ledger, no open free group, no poisoning hook): validate, then straight
-        # onto the free list, without the general path's calls (issue 24: free at SGLang's speed).
-        plain = not self._ledger_on and self.pending is None and self.on_release is None
         if n > SMALL:
-            a = host_ids(ids)
-            if plain:
-                if not self._held_distinct(a, n):
-                    self._refuse_release(a, op, unit)
-                self._push_free(a)
+            a = ids.numpy() if ids.is_cpu else ids.cpu().numpy()
+            # Release's own path (no ledger, no open free group, no poisoning hook): validate, then straight
+            # onto the free list, without the general path's calls (issue 24: free at SGLang's speed).
+            if not self._ledger_on and self.pending is None and self.on_release is None:
+                self._free_plain(a, n, op, unit)
                 return
             self.check_release(a, owner, op, unit)
             self._release(a, ids, owner, op, held=self._ledger_on)
             return
         st, first, last = self._state_bytes, self.first, self.last
         if n == 1:
-            i = int(ids.item())
+            i: int = ids.item()  # type: ignore[assignment]  # an int: the tensor is int64 (as_index_tensor)
             if not (first <= i <= last and st[i] == HELD):
                 self._refuse_release(np.asarray([i], dtype=np.int64), op, unit)
-            if plain and self._len < self.count:
+            if self.pending is None and self.on_release is None and self._len < self.count:
+                # Straight onto the ring; with a ledger, after the owner check and the checked move of the
+                # id (ForeignSlot first, nothing changed).
+                if self._ledger_on and not self.ledger.move_one(i, owner, FREE_LIST, op):
+                    self.ledger.give_back([i], owner, FREE_LIST, op)  # raises ForeignSlot with the evidence
                 self._push_one(i)
                 return
             lst = [i]
@@ -341,8 +401,10 @@ class IdFreeList:
             st, first, last = self._state_bytes, self.first, self.last
             if not (all(first <= i <= last and st[i] == HELD for i in lst) and (n < 2 or len(set(lst)) == n)):
                 return False
-            plain = not self._ledger_on and self.pending is None and self.on_release is None
-            if n == 1 and plain and self._len < self.count:
+            if n == 1 and self.pending is None and self.on_release is None and self._len < self.count:
+                # the owner check and the checked move of one id (ForeignSlot first)
+                if self._ledger_on and not self.ledger.move_one(lst[0], owner, FREE_LIST, op):
+                    self.ledger.give_back(lst, owner, FREE_LIST, op)  # raises ForeignSlot, nothing changed
                 self._push_one(lst[0])
                 return True
             if self._ledger_on:

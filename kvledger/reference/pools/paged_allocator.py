@@ -60,6 +60,7 @@ class PagedTokenToKVPoolAllocator(IdPool):
         self.num_pages = size // page_size
         self.size = self.num_pages * page_size
         self._pages = self._init_pool(name, device, 1, self.num_pages, unit=page_size, reuse="lifo")
+        self._on_cpu = self.device.type == "cpu"  # read on every alloc (``device.type`` costs 0.2 us)
         self._offsets = torch.arange(page_size, dtype=torch.int64, device=self.device)
         self._offsets_np = np.arange(page_size, dtype=np.int64)
         self._free_what = f"{name}.free"
@@ -132,7 +133,7 @@ class PagedTokenToKVPoolAllocator(IdPool):
 
     def _page_tensor(self, pages: np.ndarray) -> torch.Tensor:
         t = torch.from_numpy(np.ascontiguousarray(pages, dtype=np.int64))
-        return t if self.device.type == "cpu" else t.to(self.device)
+        return t if self._on_cpu else t.to(self.device)
 
     def _tokens_of(self, pages: torch.Tensor) -> torch.Tensor:
         return (pages[:, None] * self.page_size + self._offsets).reshape(-1)
@@ -159,7 +160,8 @@ class PagedTokenToKVPoolAllocator(IdPool):
         if pages is None:
             return None
         tokens = (pages[:, None] * self.page_size + self._offsets_np).reshape(-1)
-        return torch.from_numpy(tokens) if self.device.type == "cpu" else torch.from_numpy(tokens).to(self.device)
+        t = torch.from_numpy(tokens)
+        return t if self._on_cpu else t.to(self.device)
 
     @snapshot(lambda self: self.available_size(), name="available")
     @ensure(lambda self, OLD, result: result is not None or self.available_size() == OLD.available)
@@ -256,7 +258,7 @@ class PagedTokenToKVPoolAllocator(IdPool):
             assert pages is not None
             out[np.flatnonzero(opens)] = host_ids(pages) * ps
         t = torch.from_numpy(out)
-        return t if self.device.type == "cpu" else t.to(self.device)
+        return t if self._on_cpu else t.to(self.device)
 
     def _check_distinct_partial_pages(self, locs: list[Any], op: str) -> None:
         """Two batch entries continuing the same partial page would be handed the same slots."""
