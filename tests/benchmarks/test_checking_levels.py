@@ -37,6 +37,9 @@ def test_quick_run_prints_every_level_of_every_workload() -> None:
             assert_clock_figure(row["cpu_s"], f"{result['workload']}.{level}.cpu_s")
             assert len(row["runs_cpu_s"]) == 1
         assert result["levels"]["release"]["ratio_to_release"] == 1.0
+        assert result["levels"]["release"]["ratio_of_minima"] == 1.0
+        for row in result["levels"].values():  # one run each: the minimum is the median
+            assert row["ratio_of_minima"] == row["ratio_to_release"]
         assert [f["figure"] for f in result["figures"]] == [f"{result['workload']}, {lv}" for lv in LEVELS[1:]]
         for figure in result["figures"]:
             assert_clock_figure(figure["on_off_ratio"], figure["figure"])
