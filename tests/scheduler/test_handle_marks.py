@@ -14,6 +14,7 @@ import pytest
 
 from kvledger.contracts import switch
 from kvledger.contracts.errors import ContractViolation
+from kvledger.contracts.owners import BATCH_INFLIGHT, REQ_RUNNING
 from kvledger.reference.scheduler import Scheduler
 from kvledger.reference.scheduler.request import Req
 from tests.scheduler.harness import Setup, build
@@ -87,3 +88,27 @@ def test_a_handle_rewritten_to_another_requests_slot_is_named_before_the_forward
     with pytest.raises(ContractViolation, match="I-HANDLE-OWNED") as err:
         sched.step()
     assert "mamba_pool_idx" in str(err.value)
+
+
+def test_a_retag_after_the_step_is_in_the_next_snapshot_and_marks_no_handle() -> None:
+    """A retag is a terms change, not a handle change: the timeline's snapshot, which reuses the step's
+    terms, must drop them; the handles stay verified."""
+    sched = engine()
+    a, _ = decoding_pair(sched)
+    before = sched.accounting.snapshot()
+    assert before["kv"].get(REQ_RUNNING.name, 0) > 0
+    a.owner.set_account(BATCH_INFLIGHT, "test retag")  # what a launch does to a running request
+    after = sched.accounting.snapshot()
+    assert after == {pool: terms for pool, terms in _recount(sched).items()}
+    assert after["kv"][BATCH_INFLIGHT.name] == a.kv_allocated_len - a.cache_protected_len
+    assert sched.accounting.take_unverified_handles() == []
+
+
+def _recount(sched: Scheduler) -> dict[str, dict[str, int]]:
+    """The snapshot's rows from a full recount of every live request."""
+    out = {}
+    for t in sched.accounting.pool_terms():
+        row = {"size": t.size, "free": t.free, "pending_free": t.pending}
+        row |= {"cache.evictable": t.evictable, "cache.protected": t.protected, **t.held}
+        out[t.pool] = row
+    return out

@@ -125,16 +125,19 @@ class Accounting:
             self._handles_unverified[req] = None
 
     def _owner_changed(self, owner: Owner) -> None:
+        """``owner`` changed account (a retag): its request's terms move; its handles stay verified."""
         req = self._by_owner.get(owner)
         if req is not None:
             self._dirty[req] = None
+            self._last_terms = None
 
     def _owner_gave(self, owner: Owner) -> None:
+        """Ids left ``owner`` in a ledger: its request's terms and its handles are looked at again."""
         req = self._by_owner.get(owner)
         if req is not None:
             self._dirty[req] = None
-            self._handles_unverified[req] = None
             self._last_terms = None
+            self._handles_unverified[req] = None
 
     def released(self, req: Req) -> None:
         """``req`` gave everything back: recount it once more, then forget it."""
