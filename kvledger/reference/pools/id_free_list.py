@@ -280,50 +280,11 @@ class IdFreeList:
         return bool(scratch[a].tobytes() == pos.tobytes())
 
     def _free_plain(self, a: np.ndarray, n: int, op: str, unit: str) -> None:
-        """Validate and release ``n`` (> SMALL) int64 host ids at the release level, in one function:
-        :meth:`_held_distinct`'s byte comparisons (sign, held, repeats), then :meth:`_push_free`'s ring
-        write and state update. Issue 24: free of a prefill chunk next to SGLang's one ``torch.cat``,
-        where every call and attribute read is a measurable share; a refusal changes nothing."""
-        if n <= BYTE_TESTS:
-            if a.tobytes()[HIGH_BYTES] != bytes(n):  # a negative id (numpy would wrap it) or a huge one
-                self._refuse_release(a, op, unit)
-        elif int(a.view(np.uint64).max()) > self.last:
+        """Validate and release ``n`` (> SMALL) int64 host ids at the release level: :meth:`_held_distinct`'s
+        byte comparisons (sign, held, repeats), then :meth:`_push_free`. A refusal changes nothing."""
+        if not self._held_distinct(a, n):
             self._refuse_release(a, op, unit)
-        state = self._state
-        try:
-            held = state[a].tobytes() == bytes(n)  # HELD is 0; IndexError past the last id
-        except IndexError:
-            held = False
-        if not held or n > self._positions.size:  # more ids than the pool has: some repeat
-            self._refuse_release(a, op, unit)
-        pos = self._positions[:n]
-        scratch = self._scratch
-        scratch[a] = pos
-        if scratch[a].tobytes() != pos.tobytes():  # a repeated id lost one of its scattered positions
-            self._refuse_release(a, op, unit)
-        ring = self._ring
-        cap = ring.size
-        if self._len + n > cap:  # a ring replaced behind the pool's back (tests): the general push copes
-            self._push_free(a)
-            return
-        if self._lifo:
-            start = self._head - n
-            if start < 0:
-                start += cap
-            self._head = start
-        else:
-            start = self._head + self._len
-            if start >= cap:
-                start -= cap
-        end = start + n
-        if end <= cap:
-            ring[start:end] = a
-        else:
-            split = cap - start
-            ring[start:] = a[:split]
-            ring[: end - cap] = a[split:]
-        self._len += n
-        state[a] = FREE
+        self._push_free(a)
 
     def _refuse_release(self, a: np.ndarray, op: str, unit: str) -> None:
         """The precise typed error for a release the fast path refused (range, repeats, then state)."""
