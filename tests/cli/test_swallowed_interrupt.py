@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -59,3 +60,59 @@ def test_a_process_that_ignores_sigint_keeps_ignoring_it() -> None:
             interrupt.check()
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+class _InterruptedOnCollection:
+    """An object whose ``__del__`` gets Ctrl-C, as Hypothesis's garbage-collector callback did in a CI run:
+    Python cannot raise there and reports the exception as unraisable instead."""
+
+    def __del__(self) -> None:
+        signal.raise_signal(signal.SIGINT)
+
+
+class _BrokenOnCollection:
+    def __del__(self) -> None:
+        raise ValueError("a real bug in a finaliser")
+
+
+@pytest.fixture
+def reported(monkeypatch: pytest.MonkeyPatch) -> list[BaseException | None]:
+    """The unraisable exceptions that reach the hook in place before the command (Python's default
+    prints them as "Exception ignored in ..."), recorded instead."""
+    seen: list[BaseException | None] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: seen.append(unraisable.exc_value))
+    return seen
+
+
+def test_a_ctrl_c_python_cannot_raise_is_not_reported_and_is_raised_at_the_next_check(
+    reported: list[BaseException | None],
+) -> None:
+    with interrupt.watching():
+        obj = _InterruptedOnCollection()
+        del obj  # the interrupt lands in __del__: unraisable
+        assert reported == []  # no "Exception ignored in ..." before the one-line report
+        with pytest.raises(KeyboardInterrupt):
+            interrupt.check()
+
+
+def test_other_unraisable_exceptions_are_still_reported_while_watching(
+    reported: list[BaseException | None],
+) -> None:
+    with interrupt.watching():
+        obj = _BrokenOnCollection()
+        del obj
+        interrupt.check()  # no interrupt was invented
+    assert [type(e) for e in reported] == [ValueError]
+
+
+def test_outside_a_command_a_ctrl_c_python_cannot_raise_is_reported(reported: list[BaseException | None]) -> None:
+    obj = _InterruptedOnCollection()
+    del obj
+    assert [type(e) for e in reported] == [KeyboardInterrupt]
+
+
+def test_the_unraisable_hook_is_restored_after_the_command(reported: list[BaseException | None]) -> None:
+    before = sys.unraisablehook
+    with interrupt.watching():
+        assert sys.unraisablehook is not before
+    assert sys.unraisablehook is before
