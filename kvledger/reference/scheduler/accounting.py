@@ -376,11 +376,14 @@ class Accounting:
         Rows are written by the host while the batch's forward reads them (B8), and a request's Mamba
         working slot is advanced by that forward, so neither may change hands until the results are
         processed. A KV slot freed meanwhile (a duplicate the tree already holds) may be reused: every
-        write to it by a later batch is ordered after the in-flight batch on the device stream.
+        write to it by a later batch is ordered after the in-flight batch on the device stream. So may a
+        Mamba capture target its request gave away meanwhile (a V2 donation the tree declined), for the
+        same reason (``ScheduleBatch.mamba_still_held``).
         """
         if not self.enabled:
             return
         for b in self.s.inflight:
+            mamba = b.mamba_still_held() if b.ref_mamba else b.ref_mamba
             for r in batch.reqs:
                 if r in b.reqs:
                     continue
@@ -389,7 +392,7 @@ class Accounting:
                         f"I-ROW-EXCLUSIVE-WHILE-IN-FLIGHT: {r.owner!r} got row {r.req_pool_idx}"
                         f" that in-flight {b!r} reads"
                     )
-                shared = set(r.mamba_slots()) & b.ref_mamba
+                shared = mamba.intersection(r.mamba_slots())
                 if shared:
                     raise ContractViolation(
                         f"I-ROW-EXCLUSIVE-WHILE-IN-FLIGHT: {r.owner!r} got Mamba slot(s) {sorted(shared)}"

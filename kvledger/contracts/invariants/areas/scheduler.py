@@ -203,8 +203,11 @@ AREA = Area(
             title="nothing a launched batch reads changes hands",
             statement=(
                 "No row or Mamba slot referenced by a launched batch whose results are not processed is"
-                " handed to another request; requests that end meanwhile are parked in `batch.inflight`,"
-                " retraction drains first."
+                " handed to another request while a request of that batch still names it; requests that end"
+                " meanwhile are parked in `batch.inflight`, retraction drains first. A Mamba capture target"
+                " its request gave away meanwhile (a V2 donation the tree declined) may be reused: its next"
+                " owner zeroes or copies into it only in a later forward, after this one on the device"
+                " stream, as a freed KV slot's next writer does."
             ),
             severity=Severity.BUG,
             origin=Origin.SGLANG,
