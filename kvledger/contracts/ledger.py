@@ -244,6 +244,7 @@ class Ledger:
         self.domain = domain
         self.size = len(domain)
         self.unit = unit
+        self.id_noun = "page" if unit > 1 else "slot"  # what an id names in reports (a paged pool's are pages)
         # The data checks ride on this flag: the pool poisons freed slots and zeroes handed-out ones, the
         # tiny model checks what its reads see (the level ``full``; a pool's ledger gets it from
         # make_ledger).
@@ -430,7 +431,7 @@ class Ledger:
         for slot in list(slots)[:8]:
             claim = None if claims is None else claims.get(slot)
             lines.append(
-                f"  slot {slot}: owner {self.owner_of(slot)!r}"
+                f"  {self.id_noun} {slot}: owner {self.owner_of(slot)!r}"
                 + ("" if claim is None else f"; {claim}")
             )
             moves = self.history_of(slot)

@@ -112,6 +112,8 @@ class PDSimResult:
     timelines: dict[str, list[dict[str, dict[str, int]]]] = field(repr=False)
     timeline_steps: dict[str, list[int]] = field(default_factory=dict, repr=False)  # the step of each snapshot
     units: dict[str, dict[str, str]] = field(default_factory=dict)  # per instance, per pool: what its terms count
+    checks: str = ""  # the checking level the instances ran at (release, owners, ledger, full)
+    faults: dict[str, int] = field(default_factory=dict)  # a fault soak's injections (kvledger.sim.faults)
 
     def summary(self) -> dict[str, Any]:
         out = asdict(self)
@@ -147,6 +149,7 @@ def run_pd_simulation(
     start = time.perf_counter()
     next_arrival = 0
     per_step = opts.base.workload.arrivals_per_step
+    faults = opts.base.fault_driver()
     try:
         while next_arrival < total or system.has_work():
             for rid, prompt, max_new in itertools.islice(arrivals, per_step):
@@ -154,6 +157,8 @@ def run_pd_simulation(
             next_arrival = min(total, next_arrival + per_step)
             if opts.abort_rate and rng.random() < opts.abort_rate:
                 _abort_one(system, rng)
+            if faults.active:
+                faults.before_step([system.prefill, system.decode])
             system.step()
             for side, inst in ((PREFILL, system.prefill), (DECODE, system.decode)):
                 _update_peak(peaks[side], inst.accounting.free_terms())
@@ -178,6 +183,11 @@ def run_pd_simulation(
     return PDSimResult(
         options={**_options_dict(opts.base), **{k: v for k, v in asdict(opts).items() if k != "base"}},
         contracts=switch.ENABLED,
+        checks=(switch.LEVEL if opts.base.checks is None else opts.base.checks).label,
+        faults={
+            "alloc_faults_planned": faults.faults_planned,
+            "alloc_faults_fired": system.prefill.faults.fired + system.decode.faults.fired,
+        },
         steps=system.step_no,
         wall_s=round(wall, 3),
         steps_per_s=round(system.step_no / wall, 1) if wall > 0 else 0.0,

@@ -19,8 +19,15 @@ from typing import IO, Any
 
 from kvledger.audit.record import Recorder
 from kvledger.contracts import switch
-from kvledger.contracts.errors import ContractViolation, IdentityFailure
+from kvledger.contracts.errors import (
+    ContractViolation,
+    DoubleFree,
+    DuplicateIds,
+    ForeignSlot,
+    IdentityFailure,
+)
 from kvledger.contracts.levels import CheckLevel
+from kvledger.sim.faults import FaultDriver
 from kvledger.reference.engine import EngineSpec, ModelKind, TreeKind, build_engine
 from kvledger.reference.scheduler.config import MambaSchedulerStrategy
 from kvledger.reference.scheduler.spec_config import SpeculativeConfig
@@ -87,6 +94,13 @@ class SimOptions:
     speculative: int = 0
     speculative_topk: int = 1
     speculative_accept_rate: float = 0.7
+    # A fault soak (kvledger.sim.faults): per step, the probability of an injected allocation failure and
+    # of a client abort (seeded by the workload's seed).
+    alloc_fault_rate: float = 0.0
+    abort_rate: float = 0.0
+
+    def fault_driver(self) -> FaultDriver:
+        return FaultDriver(self.alloc_fault_rate, self.abort_rate, self.workload.seed)
 
     def speculative_config(self) -> SpeculativeConfig | None:
         k = self.speculative
@@ -169,6 +183,7 @@ class SimResult:
     units: dict[str, str] = field(default_factory=dict)  # per pool: what its terms count (tokens, rows, slots)
     speculative: dict[str, Any] | None = None  # speculative decoding's figures (None: off)
     checks: str = ""  # the checking level the engine ran at (release, owners, ledger, full)
+    faults: dict[str, int] = field(default_factory=dict)  # a fault soak's injections (kvledger.sim.faults)
 
     @property
     def failed(self) -> bool:
@@ -207,6 +222,7 @@ def run_simulation(
     violation: str | None = None
     identity_failure: str | None = None
     failed_at: int | None = None
+    faults = opts.fault_driver()
     start = time.perf_counter()
     next_arrival = 0
     try:
@@ -217,6 +233,8 @@ def run_simulation(
             for rid, prompt, max_new in itertools.islice(arrivals, room):
                 sched.add_request(rid, prompt, max_new)
             next_arrival = min(total, next_arrival + room)
+            if faults.active:
+                faults.before_step([sched], abort_in=sched)
             sched.step()
             _update_peak(peak, sched.accounting.free_terms())
             if timeline.wants(sched.step_no):
@@ -231,6 +249,8 @@ def run_simulation(
         identity_failure, failed_at = str(exc), sched.step_no
     except ContractViolation as exc:
         violation, failed_at = str(exc), sched.step_no
+    except OWNERSHIP_REFUSALS as exc:  # the engine's own call refused (from owners up): a bug it made
+        violation, failed_at = f"{type(exc).__name__} (the engine's own call): {exc}", sched.step_no
     # Closed (the log's end written) only when the run ended or stopped on what it found: on any other
     # exception (Ctrl-C, bad input) the log is cut off, and the caller discards it (kvledger.cli.output).
     if recorder is not None:
@@ -239,10 +259,11 @@ def run_simulation(
         _last_snapshot(timeline, sched)
     wall = time.perf_counter() - start
     st = sched.stats
+    level = switch.LEVEL if opts.checks is None else opts.checks
     return SimResult(
         options=_options_dict(opts),
         contracts=switch.ENABLED,
-        checks=(switch.LEVEL if opts.checks is None else opts.checks).label,
+        checks=level.label,
         steps=sched.step_no,
         wall_s=round(wall, 3),
         steps_per_s=round(sched.step_no / wall, 1) if wall > 0 else 0.0,
@@ -261,8 +282,8 @@ def run_simulation(
         decode_batches=st.decode_batches,
         contract_checks=st.busy_checks,
         idle_checks=st.idle_checks,
-        # Contracts off, nothing looks for violations (None), unless a ledger (--record) found one.
-        violations=int(violation is not None) if switch.ENABLED or violation else None,
+        # At release nothing looks for violations (None), unless a ledger (--record) found one.
+        violations=int(violation is not None) if level.tracks_owners or violation else None,
         violation=violation,
         peak_use=peak,
         mamba_tracking=None if sched.memory.tracking is None else dict(sched.memory.tracking.stats),
@@ -274,7 +295,16 @@ def run_simulation(
         failed_at_step=failed_at,
         units=sched.accounting.units(),
         speculative=_speculative_summary(sched),
+        faults={
+            "alloc_faults_planned": faults.faults_planned,
+            "alloc_faults_fired": sched.faults.fired,
+            "aborts_sent": faults.aborts_sent,
+        },
     )
+
+
+OWNERSHIP_REFUSALS = (ForeignSlot, DoubleFree, DuplicateIds)
+"""Errors a pool raises when a caller names ids it does not hold: in a run, the caller is the engine."""
 
 
 def _speculative_summary(sched: Any) -> dict[str, Any] | None:

@@ -90,7 +90,7 @@ def test_free_unchecked_of_a_waiting_requests_slot_names_holder_and_history(kind
     message = str(info.value)
     assert not isinstance(info.value, KVLedgerError), "a bookkeeping bug must not look like bad input"
     assert message.startswith(f"[{pool.name}]"), message
-    assert re.search(rf"^\s+slot {slot}: owner req#7\[req\.waiting\]$", message, re.M), message
+    assert re.search(rf"^\s+{pool.ledger.id_noun} {slot}: owner req#7\[req\.waiting\]$", message, re.M), message
     assert "expected to be held by req#8[req.running]" in message
     history = [line.strip() for line in message.splitlines() if line.strip().startswith("step ")]
     assert len(history) == 2, message
@@ -113,7 +113,7 @@ def test_double_free_through_free_unchecked(kind: str) -> None:
         pool._free_unchecked(ids, owner, "free")
     message = str(info.value)
     assert "I-NODUP-FREE" in message
-    assert re.search(rf"slot {slot}: owner free_list\[free\]", message), message
+    assert re.search(rf"{pool.ledger.id_noun} {slot}: owner free_list\[free\]", message), message
     assert re.search(r"step \d+: free: req#3\[req\.running\] -> free_list\[free\]", message), message
     before.assert_same(snapshot(pool), "the refused double free")
 

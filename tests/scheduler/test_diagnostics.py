@@ -71,7 +71,7 @@ def test_a_leak_names_the_request_its_ids_and_their_moves(case: str) -> None:
     # The request, by its state: finished and released, so its bookkeeping holds nothing.
     assert re.search(rf"^\s+req#{rid}: Req\(rid={rid}, finished, .*released", message, re.M), message
     # The last moves of a leaked id, dated by scheduler step: it was handed to the request.
-    assert re.search(rf"^\s+slot {held[0]}: owner req#{rid}\[", message, re.M), message
+    assert re.search(rf"^\s+{ledger.id_noun} {held[0]}: owner req#{rid}\[", message, re.M), message
     assert re.search(rf"scheduler step \d+: \w+: free_list\[free\] -> req#{rid}\[", message), message
 
 

@@ -651,6 +651,20 @@ REQ: dict[str, list[Row]] = {
         ),
         Row(WRONG_TYPE, "a None end", "InvalidArgument", lambda s: s.pool.read(s.a_ids[0], 0, None)),
     ],
+    "forget_tail": [
+        Row(DOUBLE, "a free row", "InvalidArgument", lambda s: s.pool.forget_tail(s.free_ids[0], 0)),
+        Row(OUT_OF_RANGE, "a row past the end", "SlotOutOfRange", lambda s: s.pool.forget_tail(5, 0)),
+        Row(NEGATIVE, "a negative row", "InvalidArgument", lambda s: s.pool.forget_tail(-1, 0)),
+        Row(NEGATIVE, "a negative start", "InvalidArgument", lambda s: s.pool.forget_tail(s.a_ids[0], -1)),
+        Row(
+            OUT_OF_RANGE,
+            "a start past max_context_len",
+            "InvalidArgument",
+            lambda s: s.pool.forget_tail(s.a_ids[0], 9),
+        ),
+        Row(WRONG_TYPE, "a float start", "InvalidArgument", lambda s: s.pool.forget_tail(s.a_ids[0], 1.0)),
+        Row(WRONG_TYPE, "a None row", "InvalidArgument", lambda s: s.pool.forget_tail(None, 0)),
+    ],
     "read_each": [
         Row(NEGATIVE, "a negative row", "SlotOutOfRange", lambda s: s.pool.read_each([-1], [0])),
         Row(

@@ -289,6 +289,14 @@ FAULTS: list[Row] = [
     Row(DEGENERATE, "times 0", "InvalidArgument", lambda s: s.sched.faults.fail_next("kv", 0)),
     Row(NEGATIVE, "negative times", "InvalidArgument", lambda s: s.sched.faults.fail_next("kv", -2)),
     Row(WRONG_TYPE, "float times", "InvalidArgument", lambda s: s.sched.faults.fail_next("row", 1.5)),
+    Row(NEGATIVE, "negative after", "InvalidArgument", lambda s: s.sched.faults.fail_next("kv", after=-1)),
+    Row(WRONG_TYPE, "float after", "InvalidArgument", lambda s: s.sched.faults.fail_next("kv", after=0.5)),
+    Row(
+        OUT_OF_RANGE,
+        "a plan longer than MAX_PLAN",
+        "InvalidArgument",
+        lambda s: s.sched.faults.fail_next("mamba", 2, after=10**18),
+    ),
 ]
 
 # ---------------------------------------------------------------------- configuration and the builder

@@ -31,6 +31,8 @@ from kvledger.museum.machines.pd_setup import build, expected, pd_spec
 from kvledger.museum.machines.scheduler import (
     CHECKED_DRAIN_STEPS,
     FAMILIES,
+    FAULT_AFTER,
+    FAULT_KINDS,
     chunk_sizes,
     drain_bound,
     pick_by_stage,
@@ -241,10 +243,10 @@ class PDMachine(RuleBasedStateMachine):
             event(f"control fault: {component.value} {fault.value}")
         self.system.channel.inject(component, fault)
 
-    @rule(side=st.sampled_from([PREFILL, DECODE]), kind=st.sampled_from(["row", "mamba", "kv"]))
-    def inject_allocation_failure(self, side: str, kind: str) -> None:
+    @rule(side=st.sampled_from([PREFILL, DECODE]), kind=st.sampled_from(FAULT_KINDS), after=FAULT_AFTER)
+    def inject_allocation_failure(self, side: str, kind: str, after: int = 0) -> None:
         inst = self.system.prefill if side == PREFILL else self.system.decode
-        inst.faults.fail_next(kind)
+        inst.faults.fail_next(kind, after=after)
 
     @precondition(lambda self: bool(self.system.decode.running))
     @rule()

@@ -39,6 +39,7 @@ from kvledger.museum.machines.notes import event, target
 from kvledger.museum.machines.oracles import expected_output
 from kvledger.reference.engine import EngineSpec, TreeKind, build_engine
 from kvledger.reference.scheduler import ReqState
+from kvledger.reference.scheduler.scheduler import FAULT_KINDS as SCHEDULER_FAULT_KINDS
 from kvledger.reference.scheduler.config import CowReleasePolicy
 from kvledger.reference.scheduler.spec_config import SpeculativeConfig
 
@@ -51,7 +52,10 @@ FAMILIES = [
 T = TypeVar("T")
 S = TypeVar("S", str, tuple[str, str])  # a stage: a name, or a pair of names (PD: prefill, decode)
 
-FAULT_KINDS = ("row", "mamba", "kv")
+FAULT_KINDS = SCHEDULER_FAULT_KINDS  # what an injected allocation failure may hit
+# How many allocations of the kind a fault lets through first: a rollback in the middle of a round
+# undoes what the earlier requests took (at page > 1 a page given back may come back elsewhere in a row).
+FAULT_AFTER = st.sampled_from([0, 1, 2])
 MAX_CONTEXT_LEN = 96
 CHECKED_DRAIN_STEPS = 200
 
@@ -358,10 +362,12 @@ class SchedulerMachine(RuleBasedStateMachine):
                 f" {'True' if was_done else 'False'} (an abort of an ended request is a no-op): {req!r}"
             )
 
-    @rule(kind=st.sampled_from(FAULT_KINDS))
-    def inject_allocation_failure(self, kind: str) -> None:
+    @rule(kind=st.sampled_from(FAULT_KINDS), after=FAULT_AFTER)
+    def inject_allocation_failure(self, kind: str, after: int = 0) -> None:
+        """The allocation of ``kind`` after the next ``after`` fails: with ``after`` > 0 the failure lands in
+        the middle of an admission or a verify, once earlier requests of the round took their ids."""
         if kind in self.faults:
-            self.sched.faults.fail_next(kind)
+            self.sched.faults.fail_next(kind, after=after)
 
     @precondition(lambda self: bool(self.sched.running))
     @rule()

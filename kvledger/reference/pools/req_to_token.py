@@ -119,6 +119,21 @@ class ReqToTokenPool(IdPool):
         self.req_to_token[row, start : start + values.numel()] = values.to(torch.int32)
 
     @ensure(
+        lambda self, row, start: self.row_writes is None or self.row_writes.written_to(row) <= start,
+        "I-ROW-WRITE: after forget_tail nothing of the row from start on counts as written",
+    )
+    def forget_tail(self, row: int, start: int) -> None:
+        """The row's owner gave back what positions ``start..`` named (an admission or a verify's
+        over-allocation rolled back, a rejected speculative tail freed): those cells are stale, no record
+        of its KV. The table keeps them (SGLang's does too: every reader stops at the request's allocated
+        length); a debug build stops counting them as written, so that a later write over them is not
+        taken for one that loses ids (I-ROW-WRITE: at page > 1 a page given back can come back at another
+        position, and its stale cells then name ids the owner holds again, elsewhere in the row)."""
+        self._check_span(row, start, start, "forget_tail")
+        if self.row_writes is not None:
+            self.row_writes.forget_tail(row, start)
+
+    @ensure(
         lambda self, rows, positions, values: self._holds_each(rows, positions, values),
         "each row holds its value at its position",
     )

@@ -11,9 +11,11 @@ tail's ids, freed and taken again by the next verify, may land where their stale
 
 :class:`RowWriteGuard` checks it at the write, where the two ledgers meet: the row's owner in the row
 pool's ledger, each overwritten id's owner in the KV allocator's. Only positions the row's current owner
-has written since the row was handed out are considered (a reused row still holds its previous owner's
-ids past that mark, which mean nothing). Debug builds only (both ledgers real); a few numpy operations on
-the positions actually overwritten, which the reference's own writes keep empty but for the re-match.
+has written since the row was handed out, and not given back since, are considered (a reused row still
+holds its previous owner's ids past that mark, and a rolled-back allocation or a freed speculative tail
+leaves stale cells above the owner's allocated length: ``ReqToTokenPool.forget_tail`` lowers the mark).
+Debug builds only (both ledgers real); a few numpy operations on the positions actually overwritten,
+which the reference's own writes keep empty but for the re-match.
 """
 
 from __future__ import annotations
@@ -43,6 +45,15 @@ class RowWriteGuard:
     def handed_out(self, rows: Sequence[int]) -> None:
         """New owners: nothing of theirs is written yet."""
         self.filled[list(rows)] = 0
+
+    def written_to(self, row: int) -> int:
+        """How far the row's current owner has written (its mark)."""
+        return int(self._marks[row])
+
+    def forget_tail(self, row: int, start: int) -> None:
+        """Positions ``start..`` no longer hold anything of the owner's (``ReqToTokenPool.forget_tail``)."""
+        if self._marks[row] > start:
+            self._marks[row] = start
 
     def check_span(self, table: np.ndarray, row: int, start: int, values: np.ndarray) -> None:
         """Before ``table[row, start:start+len(values)] = values``; then records the new mark."""
@@ -98,11 +109,12 @@ class RowWriteGuard:
         ]
         if owned:
             ids = sorted({slot // page for _, slot in owned})
+            held = f"KV slot(s) {[s for _, s in owned][:8]}" + (f" of page(s) {ids[:8]}" if page > 1 else "")
             raise ContractViolation(
                 kv_ledger.describe(
                     ids[:4],
                     f"I-ROW-WRITE: a write of row {row} ({owner!r}) covers position(s)"
-                    f" {[pos for pos, _ in owned][:8]} holding KV slot(s) {[s for _, s in owned][:8]} that"
-                    f" {owner!r} still owns: the write would lose them",
+                    f" {[pos for pos, _ in owned][:8]} holding {held} that {owner!r} still owns: the write"
+                    " would lose them",
                 )
             )

@@ -204,6 +204,8 @@ class ReqMemory:
             for free, ids, owner_req in reversed(undo):
                 free(ids, owner_req.owner)
             for req, (row, slot, allocated, track) in zip(reqs, saved, strict=True):
+                if row is not None and req.kv_allocated_len > allocated:
+                    self.req_to_token_pool.forget_tail(row, allocated)  # the cells written here are stale
                 req.req_pool_idx, req.mamba_pool_idx, req.kv_allocated_len = row, slot, allocated
                 req.mamba_ping_pong_track_buffer = track
             return None

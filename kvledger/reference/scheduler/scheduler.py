@@ -31,7 +31,7 @@ from kvledger.contracts.pool_kinds import POOL_KINDS, PoolKind
 from kvledger.contracts.protocols import AnyPrefixCache, KVAllocator, MambaStatePool, ReqRowPool
 from kvledger.contracts.seams import seam
 from kvledger.contracts.switch import ensure, invariant
-from kvledger.reference.pools.validate import check_positive
+from kvledger.reference.pools.validate import check_count, check_positive
 from kvledger.reference.scheduler.accounting import Accounting
 from kvledger.reference.scheduler.adder import AddReqResult, PrefillAdder
 from kvledger.reference.scheduler.batch import ScheduleBatch
@@ -74,24 +74,37 @@ class SchedulerStats:
 
 
 class FaultInjector:
-    """Makes the next allocation(s) of a kind (``row``, ``mamba``, ``kv``) fail, for tests."""
+    """Makes allocations of a kind (``row``, ``mamba``, ``kv``) fail, for tests and fault soaks.
+
+    ``fail_next(kind, times, after)`` lets the next ``after`` allocations of that kind through, then fails
+    ``times``: with ``after`` > 0 a failure lands in the middle of an admission, after earlier requests of
+    the round (the chunked one first) took their ids, so the rollback has something to undo. The plan
+    of each kind is a queue of outcomes, consumed one allocation at a time; a second ``fail_next`` joins
+    its outcomes to the end."""
+
+    MAX_PLAN = 4096  # outcomes one call may plan: a test's or a soak's schedule, never a pool's worth
 
     def __init__(self) -> None:
-        self.pending: dict[str, int] = {}
+        self.pending: dict[str, tuple[bool, ...]] = {}  # per kind, the next allocations' outcomes (True: fail)
         self.fired = 0
 
-    def fail_next(self, what: str, times: int = 1) -> None:
+    def fail_next(self, what: str, times: int = 1, after: int = 0) -> None:
         if what not in FAULT_KINDS:
             raise InvalidArgument(f"fail_next: what must be one of {FAULT_KINDS}, got {what!r}")
         check_positive(times, "times")
-        self.pending[what] = self.pending.get(what, 0) + times
+        check_count(after, "after")
+        if after + times > self.MAX_PLAN:
+            raise InvalidArgument(f"fail_next: after + times is at most {self.MAX_PLAN}, got {after + times}")
+        self.pending[what] = self.pending.get(what, ()) + (False,) * after + (True,) * times
 
     def __call__(self, what: str) -> bool:
-        if self.pending.get(what, 0) > 0:
-            self.pending[what] -= 1
+        plan = self.pending.get(what)
+        if not plan:
+            return False
+        self.pending[what] = plan[1:]
+        if plan[0]:
             self.fired += 1
-            return True
-        return False
+        return plan[0]
 
 
 def _ladders_hold(self: Scheduler) -> bool:

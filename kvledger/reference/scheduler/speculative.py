@@ -169,6 +169,7 @@ class SpecDecoding:
                 for r, allocated, ids in reversed(undo):
                     if ids.numel():
                         self.s.kv_allocator.free(ids, r.owner)
+                    self.s.req_to_token_pool.forget_tail(r.req_pool_idx, allocated)  # stale cells above
                     r.kv_allocated_len = allocated
                 return None
             undo.append((req, start, new))
@@ -349,6 +350,7 @@ class SpecDecoding:
             tail = self.s.req_to_token_pool.read(req.req_pool_idx, first, req.kv_allocated_len)
             self.s.kv_allocator.free(tail, req.owner)
             self.stats.tail_freed_tokens += int(tail.numel())
+        self.s.req_to_token_pool.forget_tail(req.req_pool_idx, keep)  # the rejected positions' cells are stale
         req.kv_allocated_len = keep
 
     # ------------------------------------------------------------------ per-step check
