@@ -22,6 +22,7 @@ import sys
 from types import ModuleType
 
 from kvledger.cli import audit, explore, hunt, interrupt, museum, simulate
+from kvledger.cli.checks import environment_level_error
 from kvledger.cli.options import BROKEN_PIPE, INTERRUPTED, USAGE_ERROR, Parser, UsageError, usage_error
 
 COMMANDS: dict[str, ModuleType] = {m.NAME: m for m in (simulate, audit, hunt, museum, explore)}
@@ -58,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         print("kvledger: error: a command is required (see kvledger --help)", file=sys.stderr)
         return USAGE_ERROR
+    bad_level = environment_level_error(ns)
+    if bad_level is not None:  # one line and the usage status, not an import-time traceback
+        return usage_error(ns.command, bad_level)
     try:
         with interrupt.watching():
             status = int(COMMANDS[ns.command].run(ns))

@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Any
 
-from kvledger.contracts.levels import LEVEL_NAMES
+from kvledger.contracts.levels import CONTRACTS_ENV_VAR, LEVEL_ENV_VAR, LEVEL_NAMES, checks_help, read_level
 
 
 def add_checks_option(group: Any) -> None:
@@ -22,10 +22,8 @@ def add_checks_option(group: Any) -> None:
         choices=LEVEL_NAMES,
         default=None,
         help=(
-            "checking level: release (counts only), owners (who holds every id), ledger (plus the move"
-            " history and poisoned frees), full (plus icontract); re-executes the process with"
-            " KVLEDGER_CHECKS set (default: KVLEDGER_CHECKS, else KVLEDGER_CONTRACTS=1/0 as full/release,"
-            " else full)"
+            f"{checks_help()}; re-executes the process with KVLEDGER_CHECKS set (default: KVLEDGER_CHECKS,"
+            " else KVLEDGER_CONTRACTS=1/0 as full/release, else full; spec/checking-levels.md)"
         ),
     )
 
@@ -47,14 +45,32 @@ def without_option(args: list[str], option: str) -> list[str]:
     return out
 
 
+def environment_level_error(ns: argparse.Namespace) -> str | None:
+    """The complaint about ``KVLEDGER_CHECKS`` / ``KVLEDGER_CONTRACTS`` when the command takes its level
+    from them and they do not name one; None when they do, or when the command line sets the level
+    (``--checks``, ``simulate --contracts``: the re-executed process gets a valid variable)."""
+    if getattr(ns, "checks", None) is not None or getattr(ns, "contracts", None) is not None:
+        return None
+    try:
+        read_level(os.environ.get(LEVEL_ENV_VAR), os.environ.get(CONTRACTS_ENV_VAR))
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def apply_checks(ns: argparse.Namespace) -> None:
-    """Re-execute at ``ns.checks`` when the process runs at another level; return when it already does."""
+    """Re-execute at ``ns.checks`` when the process runs at another level; return when it already does.
+
+    The process's level is read from the environment as the switch will read it, without importing the
+    switch (which refuses an unreadable variable at import): an unreadable one is overridden here."""
     if getattr(ns, "checks", None) is None:
         return
-    from kvledger.contracts import switch
-
-    if ns.checks == switch.LEVEL.label:
+    try:
+        current = read_level(os.environ.get(LEVEL_ENV_VAR), os.environ.get(CONTRACTS_ENV_VAR)).label
+    except ValueError:
+        current = None
+    if ns.checks == current:
         return
-    env = dict(os.environ, **{switch.LEVEL_ENV_VAR: ns.checks})
+    env = dict(os.environ, **{LEVEL_ENV_VAR: ns.checks})
     args = without_option(list(sys.argv[1:]), "--checks")
     os.execvpe(sys.executable, [sys.executable, "-m", "kvledger", *args], env)

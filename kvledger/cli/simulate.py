@@ -11,10 +11,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from kvledger.cli.checks import add_checks_option, apply_checks
 from kvledger.cli.options import UsageError, bounded_help, int_in, probability, usage_error
@@ -143,6 +142,20 @@ def add_parser(sub: Any) -> None:
         ),
     )  # fmt: skip
 
+    f = s.add_argument_group("fault soak (kvledger/sim/faults.py; seeded by --seed)")
+    f.add_argument(
+        "--alloc-fault-rate", metavar="P", type=probability, default=0.0,
+        help=(
+            "probability per step that an allocation (a row, a Mamba slot or KV, drawn at random) fails"
+            " after the next 0 to 2 of its kind: a rolled-back admission, decode step or verify; with --pd"
+            " on either instance (default: %(default)s)"
+        ),
+    )  # fmt: skip
+    f.add_argument(
+        "--abort-rate", metavar="P", type=probability, default=0.0,
+        help="probability per step that one live request is aborted (--pd: --pd-abort-rate) (default: %(default)s)",
+    )  # fmt: skip
+
     d = s.add_argument_group("prefill/decode disaggregation")
     d.add_argument(
         "--pd",
@@ -177,8 +190,8 @@ def add_parser(sub: Any) -> None:
         choices=["on", "off"],
         default=None,
         help=(
-            "override KVLEDGER_CONTRACTS, re-executing the process with it set (default: the env var, on);"
-            " the alias of --checks full (on) and --checks release (off)"
+            "the alias of --checks full (on) and --checks release (off), the switch of earlier releases"
+            " (default: the environment's level, full)"
         ),
     )
     add_checks_option(o)
@@ -210,21 +223,6 @@ def add_parser(sub: Any) -> None:
 
 
 # ---------------------------------------------------------------------------------------- the run
-def _reexec_with_contracts(value: str) -> NoReturn:
-    """Contracts are fixed at import: switching them means a new process with the env var set."""
-    from kvledger.contracts import switch
-
-    # KVLEDGER_CHECKS wins over its alias when both are set: set both, so the new process agrees
-    env = dict(
-        os.environ,
-        **{switch.ENV_VAR: "1" if value == "on" else "0", switch.LEVEL_ENV_VAR: "full" if value == "on" else "release"},
-    )
-    args = list(sys.argv[1:])
-    i = args.index("--contracts")
-    del args[i : i + 2]
-    os.execvpe(sys.executable, [sys.executable, "-m", "kvledger", *args], env)
-
-
 def _progress_bar(ns: argparse.Namespace, total: int) -> Any:
     """A context manager yielding ``progress(done, total)`` or None: a bar on stderr when it is a terminal."""
     import contextlib
@@ -298,6 +296,8 @@ def _sim_options(ns: argparse.Namespace) -> Any:
         speculative=ns.speculative,
         speculative_topk=ns.speculative_topk,
         speculative_accept_rate=ns.speculative_accept_rate,
+        alloc_fault_rate=ns.alloc_fault_rate,
+        abort_rate=ns.abort_rate,
     )
 
 
@@ -332,12 +332,10 @@ def run(ns: argparse.Namespace) -> int:
     problem = check_options(ns)
     if problem is not None:
         return usage_error(NAME, problem)
-    from kvledger.contracts import switch
-
     if ns.contracts is not None and ns.checks is not None:
         return usage_error(NAME, "--contracts and --checks both set the checking level: give one of them")
-    if ns.contracts is not None and ("full" if ns.contracts == "on" else "release") != switch.LEVEL.label:
-        _reexec_with_contracts(ns.contracts)  # the alias of --checks full / release
+    if ns.contracts is not None:
+        ns.checks = "full" if ns.contracts == "on" else "release"  # the alias of --checks full / release
     apply_checks(ns)
     opts = _sim_options(ns)
     _announce_long_run(ns, opts.workload)

@@ -89,6 +89,7 @@ def _ineffective() -> list[tuple[str, str, Callable[[argparse.Namespace], bool]]
     rows += [(d, "--no-radix-cache", lambda n: n.no_radix_cache) for d in ("mamba_strategy", *v2_only)]
     rows += [(d, "--mamba-strategy no_buffer", lambda n: n.mamba_strategy == "no_buffer") for d in v2_only]
     rows += [(d, "a run without --pd", lambda n: not n.pd) for d in pd_only]
+    rows += [("abort_rate", "--pd (its aborts: --pd-abort-rate)", lambda n: n.pd)]
     spec_only = ("speculative_topk", "speculative_accept_rate")
     rows += [(d, "a run without --speculative", lambda n: not n.speculative) for d in spec_only]
     return rows

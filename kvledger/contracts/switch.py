@@ -30,40 +30,17 @@ from collections.abc import Iterator
 import icontract
 
 from kvledger.contracts.errors import ContractViolation, InvalidArgument
-from kvledger.contracts.levels import DEFAULT_LEVEL, CheckLevel, parse_level
+from kvledger.contracts.levels import CONTRACTS_ENV_VAR, CheckLevel, read_level, read_switch
+from kvledger.contracts.levels import LEVEL_ENV_VAR as LEVEL_ENV_VAR  # re-exported: callers know it from here
 
-ENV_VAR = "KVLEDGER_CONTRACTS"
+ENV_VAR = CONTRACTS_ENV_VAR
 
+# The parsing lives in ``levels`` (no icontract, no torch), where the CLI checks the variables before
+# anything imports this module; these names stay for the tests and for anyone who imported them here.
+_read_env = read_switch
+_read_level = read_level
 
-def _read_env(value: str | None) -> bool:
-    """Parse the switch: unset, ``1``, ``true``, ``on`` mean on; ``0``, ``false``, ``off`` mean off."""
-    if value is None:
-        return True
-    normalised = value.strip().lower()
-    if normalised in ("1", "true", "on", "yes"):
-        return True
-    if normalised in ("0", "false", "off", "no"):
-        return False
-    raise ValueError(f"{ENV_VAR} must be 0 or 1, got {value!r}")
-
-
-LEVEL_ENV_VAR = "KVLEDGER_CHECKS"
-
-
-def _read_level(checks: str | None, contracts: str | None) -> CheckLevel:
-    """The process's level: ``KVLEDGER_CHECKS`` when set, else its alias ``KVLEDGER_CONTRACTS`` (``1``:
-    ``full``, ``0``: ``release``), else the default. ``KVLEDGER_CHECKS`` wins when both are set."""
-    if checks is not None and checks.strip():
-        try:
-            return parse_level(checks)
-        except ValueError as exc:
-            raise ValueError(f"{LEVEL_ENV_VAR}: {exc}") from None
-    if contracts is None:
-        return DEFAULT_LEVEL
-    return CheckLevel.FULL if _read_env(contracts) else CheckLevel.RELEASE
-
-
-LEVEL: CheckLevel = _read_level(os.environ.get(LEVEL_ENV_VAR), os.environ.get(ENV_VAR))
+LEVEL: CheckLevel = read_level(os.environ.get(LEVEL_ENV_VAR), os.environ.get(ENV_VAR))
 """The process's checking level, fixed at import."""
 
 ENABLED: bool = LEVEL.contracts
@@ -73,7 +50,7 @@ FAST_ENV_VAR = "KVLEDGER_FAST_CONTRACTS"
 FAST_CONTRACTS: bool = False
 """Whether icontract's conditions run through :mod:`kvledger.contracts.icontract_fast` in this process
 (on with contracts, unless ``KVLEDGER_FAST_CONTRACTS=0``). Same conditions, same messages, less overhead."""
-if ENABLED and _read_env(os.environ.get(FAST_ENV_VAR)):
+if ENABLED and read_switch(os.environ.get(FAST_ENV_VAR), FAST_ENV_VAR):
     from kvledger.contracts import icontract_fast
 
     FAST_CONTRACTS = icontract_fast.install()

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
+from kvledger.contracts.levels import LEVEL_DOCS, CheckLevel, parse_level
 from kvledger.contracts.owners import PD_ACCOUNTS, STANDARD_ACCOUNTS
 from kvledger.sim.simulate import SimResult
 
@@ -53,16 +54,28 @@ def summary_table(result: SimResult) -> Table:
         ("generated tokens", f"{result.generated_tokens}"),
         ("retractions", f"{result.retractions}"),
         ("admission rollbacks", f"{result.rollbacks}"),
+        *_fault_rows(result.faults),
         *[(f"peak use: {pool}", f"{use:.1%}") for pool, use in result.peak_use.items()],
         *_tracking_rows(result),
         *_speculative_rows(result),
-        ("contracts", "on" if result.contracts else "off"),
         *_check_rows(result),
         ("wall time", f"{result.wall_s:.2f} s"),
     ]
     for k, v in rows:
         t.add_row(k, v)
     return t
+
+
+def _fault_rows(faults: Mapping[str, int]) -> list[tuple[str, str]]:
+    """A fault soak's injections (kvledger.sim.faults); nothing when none were asked for."""
+    rows = []
+    if faults.get("alloc_faults_planned"):
+        rows.append(
+            ("allocation faults (planned / fired)", f"{faults['alloc_faults_planned']} / {faults['alloc_faults_fired']}")
+        )
+    if faults.get("aborts_sent"):
+        rows.append(("client aborts injected", f"{faults['aborts_sent']}"))
+    return rows
 
 
 def _tracking_rows(result: SimResult) -> list[tuple[str, str]]:
@@ -103,18 +116,38 @@ def _speculative_rows(result: SimResult) -> list[tuple[str, str]]:
     return rows
 
 
+def run_level(result: Any) -> CheckLevel:
+    """The level a run's engine was built at (``checks``), or what its contracts switch implies."""
+    if result.checks:
+        return parse_level(result.checks)
+    return CheckLevel.FULL if result.contracts else CheckLevel.RELEASE
+
+
+def level_row(result: Any) -> tuple[str, str]:
+    level = run_level(result)
+    return ("checking level", f"{level.label}: {LEVEL_DOCS[level].short}")
+
+
 def _check_rows(result: SimResult) -> list[tuple[str, str]]:
-    """What was checked and what failed: a build without contracts says what it did not look for."""
+    """The checking level, what was checked and what failed: a level says what it did not look for."""
+    level = run_level(result)
+    rows = [level_row(result)]
     if result.contracts:
         return [
+            *rows,
             ("contract checks run (busy / idle)", f"{result.contract_checks} / {result.idle_checks}"),
             ("violations", f"{result.violations}"),
         ]
-    return [
-        ("count identity checks run (contracts off)", f"{result.count_checks}"),
+    rows += [
+        ("count identity checks run", f"{result.count_checks}"),
         ("count identity failures", f"{result.identity_failures}"),
-        ("violations", "not checked (contracts off)"),
     ]
+    if level.tracks_owners or result.violations is not None:
+        what = "every move checked" if level.keeps_history else "every call naming ids checked against its owner"
+        rows.append(("violations", f"{result.violations or 0} ({what})"))
+    else:
+        rows.append(("violations", "not looked for (release knows no owner per id)"))
+    return rows
 
 
 def print_summary(result: SimResult, console: Console | None = None) -> None:
@@ -228,7 +261,8 @@ def pd_summary_tables(result: PDSimResult) -> list[Table]:
             "aborts drained (longest / bound, steps)",
             f"{result.drained_aborts} ({result.longest_drain} / {result.drain_bound})",
         ),
-        ("contracts", "on" if result.contracts else "off"),
+        *_fault_rows(result.faults),
+        level_row(result),
         ("violations", f"{result.violations}"),
         ("wall time", f"{result.wall_s:.2f} s"),
     ]:

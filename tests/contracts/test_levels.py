@@ -192,3 +192,30 @@ def test_owner_table_refuses_a_repeated_id_and_keeps_no_history() -> None:
     assert table.history_of(1) == [] and "no move history" in table.describe([1], "x")
     table.audit(free_ids=[1, 2, *range(45, 65)])  # the counts and the table agree
     assert table.debug is False and Ledger("x", range(1, 3)).debug is True and NullLedger.debug is False
+
+
+def test_the_spec_page_shows_the_levels_as_the_code_describes_them() -> None:
+    """spec/checking-levels.md's table of levels is :func:`levels_table` (the CLI's ``--checks`` help is
+    made from the same descriptions), so the page, the help and the run summary cannot drift apart."""
+    from pathlib import Path
+
+    from kvledger.contracts.levels import levels_table
+
+    page = (Path(__file__).resolve().parents[2] / "spec" / "checking-levels.md").read_text(encoding="utf-8")
+    start = page.index("| level | pools get |")
+    table = page[start : page.index("\n\n", start)]
+    assert table == levels_table(), "regenerate the table: print(kvledger.contracts.levels.levels_table())"
+
+
+def test_the_checks_help_names_every_level_with_its_description() -> None:
+    import argparse
+
+    from kvledger.cli.checks import add_checks_option
+    from kvledger.contracts.levels import LEVEL_DOCS
+
+    parser = argparse.ArgumentParser()
+    add_checks_option(parser)
+    (action,) = [a for a in parser._actions if a.dest == "checks"]
+    for level, doc in LEVEL_DOCS.items():
+        assert f"{level.label}: {doc.short}" in (action.help or "")
+    assert "poison" not in LEVEL_DOCS[CheckLevel.LEDGER].short  # ledger does not poison; full does
