@@ -146,7 +146,6 @@ INSERT: list[Row] = [
         "an adopted id that is free",
         "DoubleFree",
         lambda s: _insert(s, value=torch.cat((s.a_prefix, s.free_kv))),
-        True,
     ),
     Row(
         FOREIGN,
@@ -167,21 +166,18 @@ INSERT: list[Row] = [
         "an adopted id past the pool",
         "SlotOutOfRange",
         lambda s: _insert(s, value=torch.cat((s.a_prefix, torch.arange(10**4 * s.ps, 10**4 * s.ps + s.ps)))),
-        True,
     ),
     Row(
         NEGATIVE,
         "a negative adopted id",
         "SlotOutOfRange",
         lambda s: _insert(s, value=torch.cat((s.a_prefix, torch.arange(-s.ps, 0)))),
-        True,
     ),
     Row(
         DUPLICATE,
         "an adopted id twice",
         "DuplicateIds",
         lambda s: _insert(s, key=[*_key(s), *[8] * s.ps], value=torch.cat((s.a_prefix, s.a_own, s.a_own))),
-        True,
     ),
 ]
 
@@ -197,7 +193,6 @@ PAGED_INSERT: list[Row] = [
         "adopted ids that are not whole pages in order",
         "InvalidArgument",
         lambda s: _insert(s, value=torch.cat((s.a_prefix, s.a_own.flip(0)))),
-        True,
     ),
     Row(
         DEGENERATE,

@@ -317,7 +317,7 @@ class RadixTreeBase:
                     " (the protected prefix must be the ids match_prefix returned)"
                 )
             pos += take
-        if self._kv.checked and protected_len < len(k):  # debug builds: who holds the ids (the ledger)
+        if protected_len < len(k):  # the caller's ids: pages, range, repeats, free-list state (the owner: ledger)
             self._kv.check_caller_ids(v[protected_len:], owner, f"{self.name}.insert")
         return InsertPlan(k, v, owner, protected_len, path, prefix_len)
 

@@ -4,7 +4,8 @@ The allocator's ledger counts token slots (page size 1) or pages (paged allocato
 whole pages, laid out in order (``page * P + 0 .. P-1``), so a node's ledger ids are the first token
 of each page divided by the allocator's page size: no ``unique`` needed. Everything that needs the
 ledger is skipped when the ledger is the no-op one (contracts off), which keeps that path lean: the ids a
-caller hands to the tree are checked (whole pages, in range, distinct, held by the caller) in debug builds.
+caller hands to the tree are checked at every level (whole pages, in range, distinct, not free; held by
+the caller from ``owners`` up).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvledger.contracts.errors import ForeignSlot, InvalidArgument, SlotOutOfRange
+from kvledger.contracts.errors import InvalidArgument
 from kvledger.contracts.owners import Owner
 from kvledger.contracts.protocols import KVAllocator
 from kvledger.reference.pools.id_free_list import IdFreeList, free_list_of, host_ids
@@ -82,20 +83,20 @@ class KVSide:
         return bool(((rows - rows[:, :1]) == self._offsets).all()) and bool((rows[:, 0] % p == 0).all())
 
     def check_caller_ids(self, tokens: torch.Tensor, owner: Owner, op: str) -> None:
-        """Input validation of the ids a caller hands to the tree (debug builds: a ledger): whole pages in
-        slot order, of the pool, distinct, and every one held by ``owner``. Typed errors, O(n).
+        """Input validation of the ids a caller hands to the tree, at every checking level: whole pages in
+        slot order, of the pool, distinct, and none of them free (the allocator's per-id state); with a
+        ledger (``owners`` and up) every one held by ``owner``. Typed errors, O(n), nothing changed.
 
-        Release builds (no ledger) trust them, as SGLang does: who holds an id is the ledger's knowledge,
-        and an O(n) host check of every id a request hands over would cost the release hot path a
-        fifth of an insert (measured: benchmarks/radix_cache.py)."""
-        if not self.checked or not tokens.numel():
-            return
-        if self._ids is None:  # an adapter with a ledger but no IdFreeList
-            if not self.page_structured(tokens):
-                raise InvalidArgument(f"{op}: KV ids are not whole pages of {self.alloc_page} slots in order")
-            self.ledger.require_held_by(self.ledger_ids(tokens), owner, op, distinct=True)  # DuplicateIds first
+        Release checks what the free list knows, as the pools' own free does: a repeated id, an id out of
+        range, a partial page or an id already free would corrupt the pool once the tree frees it (two
+        hand-outs of one id, an ``IndexError`` at the next eviction, more free pages than the pool has).
+        Who holds an id is the ledger's knowledge; release cannot tell a foreign id from one's own."""
+        if not tokens.numel():
             return
         ids = self._ids
+        if ids is None:  # an adapter not built on an IdFreeList: its own ledger, if any, is the check
+            self._check_adapter_ids(tokens, owner, op)
+            return
         a = host_ids(tokens)
         p = self.alloc_page
         if p > 1:
@@ -106,17 +107,14 @@ class KVSide:
             if bool((first % p).any()) or not bool((rows == first[:, None] + self._offsets_np).all()):
                 raise InvalidArgument(f"{op}: KV ids are not whole pages of {p} slots in order")
             a = first // p
-        unit = "page" if p > 1 else "slot"
-        if int((a - ids.first).view(np.uint64).max()) > ids.last - ids.first:
-            bad = a[(a < ids.first) | (a > ids.last)][:8].tolist()
-            raise SlotOutOfRange(
-                f"[{ids.name}] {op}: {unit}(s) {bad} outside the usable range [{ids.first}, {ids.last}]"
-            )
-        try:
-            self.ledger.require_held_by(a, owner, op, distinct=True)  # DuplicateIds first
-        except ForeignSlot:
-            ids.check_release(a, owner, op, unit)  # names a free id DoubleFree (as the pool's free does)
-            raise
+        # range, repeats and free-list state (DoubleFree names a free id); the owner when a ledger is on
+        ids.check_release(a, owner, op, "page" if p > 1 else "slot")
+
+    def _check_adapter_ids(self, tokens: torch.Tensor, owner: Owner, op: str) -> None:
+        if not self.page_structured(tokens):
+            raise InvalidArgument(f"{op}: KV ids are not whole pages of {self.alloc_page} slots in order")
+        if self.checked:
+            self.ledger.require_held_by(self.ledger_ids(tokens), owner, op, distinct=True)  # DuplicateIds first
 
     def adopt(self, tokens: torch.Tensor, src: Owner, dst: Owner, op: str) -> None:
         """Ledger move of ``tokens`` from ``src`` to ``dst`` (no pool change: the ids stay allocated)."""
