@@ -31,8 +31,9 @@ stage "invariant traceability (registry, contracts, firing tests, IDs in use, ge
 stage "mypy (strict on kvledger/contracts and kvledger/audit, the project's config elsewhere; pyproject.toml)" \
   "$PY" -m mypy kvledger tests/contracts/test_protocols.py
 # into site/ (ignored by git)
+# --strict without --quiet: --quiet hides the warnings strict mode aborts on (the gate could not fail)
 stage "docs (mkdocs build --strict: spec pages from spec/, the invariant table, diagrams, API reference)" \
-  env NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet
+  env NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict
 # Debian's Chromium and playwright are installed when missing (about 1.5 min and 560 MB the first time)
 stage "site in a real browser (every page: links, anchors, console errors, diagrams; scripts/site_check.sh)" \
   bash scripts/site_check.sh --no-build
