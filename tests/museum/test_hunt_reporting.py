@@ -46,3 +46,14 @@ def test_only_plain_failures_still_report_one() -> None:
 def test_a_single_failure_is_itself() -> None:
     single = ContractViolation("I-COUNT")
     assert primary_failure(single) is single
+
+
+def test_an_invariant_the_hunted_exhibit_lists_wins_over_a_shorter_other_one() -> None:
+    """N6a's deep hunt (issue 42): the failure found while generating names I-DRAIN, which the exhibit
+    lists; the I-LIVENESS met while shrinking is found, and shrunk shorter, only as far as the clock
+    lets the shrink run. Preferring the listed invariant makes the verdict a function of the seed."""
+    drain = failure(ContractViolation("I-DRAIN: the prefill's waiting queue holds a metadata slot"), 14)
+    liveness = failure(ContractViolation("I-LIVENESS: not drained after 420 steps"), 6)
+    group = ExceptionGroup("2 distinct failures", [liveness, drain])
+    assert primary_failure(group, ("I-DRAIN",)) is drain
+    assert primary_failure(group) is liveness  # a clean hunt expects nothing: the shortest, as before
