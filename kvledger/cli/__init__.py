@@ -27,6 +27,14 @@ from kvledger.cli.options import BROKEN_PIPE, INTERRUPTED, USAGE_ERROR, Parser, 
 
 COMMANDS: dict[str, ModuleType] = {m.NAME: m for m in (simulate, audit, hunt, museum, explore)}
 
+DESCRIPTION = (
+    "kvledger: the memory bookkeeping of an LLM serving engine (KV slots and pages, request rows, Mamba"
+    " states, prefix caches, scheduler, PD queues) with every slot's owner checked. Run a workload"
+    " (simulate), check a recorded event log (audit), put historical bugs back and hunt them (hunt,"
+    " museum, explore). 'kvledger COMMAND --help' for each command's options."
+)
+"""What ``kvledger --help`` says above the commands (plain text: argparse prints it as it is)."""
+
 
 class _Version(argparse.Action):
     """``--version``: the version is read (importlib.metadata) only when asked for."""
@@ -44,7 +52,7 @@ class _Version(argparse.Action):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="kvledger", description=(__doc__ or "").split("\n\n")[0])
+    parser = Parser(prog="kvledger", description=DESCRIPTION)
     parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", parser_class=Parser, metavar="COMMAND")
     for module in COMMANDS.values():

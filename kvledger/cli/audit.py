@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kvledger.cli.options import usage_error
+from kvledger.cli.simulate_checks import record_paths
 
 NAME = "audit"
 
@@ -37,6 +38,10 @@ def run(ns: argparse.Namespace) -> int:
     from kvledger.audit import audit_file
     from kvledger.contracts.errors import EventLogError
 
+    pd_logs = [p for p in record_paths(ns.log, pd=True) if p.is_file()]
+    if not ns.log.exists() and pd_logs:  # `simulate --pd --record FILE` wrote one log per instance beside it
+        each = ", ".join(f"kvledger audit {p}" for p in pd_logs)
+        return usage_error(NAME, f"{ns.log}: no such file; a --pd run recorded one log per instance: {each}")
     try:
         report = audit_file(ns.log)
     except EventLogError as exc:

@@ -149,6 +149,9 @@ class _Lines:
         print(f"hunt {label}: started (budget {budget:g} s)", file=sys.stderr, flush=True)
         return lambda n: None
 
+    def phase(self, label: str, phase: str) -> None:
+        print(f"hunt {label}: found, {phase}", file=sys.stderr, flush=True)
+
     def end(self, label: str, verdict: str) -> None:
         print(f"hunt {label}: {verdict}", file=sys.stderr, flush=True)
 
@@ -187,8 +190,14 @@ class _Live:
 
         return tick
 
+    def phase(self, label: str, phase: str) -> None:
+        """After the first failure: the bar pulses (no total) and says what runs, which counts no example."""
+        self.progress.update(self.task, total=None, description=f"hunt {label}: found, {phase}")
+
     def end(self, label: str, verdict: str) -> None:
-        self.progress.update(self.task, completed=self.budget, description=f"hunt {label}: {verdict}")
+        self.progress.update(
+            self.task, total=self.budget, completed=self.budget, description=f"hunt {label}: {verdict}"
+        )
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -226,6 +235,7 @@ def run(ns: argparse.Namespace) -> int:
                 on_example=on_example,
                 max_batches=ns.batches,
                 cpu_budget=ns.cpu_budget,
+                on_phase=lambda phase, label=label: progress.phase(label, phase),
             )
             results.append(result)
             progress.end(
@@ -244,8 +254,11 @@ def run(ns: argparse.Namespace) -> int:
 
 
 def _summary(results: list[Any]) -> None:
+    """The results as a table; on a terminal too narrow for it, one short block per hunt instead (a table
+    folded to 80 columns turns every row into three-line cells)."""
     from rich.table import Table
 
+    out = console()
     table = Table(title="kvledger hunt")
     key = ("exhibit", "invariant", "repro")  # never cut: they fold on a narrow terminal
     for col in (
@@ -272,4 +285,20 @@ def _summary(results: list[Any]) -> None:
             "-" if r.repro_steps is None else str(r.repro_steps),
             "-" if r.repro is None else (r.repro + ("" if r.repro_verified else " (NOT verified)")),
         )
-    console().print(table)
+    if out.measure(table, options=out.options.update_width(100_000)).maximum <= out.width:
+        out.print(table)
+        return
+    for r in results:
+        out.print(_block(r), markup=False, highlight=False, soft_wrap=True)
+
+
+def _block(r: Any) -> str:
+    """One hunt's result in two lines, for a narrow terminal."""
+    if not r.found:
+        return f"{r.exhibit} ({r.machine}): not found in {r.seconds:.1f} s, {r.examples} examples"
+    expected = "" if r.expected is None else (" (listed)" if r.expected else " (NOT listed by the exhibit)")
+    head = f"{r.exhibit} ({r.machine}): found {r.invariant}{expected} in {r.seconds:.1f} s, {r.examples} examples"
+    if r.repro is None:
+        return head
+    verified = "verified" if r.repro_verified else "NOT verified"
+    return f"{head}\n  repro: {r.repro} ({r.repro_steps} steps, {verified})"

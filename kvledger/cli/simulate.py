@@ -303,13 +303,13 @@ def _sim_options(ns: argparse.Namespace) -> Any:
 
 def _announce_long_run(ns: argparse.Namespace, workload: Any) -> None:
     from kvledger.contracts import switch
-    from kvledger.sim.estimate import LONG_RUN_S, describe_duration, predicted_seconds, total_tokens
+    from kvledger.sim.estimate import LONG_RUN_S, computed_tokens, describe_duration, predicted_seconds
 
     predicted = predicted_seconds(workload, ns.model, switch.ENABLED)
     if predicted > LONG_RUN_S:
         print(
             f"kvledger simulate: warning: this run may take about {describe_duration(predicted)}"
-            f" ({total_tokens(workload):,} tokens, --model {ns.model}, contracts"
+            f" ({computed_tokens(workload):,} tokens to compute, --model {ns.model}, contracts"
             f" {'on' if switch.ENABLED else 'off'}); fewer --gsp-num-groups or --gsp-prompts-per-group"
             " shorten it",
             file=sys.stderr,

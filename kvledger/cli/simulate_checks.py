@@ -204,6 +204,11 @@ def _engine_problem(ns: argparse.Namespace) -> str | None:
         )
     if ns.speculative and ns.pd:
         return "--speculative does not support --pd runs yet: run speculative decoding without --pd"
+    if ns.pd and ns.pd_decode_cache and not ns.no_mamba and ns.page_size > 1:
+        return (
+            f"--pd-decode-cache with the Mamba pool needs --page-size 1 (got {named('page_size')}): the decode"
+            " side caches Mamba states per token; use --page-size 1, or add --no-mamba"
+        )
     return None
 
 

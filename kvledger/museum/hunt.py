@@ -79,11 +79,24 @@ class HuntResult:
         return out
 
 
+PHASE_SHRINKING = "shrinking"  # the first failing example was found: Hypothesis shrinks it
+PHASE_MINIMIZING = "deleting steps"  # the hunt's own pass over the shrunk example's rule calls
+PHASE_VERIFYING = "verifying the repro"  # the repro script runs in a fresh process
+HUNT_PHASES = (PHASE_SHRINKING, PHASE_MINIMIZING, PHASE_VERIFYING)
+"""What a hunt does after its first failure, in order (``hunt(on_phase=...)``): none of it counts examples,
+so a progress display says which one runs instead of standing still."""
+
+
 class _Clock:
     """Shared between the hunt and the machine subclass it runs: deadlines and counts."""
 
     def __init__(
-        self, budget: float, shrink: float, on_example: Callable[[int], None], cpu_budget: bool = False
+        self,
+        budget: float,
+        shrink: float,
+        on_example: Callable[[int], None],
+        cpu_budget: bool = False,
+        on_phase: Callable[[str], None] = lambda phase: None,
     ) -> None:
         self.start = time.monotonic()
         self.cpu_start = time.process_time()
@@ -96,12 +109,15 @@ class _Clock:
         self.first_failure: float | None = None
         self.first_failure_cpu: float | None = None
         self.on_example = on_example
+        self.on_phase = on_phase
 
     def failed(self) -> None:
-        """Record the first failing example's time, on both clocks (later calls change nothing)."""
+        """Record the first failing example's time, on both clocks (later calls change nothing), and say
+        that shrinking starts (it runs up to ``shrink`` seconds, with no example counted)."""
         if self.first_failure is None:
             self.first_failure = time.monotonic()
             self.first_failure_cpu = time.process_time()
+            self.on_phase(PHASE_SHRINKING)
 
     def out_of_time(self) -> bool:
         """The generation budget is spent (shrinking is bounded by Hypothesis's own deadline, set below)."""
@@ -403,6 +419,7 @@ def hunt(
     on_example: Callable[[int], None] = lambda n: None,
     shrink: bool = True,
     cpu_budget: bool = False,
+    on_phase: Callable[[str], None] = lambda phase: None,
 ) -> HuntResult:
     """Hunt one exhibit (or, with ``exhibit=None``, run clean) with its machine for ``budget`` seconds, or
     for ``max_batches`` batches of ``BATCH_EXAMPLES`` examples (a bound that does not depend on the
@@ -410,10 +427,10 @@ def hunt(
     ``shrink=False`` stops at the first failing example (no shrink, no step deletion): what a detection
     measurement (:mod:`.detection`) needs, at a fraction of the cost. ``cpu_budget`` counts ``budget`` in
     CPU seconds of this process instead of wall seconds (a shared machine inflates the latter); either
-    way the result gives both."""
+    way the result gives both. ``on_phase`` is told each of :data:`HUNT_PHASES` as it starts."""
     name = machine or (exhibit.machine if exhibit else "scheduler")
     base = machine_class(name)
-    clock = _Clock(budget, shrink_seconds, on_example, cpu_budget)
+    clock = _Clock(budget, shrink_seconds, on_example, cpu_budget, on_phase if shrink else lambda phase: None)
     report: list[str] = []
     failure: BaseException | None = None
     batch = 0
@@ -446,6 +463,7 @@ def hunt(
     inv = invariant_of(failure)
     steps = _steps(report, failure, base.__name__)
     if steps and shrink and minimize_seconds > 0:
+        on_phase(PHASE_MINIMIZING)
         with _installed(exhibit):
             steps = minimize_steps(steps, inv, name, minimize_seconds)
     end = time.monotonic()
@@ -472,5 +490,6 @@ def hunt(
         write_repro(path, result, exhibit)
         result.repro = str(path)
         if verify:
+            on_phase(PHASE_VERIFYING)
             result.repro_verified = verify_repro(path, inv)
     return result

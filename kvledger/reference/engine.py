@@ -83,6 +83,12 @@ class EngineSpec:
             raise InvalidArgument(
                 f"EngineSpec: kv_tokens {self.kv_tokens} is less than one page of {self.page_size}"
             )
+        if self.kv_tokens % self.page_size:  # the paged allocator would drop the partial page, silently
+            raise InvalidArgument(
+                f"EngineSpec: kv_tokens {self.kv_tokens} is not a multiple of page_size {self.page_size}"
+                f" (whole pages only: {self.kv_tokens - self.kv_tokens % self.page_size} or"
+                f" {self.kv_tokens - self.kv_tokens % self.page_size + self.page_size})"
+            )
         if self.chunk is not None and self.chunk < self.page_size:
             raise InvalidArgument(
                 f"EngineSpec.chunk {self.chunk} must be None or >= page_size {self.page_size}"

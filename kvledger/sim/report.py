@@ -38,7 +38,7 @@ _COLOURS = {
 
 def summary_table(result: SimResult) -> Table:
     t = Table(title="kvledger simulate", show_header=True, header_style="bold")
-    t.add_column("metric")
+    t.add_column("metric", no_wrap=True)  # labels stay whole; a long value wraps on a narrow terminal
     t.add_column("value", justify="right")
     rows = [
         (
@@ -70,9 +70,8 @@ def _fault_rows(faults: Mapping[str, int]) -> list[tuple[str, str]]:
     """A fault soak's injections (kvledger.sim.faults); nothing when none were asked for."""
     rows = []
     if faults.get("alloc_faults_planned"):
-        rows.append(
-            ("allocation faults (planned / fired)", f"{faults['alloc_faults_planned']} / {faults['alloc_faults_fired']}")
-        )
+        planned, fired = faults["alloc_faults_planned"], faults["alloc_faults_fired"]
+        rows.append(("allocation faults (planned / fired)", f"{planned} / {fired}"))
     if faults.get("aborts_sent"):
         rows.append(("client aborts injected", f"{faults['aborts_sent']}"))
     return rows
@@ -243,7 +242,7 @@ def _plot_timeline(
 def pd_summary_tables(result: PDSimResult) -> list[Table]:
     """The run's totals, then one column per instance (transfers, failures, retries, aborts by stage)."""
     top = Table(title="kvledger simulate --pd", show_header=True, header_style="bold")
-    top.add_column("metric")
+    top.add_column("metric", no_wrap=True)
     top.add_column("value", justify="right")
     for k, v in [
         (
@@ -268,7 +267,7 @@ def pd_summary_tables(result: PDSimResult) -> list[Table]:
     ]:
         top.add_row(k, v)
     per = Table(title="per instance", show_header=True, header_style="bold")
-    per.add_column("metric")
+    per.add_column("metric", no_wrap=True)
     names = list(result.instances)
     for name in names:
         per.add_column(name, justify="right")
@@ -279,6 +278,7 @@ def pd_summary_tables(result: PDSimResult) -> list[Table]:
         ("aborts by stage", lambda s: _fmt(s.aborts_by_stage)),
         ("leases (longest, steps)", lambda s: f"{s.leases} ({s.longest_lease})"),
         ("retractions / resumes", lambda s: f"{s.retractions} / {s.resumes}"),
+        ("prefix hits (tokens not transferred)", lambda s: f"{s.prefix_hits} ({s.prefix_tokens})"),
         ("prefill / decode batches", lambda s: f"{s.prefill_batches} / {s.decode_batches}"),
         ("busy checks", lambda s: f"{s.contract_checks}"),
         ("peak use", lambda s: _fmt({k: f"{v:.0%}" for k, v in s.peak_use.items()})),
@@ -289,7 +289,10 @@ def pd_summary_tables(result: PDSimResult) -> list[Table]:
 
 
 def _fmt(d: dict[str, object]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in d.items()) or "-"
+    """A breakdown for a table cell: one ``key=value`` per line, so a run with many kinds of faults grows
+    the table downwards, never into a line hundreds of characters wide (a log is not a terminal: the
+    tables never wrap or cut a cell there)."""
+    return "\n".join(f"{k}={v}" for k, v in d.items()) or "-"
 
 
 def print_pd_summary(result: PDSimResult, console: Console | None = None) -> None:

@@ -27,10 +27,10 @@ from kvledger.contracts.errors import (
     IdentityFailure,
 )
 from kvledger.contracts.levels import CheckLevel
-from kvledger.sim.faults import FaultDriver
 from kvledger.reference.engine import EngineSpec, ModelKind, TreeKind, build_engine
 from kvledger.reference.scheduler.config import MambaSchedulerStrategy
 from kvledger.reference.scheduler.spec_config import SpeculativeConfig
+from kvledger.sim.faults import FaultDriver
 from kvledger.sim.workload import GSPWorkload
 
 TIMELINE_POINTS = 4096

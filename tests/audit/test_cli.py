@@ -85,3 +85,18 @@ def test_a_cut_off_log_exits_1_as_incomplete_never_clean(
     assert out["violation"].startswith("incomplete log: no end marker after event 100")
     assert main(["audit", str(cut)]) == 1
     assert "incomplete log" in capsys.readouterr().out.lower()
+
+
+def test_auditing_the_name_given_to_a_pd_record_names_the_two_logs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``simulate --pd --record run.jsonl`` writes run.prefill.jsonl and run.decode.jsonl; ``audit
+    run.jsonl`` says so, naming both commands, instead of only "cannot be read"."""
+    log = tmp_path / "run.jsonl"
+    assert main(["simulate", *SMALL, "--no-plot", "--no-progress", "--pd", "--record", str(log)]) == 0
+    capsys.readouterr()
+    assert main(["audit", str(log)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    for side in ("prefill", "decode"):
+        assert f"kvledger audit {tmp_path / f'run.{side}.jsonl'}" in err, err

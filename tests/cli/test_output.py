@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -70,3 +71,30 @@ def test_explore_reports_progress_on_stderr(capsys: pytest.CaptureFixture[str]) 
         assert f"{where}: to depth 2" in lines
         assert any(line.startswith(f"{where}: depth 1 of 2 reached, ") for line in lines)
         assert f"{where}: clean ({run['states']:,} states, {run['schedules']:,} schedules," in captured.err
+
+
+def test_hunt_results_on_a_narrow_terminal_are_short_blocks_not_a_folded_table(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An 80-column terminal folded the table's row into three-line cells; there, each hunt is one line (and
+    its repro on a second), every ID and path whole."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    buffer = StringIO()
+    monkeypatch.setattr(hunt_cli, "console", lambda: Console(file=buffer, width=80, force_terminal=True))
+    hunt_cli._summary([_result(), _result(exhibit="#16067", found=False, invariant=None, repro=None)])
+    lines = buffer.getvalue().splitlines()
+    assert lines[0].startswith("N6a (pd): found I-HANDLE-OWNED (listed) in 3.2 s, 40 examples"), lines
+    assert lines[1] == f"  repro: {_result().repro} (7 steps, verified)", lines
+    assert any(line.startswith("#16067 (pd): not found in 3.2 s, 40 examples") for line in lines), lines
+    assert not any(c in buffer.getvalue() for c in "┏┃│"), "a table was printed"
+
+
+def test_hunt_says_what_it_does_after_the_first_failure(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Shrinking and verifying count no example: the progress names each phase instead of standing still."""
+    assert main(["hunt", "--exhibit", "B8", "--batches", "8", "--shrink", "2", "--out", str(tmp_path)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    phases = [line for line in err if line.startswith("hunt B8: found, ")]
+    assert phases == [f"hunt B8: found, {phase}" for phase in ("shrinking", "deleting steps", "verifying the repro")]

@@ -72,3 +72,12 @@ def test_top_level_help_lists_every_subcommand() -> None:
     assert done.returncode == 0
     for command in ("simulate", "audit", "hunt", "museum", "explore"):
         assert f"    {command} " in done.stdout, command
+
+
+@pytest.mark.parametrize("command", [[], ["simulate"], ["audit"], ["hunt"], ["museum"], ["explore"]])
+def test_help_is_plain_text(command: list[str]) -> None:
+    """argparse prints a description as it is: no reStructuredText markup from a docstring."""
+    done = kvledger(*command, "--help")
+    assert done.returncode == 0
+    for markup in ("``", ":mod:", ":class:", ":func:", ":data:"):
+        assert markup not in done.stdout, (command, markup)

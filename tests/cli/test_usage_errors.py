@@ -27,6 +27,12 @@ REFUSED = [
         ["simulate", "--gsp-system-prompt-len", "1048576", "--kv-pool-tokens", "2000000"],
         "a request of 1,048,800 tokens",
     ),
+    # combinations the engine refuses, named in the command's own options and refused before anything runs
+    (
+        ["simulate", "--pd", "--pd-decode-cache", "--page-size", "4"],
+        "--pd-decode-cache with the Mamba pool needs --page-size 1 (got --page-size 4)",
+    ),
+    (["simulate", "--pd", "--abort-rate", "0.1"], "--abort-rate has no effect with --pd"),
     # an option that would have no effect under another
     (["simulate", "--plot", "x.svg", "--no-plot"], "--plot has no effect with --no-plot"),
     (["simulate", "--no-mamba", "--mamba-track-interval", "7"], "--mamba-track-interval has no effect with --no-mamba"),

@@ -343,7 +343,7 @@ def test_simulate_pd_decode_cache_reports_the_prefixes_it_did_not_transfer() -> 
 def test_simulate_refuses_a_hybrid_decode_cache_above_page_1_in_one_line() -> None:
     run = _simulate("--pd-decode-cache", "--page-size", "16")
     assert run.returncode == 2 and run.stdout == ""
-    assert run.stderr.strip().count("\n") == 0 and "page_size 1" in run.stderr
+    assert run.stderr.strip().count("\n") == 0 and "--page-size 1" in run.stderr and "--pd-decode-cache" in run.stderr
 
 
 @needs_contracts

@@ -179,6 +179,7 @@ def test_prompts_at_one_below_and_one_above_the_decode_preallocation_limit(page_
     decode_kv = 4 * max(page_size, 8)
     kw: dict[str, object] = {
         "tree": "none",
+        "prefill_kv": 320,  # whole pages at every page size (EngineSpec refuses a partial page)
         "decode_kv": decode_kv,
         "max_context_len": decode_kv + 40,
         "reserved_decode_tokens": page_size + 3,  # the pre-allocation limit, not the spare page, binds
@@ -219,6 +220,7 @@ def test_a_preallocation_sizing_error_of_less_than_a_page_is_caught_one_above_th
         tree="none",
         page_size=page_size,
         chunk=None,
+        prefill_kv=320,  # whole pages at every page size (EngineSpec refuses a partial page)
         decode_kv=decode_kv,
         max_context_len=decode_kv + 40,
         reserved_decode_tokens=page_size + 1,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,19 @@ def test_cli_pd_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert main(["simulate", *SMALL, "--pd", "--no-progress", "--plot", str(tmp_path / "t.png")]) == 0
     text = capsys.readouterr().out
     assert "per instance" in text and "aborts by stage" in text and "t.decode.png" in text
+
+
+def test_cli_pd_table_with_faults_stays_narrow_and_shows_the_decode_side_prefix_hits(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A log is not a terminal: the tables never wrap or cut a cell there, so a breakdown (faults by kind,
+    failures by reason) is one entry per line, not one line of hundreds of characters; the decode side's
+    prefix hits are in the table, not only in --json."""
+    args = ["simulate", *SMALL, "--pd", "--pd-decode-cache", "--pd-fault-rate", "0.3", "--pd-abort-rate", "0.05"]
+    assert main([*args, "--no-progress", "--no-plot"]) == 0
+    text = capsys.readouterr().out
+    assert max(len(line) for line in text.splitlines()) <= 160, max(text.splitlines(), key=len)
+    assert re.search(r"prefix hits \(tokens not transferred\)\s+.\s+0 \(0\)\s+.\s+\d+ \(\d+\)", text), text
 
 
 @pytest.mark.parametrize(

@@ -338,6 +338,7 @@ def _count_rows(method: str) -> list[Row]:
         Row(WRONG_TYPE, "a float count", "InvalidArgument", lambda s: getattr(s.cache, method)(1.5)),
         Row(WRONG_TYPE, "a bool count", "InvalidArgument", lambda s: getattr(s.cache, method)(True)),
         Row(WRONG_TYPE, "a None count", "InvalidArgument", lambda s: getattr(s.cache, method)(None)),
+        Row(OUT_OF_RANGE, "a count beyond MAX_SIZE", "SizeOutOfRange", lambda s: getattr(s.cache, method)(2**70)),
     ]
 
 
@@ -373,6 +374,12 @@ CTOR_MAMBA: list[Row] = [
         "a float V2 chunk size",
         "InvalidArgument",
         lambda s: Mamba(_small_alloc(), _small_pool(), mamba_cache_chunk_size=8.0),
+    ),
+    Row(
+        OUT_OF_RANGE,
+        "a V2 chunk size beyond MAX_SIZE",
+        "SizeOutOfRange",
+        lambda s: Mamba(_small_alloc(), _small_pool(), mamba_cache_chunk_size=2**70),
     ),
     Row(
         DEGENERATE,

@@ -568,6 +568,18 @@ CHANNEL_ROWS: dict[str, list[Row]] = {
 # ---------------------------------------------------------------------- a PD instance's own arrival
 INSTANCE_ADD: list[Row] = [
     Row(
+        DEGENERATE,
+        "no room (the prefill side)",
+        "InvalidArgument",
+        lambda s: s.system.prefill.add_request(9, [1, 2], 2),
+    ),
+    Row(
+        DEGENERATE,
+        "no room (the decode side)",
+        "InvalidArgument",
+        lambda s: s.system.decode.add_request(9, [1, 2], 2),
+    ),
+    Row(
         FOREIGN,
         "a room not open on the channel",
         "UnknownRoom",

@@ -239,6 +239,7 @@ FORCE_RETRACT: list[Row] = [
     Row(NEGATIVE, "a negative count", "InvalidArgument", lambda s: s.sched.force_retract(-1)),
     Row(WRONG_TYPE, "a float count", "InvalidArgument", lambda s: s.sched.force_retract(1.0)),
     Row(WRONG_TYPE, "a None count", "InvalidArgument", lambda s: s.sched.force_retract(None)),
+    Row(OUT_OF_RANGE, "a count beyond MAX_SIZE", "SizeOutOfRange", lambda s: s.sched.force_retract(2**70)),
 ]
 
 # ---------------------------------------------------------------------- batches
@@ -433,6 +434,12 @@ SPEC: list[Row] = [
     Row(WRONG_TYPE, "an unknown tree", "InvalidArgument", lambda s: Spec(tree="btree")),
     Row(WRONG_TYPE, "an unknown model", "InvalidArgument", lambda s: Spec(model="gpt")),
     Row(DEGENERATE, "kv_tokens 0", "InvalidArgument", lambda s: Spec(kv_tokens=0)),
+    Row(
+        OUT_OF_RANGE,
+        "kv_tokens not a whole number of pages",
+        "InvalidArgument",
+        lambda s: Spec(page_size=4, kv_tokens=130, tree="radix", hybrid=False),
+    ),
     Row(WRONG_TYPE, "a float rows", "InvalidArgument", lambda s: Spec(rows=1.5)),
     Row(NEGATIVE, "negative mamba_slots", "InvalidArgument", lambda s: Spec(mamba_slots=-1)),
     Row(WRONG_STATE, "a Mamba tree without a Mamba pool", "InvalidArgument", lambda s: Spec(hybrid=False)),

@@ -39,8 +39,8 @@ from kvledger.museum.machines.notes import event, target
 from kvledger.museum.machines.oracles import expected_output
 from kvledger.reference.engine import EngineSpec, TreeKind, build_engine
 from kvledger.reference.scheduler import ReqState
-from kvledger.reference.scheduler.scheduler import FAULT_KINDS as SCHEDULER_FAULT_KINDS
 from kvledger.reference.scheduler.config import CowReleasePolicy
+from kvledger.reference.scheduler.scheduler import FAULT_KINDS as SCHEDULER_FAULT_KINDS
 from kvledger.reference.scheduler.spec_config import SpeculativeConfig
 
 FAMILIES = [

@@ -116,8 +116,13 @@ class PDScheduler(Scheduler):
 
     # ------------------------------------------------------------------ arrivals
     def add_request(  # type: ignore[override]
-        self, rid: int, prompt: Sequence[int], max_new_tokens: int, *, bootstrap_room: int
+        self, rid: int, prompt: Sequence[int], max_new_tokens: int, *, bootstrap_room: int | None = None
     ) -> PDReq:
+        if bootstrap_room is None:  # a typed error, not Python's TypeError for a missing keyword
+            raise InvalidArgument(
+                f"{self.side} instance add_request: bootstrap_room is required (PDSystem.add_request opens the"
+                " room on the channel and adds the request to both instances)"
+            )
         check_room(bootstrap_room)
         if bootstrap_room not in self.channel.rooms:  # PDSystem.add_request opens it first
             raise UnknownRoom(f"bootstrap room {bootstrap_room} is not open on the channel")

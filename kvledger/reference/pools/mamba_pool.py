@@ -282,10 +282,11 @@ class MambaPool(IdPool):
             torch.tensor(held, dtype=torch.int64, device=self.device)
         )
 
-    def poisoned(self, slots: torch.Tensor) -> torch.Tensor:
+    def poisoned(self, slots: Any) -> torch.Tensor:
         """Per slot: does any element of its conv or temporal state hold the poison value?
 
-        Any slot of the pool, held or free (a freed slot reads as poisoned in a debug build)."""
+        Any slot of the pool, held or free (a freed slot reads as poisoned in a debug build), named as every
+        method of the pool names slots: an int, a sequence of ints or an integer tensor."""
         idx = as_index_tensor(slots, self.device, f"{self.name}.poisoned")
         check_in_range(idx, 1, self.size, self.name, "slot")
         self._flush()

@@ -12,8 +12,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvledger.contracts.errors import DuplicateIds, InvalidArgument, SlotOutOfRange
+from kvledger.contracts.errors import DuplicateIds, InvalidArgument, SizeOutOfRange, SlotOutOfRange
 from kvledger.contracts.owners import Owner
+from kvledger.reference.config_fields import MAX_SIZE
 from kvledger.reference.pools.id_free_list import FreeListSnapshot
 
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -44,11 +45,17 @@ def resolve_device(device: str | torch.device) -> torch.device:
 
 
 def check_count(n: Any, what: str = "n") -> int:
-    """A non-negative Python int (bools and floats are rejected, not coerced)."""
+    """A non-negative Python int of at most ``MAX_SIZE`` (bools and floats are rejected, not coerced).
+
+    Every count the pools, caches and scheduler take (ids, tokens, positions, requests) is bounded by a
+    pool or a row, and no pool is larger than ``MAX_SIZE``: a larger count (``evict_mamba(2**70)``,
+    ``force_retract(2**70)``) is a mistake, refused as every size beyond its bound is."""
     if isinstance(n, bool) or not isinstance(n, int):
         raise InvalidArgument(f"{what} must be an int, got {type(n).__name__} {n!r}")
     if n < 0:
         raise InvalidArgument(f"{what} must be >= 0, got {n}")
+    if n > MAX_SIZE:
+        raise SizeOutOfRange(f"{what} must be at most {MAX_SIZE} (MAX_SIZE), got {n}")
     return n
 
 
