@@ -11,6 +11,7 @@ otherwise; the table (or ``--json``) to stdout.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
@@ -235,7 +236,7 @@ def run(ns: argparse.Namespace) -> int:
                 on_example=on_example,
                 max_batches=ns.batches,
                 cpu_budget=ns.cpu_budget,
-                on_phase=lambda phase, label=label: progress.phase(label, phase),
+                on_phase=functools.partial(progress.phase, label),
             )
             results.append(result)
             progress.end(

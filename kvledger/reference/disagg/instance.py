@@ -115,7 +115,7 @@ class PDScheduler(Scheduler):
     pool_kinds = (*Scheduler.pool_kinds, METADATA)  # the metadata slots are one more pool of the identity
 
     # ------------------------------------------------------------------ arrivals
-    def add_request(  # type: ignore[override]
+    def add_request(
         self, rid: int, prompt: Sequence[int], max_new_tokens: int, *, bootstrap_room: int | None = None
     ) -> PDReq:
         if bootstrap_room is None:  # a typed error, not Python's TypeError for a missing keyword
