@@ -7,8 +7,8 @@ Profiles (select with ``--hypothesis-profile=NAME`` or ``HYPOTHESIS_PROFILE=NAME
   registering ours under the same name replaces it, so CI gets these budgets.
 * ``dev`` (default locally): fewer examples, the local database on so a failure replays at once.
 * ``fuzz``: campaigns longer than CI (HypoFuzz's ``hypothesis fuzz``), every worker sharing the example
-  database directory ``$KVLEDGER_FUZZ_DB`` (default ``.hypothesis/fuzz-db``), so a failure one finds
-  replays for all.
+  database ``$KVLEDGER_FUZZ_DB`` (default ``.hypothesis/fuzz-db``: a directory, or a Redis URL for
+  workers on several machines, :mod:`kvledger.campaign.database`), so a failure one finds replays for all.
 * ``deep``: long fuzzing (nightly), randomised; use with ``-m deep`` tests too. Under it every
   scheduler also recounts its identity in full after every step and compares it with the
   incremental one (``Accounting.recount_every_step``).
@@ -19,7 +19,8 @@ from __future__ import annotations
 import os
 
 from hypothesis import HealthCheck, settings
-from hypothesis.database import DirectoryBasedExampleDatabase
+
+from kvledger.campaign import example_database
 
 settings.register_profile(
     "ci",
@@ -52,7 +53,7 @@ settings.register_profile(
     max_examples=10_000,
     stateful_step_count=60,
     deadline=None,
-    database=DirectoryBasedExampleDatabase(os.environ.get("KVLEDGER_FUZZ_DB", ".hypothesis/fuzz-db")),
+    database=example_database(os.environ.get("KVLEDGER_FUZZ_DB", ".hypothesis/fuzz-db")),
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))

@@ -350,6 +350,39 @@ def write_repro(path: Path, result: HuntResult, exhibit: Exhibit | None) -> None
         temp.write_text(text)
 
 
+def repro_for_failure(
+    machine: str, failure: BaseException, report: list[str], exhibit: Exhibit | None, out_dir: Path, name: str
+) -> Path | None:
+    """A repro script for a failure a machine met outside :func:`hunt` (a campaign's item, a replay from a
+    shared database): the statements Hypothesis printed for it, written as :func:`hunt` writes its own.
+    None when Hypothesis printed no statements (a failure outside the machine's steps)."""
+    base = machine_class(machine)
+    chosen = primary_failure(failure, exhibit.breaks if exhibit else ())
+    steps = _steps(report if chosen is failure else [], chosen, base.__name__)
+    if not steps:
+        return None
+    inv = invariant_of(chosen)
+    result = HuntResult(
+        exhibit=exhibit.id if exhibit else "(clean)",
+        machine=machine,
+        found=True,
+        seconds=0.0,
+        shrink_seconds=0.0,
+        examples=0,
+        invariant=inv,
+        expected=(inv in exhibit.breaks) if exhibit else None,
+        repro_steps=_rule_calls(steps, machine),
+        repro=None,
+        repro_verified=None,
+        message=_headline(chosen),
+        steps=steps,
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"repro_{re.sub(r'[^A-Za-z0-9]+', '_', name).strip('_')}.py"
+    write_repro(path, result, exhibit)
+    return path
+
+
 def verify_repro(path: Path, invariant: str, timeout: float = 120.0) -> bool:
     """Run the script in a fresh process: it must fail, naming ``invariant``."""
     try:

@@ -5,7 +5,11 @@ Each item runs one machine for ``KVLEDGER_CAMPAIGN_EXAMPLES`` examples with Hypo
 so the items explore different streams; every worker reads and writes the example database at
 ``KVLEDGER_FUZZ_DB`` (a directory; Hypothesis's directory database is safe for several processes). A
 failure one worker finds is saved there and replayed first by every later item of that machine, on any
-worker, in this campaign and the next. ``KVLEDGER_CAMPAIGN_EXHIBIT`` installs a museum exhibit for the
+worker, in this campaign and the next. ``KVLEDGER_FUZZ_DB`` may also be a Redis URL (``redis://HOST:PORT``,
+``unix:///PATH``; :mod:`kvledger.campaign.database`): workers on several machines then share one store.
+With ``KVLEDGER_CAMPAIGN_REPROS`` set, an item that fails writes a repro script there (the hunt's form:
+``python repro_X.py`` fails naming the invariant), so a failure comes back as a script, not only as a
+database entry. ``KVLEDGER_CAMPAIGN_EXHIBIT`` installs a museum exhibit for the
 whole campaign (what the campaign's tests use to show a failure shared through the database); without
 one the campaign is a clean run and any failure is a bug.
 """
@@ -20,10 +24,11 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
-from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis.reporting import with_reporter
 from hypothesis.stateful import run_state_machine_as_test
 
-from kvledger.museum.hunt import machine_class
+from kvledger.campaign import example_database
+from kvledger.museum.hunt import machine_class, repro_for_failure
 from kvledger.museum.machines import MACHINES
 
 SHARDS = int(os.environ.get("KVLEDGER_CAMPAIGN_SHARDS", "4"))
@@ -32,6 +37,8 @@ CHOSEN = os.environ.get("KVLEDGER_CAMPAIGN_MACHINES", ",".join(MACHINES)).split(
 EXHIBIT = os.environ.get("KVLEDGER_CAMPAIGN_EXHIBIT") or None
 # Replay only what the database holds, generate nothing: after a fix, every known failure re-run at once.
 REPLAY_ONLY = os.environ.get("KVLEDGER_CAMPAIGN_REPLAY_ONLY") == "1"
+REPROS = os.environ.get("KVLEDGER_CAMPAIGN_REPROS") or None
+DATABASE = example_database(os.environ.get("KVLEDGER_FUZZ_DB", ".hypothesis/fuzz-db"))
 
 
 def _settings() -> settings:
@@ -40,19 +47,24 @@ def _settings() -> settings:
         stateful_step_count=40,
         deadline=None,
         derandomize=False,
-        database=DirectoryBasedExampleDatabase(Path(os.environ.get("KVLEDGER_FUZZ_DB", ".hypothesis/fuzz-db"))),
+        database=DATABASE,
         phases=(Phase.reuse,) if REPLAY_ONLY else (Phase.reuse, Phase.generate, Phase.target, Phase.shrink),
         suppress_health_check=list(HealthCheck),
         print_blob=True,
     )
 
 
-def _installed() -> Any:
+def _exhibit() -> Any:
     if EXHIBIT is None:
-        return contextlib.nullcontext()
+        return None
     from kvledger.museum import exhibit
 
-    return exhibit(EXHIBIT).installed()
+    return exhibit(EXHIBIT)
+
+
+def _installed() -> Any:
+    chosen = _exhibit()
+    return contextlib.nullcontext() if chosen is None else chosen.installed()
 
 
 @pytest.mark.parametrize("shard", range(SHARDS))
@@ -72,9 +84,15 @@ def test_machine(machine: str, shard: int, record_property: Any, monkeypatch: py
     monkeypatch.setattr(base, "__init__", counting_init)
     record_property("machine", machine)
     start = time.monotonic()
+    report: list[str] = []
     try:
-        with _installed():
+        with _installed(), with_reporter(lambda value: report.append(str(value))):
             run_state_machine_as_test(base, settings=_settings())
+    except Exception as exc:
+        if REPROS is not None:
+            path = repro_for_failure(machine, exc, report, _exhibit(), Path(REPROS), f"{machine}_{shard}")
+            record_property("repro", str(path) if path else None)
+        raise
     finally:
         record_property("examples", examples)
         record_property("seconds", time.monotonic() - start)

@@ -9,13 +9,19 @@ and only replays the database fails the same way. The examples/s figures are mea
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
+from kvledger.campaign import local_redis_server
+from kvledger.campaign.database import KEY_PREFIX
 from kvledger.contracts import switch
 from kvledger.museum import exhibit
 
@@ -49,3 +55,86 @@ def test_two_workers_share_one_database_and_a_replay_fails_the_same_way(tmp_path
 
     rc, replay = _campaign("--workers", "1", "--shards", "1", "--examples", "1", "--replay-only", *common)
     assert rc == 1 and replay["failures"], replay  # generated nothing: the failure came from the database
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not switch.ENABLED, reason="contracts are off (KVLEDGER_CONTRACTS=0)")
+@pytest.mark.timeout(1800)
+def test_a_failure_found_by_one_process_is_replayed_by_two_others_through_a_real_redis_server(
+    tmp_path: Path,
+) -> None:
+    """Issue 40: the campaign's Redis path against a real server (started here, stopped at the end). One
+    campaign process finds the exhibit's failure and saves it in Redis; a second campaign, another process
+    with two workers that generate nothing, replays it from Redis on both workers; the repro scripts it
+    writes fail naming the same invariant. Bounded by examples, never by the clock."""
+    with local_redis_server() as url:
+        common = ["--db", url, "--machines", "scheduler", "--exhibit", "B1"]
+        rc, found = _campaign("--workers", "1", "--shards", "1", "--examples", "40", *common)
+        assert rc == 1 and found["failures"], found
+        assert found["db"] == url
+        client = redis.Redis.from_url(url)
+        assert client.keys(KEY_PREFIX.decode() + "*"), "the failure was not saved in Redis"
+        client.close()
+
+        repros = tmp_path / "repros"
+        rc, replay = _campaign(
+            "--workers",
+            "2",
+            "--shards",
+            "2",
+            "--examples",
+            "1",
+            "--replay-only",
+            "--repros",
+            str(repros),
+            *common,
+        )
+    assert rc == 1 and set(replay["examples_by_worker"]) == {"gw0", "gw1"}, replay
+    assert len(replay["failures"]) == 2, replay  # each worker replayed what the first process saved
+    breaks = exhibit("B1").breaks
+    for failure in replay["failures"]:
+        assert any(i in failure["failure"] for i in breaks), failure
+        script = Path(failure["repro"])
+        proc = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False
+        )
+        assert proc.returncode != 0 and any(i in proc.stderr + proc.stdout for i in breaks), proc.stderr[
+            -2000:
+        ]
+
+
+def _hypofuzz_keys(client: redis.Redis, suffix: bytes) -> set[bytes]:
+    """The tests (their 48-byte database keys) that hold a HypoFuzz entry of this kind."""
+    start = len(KEY_PREFIX)
+    return {k[start : start + 48] for k in client.scan_iter(match=KEY_PREFIX + b"*" + suffix + b"*")}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_hypofuzz_fuzzes_a_machine_into_the_shared_redis_database() -> None:
+    """Issue 40: HypoFuzz runs the generic machines (``tests/campaign/test_fuzz_targets.py``, the README's
+    recipe) with its own engine, writing its corpus and reports into the campaign's Redis database, and
+    on clean code saves no failure. Stopped as soon as it has recorded examples it ran (the 900-second bound only keeps
+    a broken run from hanging CI; nothing about speed is asserted)."""
+    with local_redis_server() as url:
+        env = dict(os.environ, KVLEDGER_CAMPAIGN="1", HYPOTHESIS_PROFILE="fuzz", KVLEDGER_FUZZ_DB=url)
+        cmd = [str(Path(sys.executable).parent / "hypothesis"), "fuzz", "-n", "1", "--no-dashboard", "--"]
+        cmd += ["tests/campaign/test_fuzz_targets.py", "-k", "Cache", "-p", "no:cacheprovider"]
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL)
+        client = redis.Redis.from_url(url)
+        try:
+            deadline = time.monotonic() + 900
+            while not _hypofuzz_keys(client, b".hypofuzz.observations") and time.monotonic() < deadline:
+                assert proc.poll() is None, f"hypothesis fuzz exited with {proc.returncode}"
+                time.sleep(1)
+            reports = _hypofuzz_keys(client, b".hypofuzz.reports")
+            ran = _hypofuzz_keys(client, b".hypofuzz.observations")
+            failures = _hypofuzz_keys(client, b".hypofuzz.failures") | _hypofuzz_keys(
+                client, b".hypofuzz.fatal"
+            )
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)  # HypoFuzz runs until stopped; its workers are in the group
+            proc.wait()
+            client.close()
+    assert len(reports) == 1 and ran == reports, (reports, ran)  # the one machine: examples run and reported
+    assert not failures, failures
