@@ -52,6 +52,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from kvledger.reference.scheduler.batch import ScheduleBatch
     from kvledger.reference.scheduler.request import Req
     from kvledger.reference.scheduler.state import SchedulerState
+    from kvledger.reference.scheduler.tracking import MambaTracking
 
 RECOUNT_ENV_VAR = "KVLEDGER_RECOUNT_EVERY_STEP"
 
@@ -202,6 +203,21 @@ class Accounting:
             return "", tuple(0 for _ in self.kinds)
         return self._parts_of(req)
 
+    def _check_changed(
+        self, req: Req, dirty: dict[Req, None], ps: int, ctx: int, tracking: MambaTracking | None
+    ) -> None:
+        """Contracts on: I-REQ-LADDER, and Mamba V2's I-REQ-MAMBA / I-STATE-BOUND, for one changed request.
+        A failure keeps every marked request for the report and the next check."""
+        if not ladder_holds(req, ps, ctx):
+            self._dirty.update(dirty)
+            raise ContractViolation(f"I-REQ-LADDER for every live request: {req!r}")
+        if tracking is not None and not req.released:
+            try:
+                tracking.check_requests((req,))
+            except ContractViolation:
+                self._dirty.update(dirty)
+                raise
+
     def _count_changed(self) -> None:
         """Recount the requests marked since the last count: O(changed)."""
         if not self._dirty:
@@ -211,18 +227,10 @@ class Accounting:
         ps, ctx = self.s.config.page_size, self.s.config.max_allocated_len
         tracking = self.s.memory.tracking
         parts_of = self._parts_of if ENABLED else self._counted_parts
+        checking = ENABLED  # contracts off checks no ladder and no tracking slots (spec/checking-levels.md)
         for req in dirty:
-            if not ENABLED:  # contracts off checks no ladder and no tracking slots (spec/checking-levels.md)
-                pass
-            elif not ladder_holds(req, ps, ctx):
-                self._dirty.update(dirty)  # keep them for the report and the next check
-                raise ContractViolation(f"I-REQ-LADDER for every live request: {req!r}")
-            if tracking is not None and not req.released:
-                try:  # Mamba V2: I-REQ-MAMBA and I-STATE-BOUND on what changed
-                    tracking.check_requests((req,))
-                except ContractViolation:
-                    self._dirty.update(dirty)
-                    raise
+            if checking:
+                self._check_changed(req, dirty, ps, ctx, tracking)
             old = self._parts.pop(req, None)
             if old is not None:
                 for counter, n in zip(sums, old[1], strict=True):
