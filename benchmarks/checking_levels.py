@@ -125,9 +125,10 @@ def _scale(quick: bool) -> dict[str, Any]:
 
     times = int(os.environ["KVLEDGER_BENCH_SCALE"])
     base = GSPWorkload(num_groups=2, prompts_per_group=4, output_len=16) if quick else GSPWorkload()
+    by_prompts = os.environ.get("KVLEDGER_BENCH_SCALE_BY") == "prompts"
     workload = GSPWorkload(
-        num_groups=base.num_groups * times,
-        prompts_per_group=base.prompts_per_group,
+        num_groups=base.num_groups * (1 if by_prompts else times),
+        prompts_per_group=base.prompts_per_group * (times if by_prompts else 1),
         output_len=base.output_len,
     )
     cpu = time.process_time()
@@ -138,6 +139,7 @@ def _scale(quick: bool) -> dict[str, Any]:
     rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     n = workload.total
     return {
+        "prefix_hit_rate": result.prefix_hit_rate,
         "cpu_s": cpu,
         "requests": n,
         "cpu_per_request_ms": 1000 * cpu / n,
@@ -153,6 +155,7 @@ def _run(workload: str, level: str, quick: bool, scale: int | None = None) -> di
     env = {k: v for k, v in os.environ.items() if k not in SWITCHES} | {"KVLEDGER_CHECKS": level}
     if scale is not None:
         env["KVLEDGER_BENCH_SCALE"] = str(scale)
+        env["KVLEDGER_BENCH_SCALE_BY"] = SCALE_BY[0]
     cmd = [sys.executable, __file__, "--child", workload] + (["--quick"] if quick else [])
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if done.returncode:
@@ -226,6 +229,10 @@ def _report(workload: str, runs: dict[str, list[dict[str, Any]]]) -> dict[str, A
     return {"benchmark": "checking_levels", "workload": workload, "levels": levels, "figures": figures}
 
 
+SCALE_BY = ["groups"]
+"""What ``scale`` multiplies: ``groups`` (more shared prefixes, the issue's sizes: the cache's hit rate
+falls as the prefixes outgrow the pool, so each request does more work) or ``prompts`` (more prompts per
+prefix: the same per-request work, only the queue grows). Set by ``--scale-by``."""
 RELEASE_ONLY_ABOVE = 16
 SCALE_TARGET = 1.2
 """Issue 38: CPU per request at every size within 1.2x of the smallest size's, per level."""
@@ -251,6 +258,7 @@ def _scale_report(levels: list[str], reps: int, quick: bool, scales: list[int]) 
                 "runs_cpu_per_request_ms": [r["cpu_per_request_ms"] for r in runs[(lv, m)]],
                 "ratio_to_1x": ratio(per_req[m], first),
                 "peak_rss_mib": statistics.median(r["peak_rss_mib"] for r in runs[(lv, m)]),
+                "prefix_hit_rate": runs[(lv, m)][0]["prefix_hit_rate"],
             }
             for m in sizes
         }
@@ -289,12 +297,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--scales", default="1,4,16,64", help="scale: the sizes, in default workloads (64x: release)"
     )
+    p.add_argument("--scale-by", choices=("groups", "prompts"), default="groups", help="scale: what grows")
     p.add_argument("--child", choices=WORKLOADS, help=argparse.SUPPRESS)
     ns = p.parse_args(argv)
     if ns.child:
         print(json.dumps(CHILDREN[ns.child](ns.quick)))
         return 0
     ns.scales = [int(x) for x in ns.scales.split(",") if x]
+    SCALE_BY[0] = ns.scale_by
     workloads = [w for w in ns.only.split(",") if w]
     levels = [lv for lv in ns.levels.split(",") if lv]
     unknown = sorted(set(workloads) - set(WORKLOADS)) + sorted(set(levels) - set(LEVELS))

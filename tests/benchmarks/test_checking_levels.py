@@ -62,7 +62,7 @@ def test_scale_prints_cpu_per_request_and_peak_rss_per_size() -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     (result,) = [json.loads(line) for line in done.stdout.strip().splitlines()]
-    assert result["workload"] == "scale"
+    assert result["workload"] == "scale" and result["scale_by"] == "groups"
     levels = result["levels"]
     assert list(levels["release"]["sizes"]) == ["1x", "2x", "17x"]  # above 16x: release only
     assert list(levels["owners"]["sizes"]) == ["1x", "2x"]
@@ -71,7 +71,7 @@ def test_scale_prints_cpu_per_request_and_peak_rss_per_size() -> None:
         assert row["target"] == 1.2 and row["met"] == (row["worst_ratio"] <= 1.2)
         for size in row["sizes"].values():
             assert_clock_figure(size["cpu_per_request_ms"], "scale cpu per request")
-            assert size["peak_rss_mib"] > 0
+            assert size["peak_rss_mib"] > 0 and 0 <= size["prefix_hit_rate"] <= 1
     assert [f["figure"] for f in result["figures"]] == [
         "scale, release, 2x", "scale, release, 17x", "scale, owners, 2x"
     ]  # fmt: skip
