@@ -282,6 +282,7 @@ def _scale_report(levels: list[str], reps: int, quick: bool, scales: list[int]) 
     return {
         "benchmark": "checking_levels",
         "workload": "scale",
+        "scale_by": SCALE_BY[0],
         "levels": out,
         "figures": figures,
         "load_average": os.getloadavg(),
