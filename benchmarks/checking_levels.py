@@ -13,12 +13,18 @@ fastest runs, the least disturbed figure on a shared machine). The workloads:
   16) and the Mamba radix cache (V1 page 1, V2 page 1 and 16), all five modes in one child;
 * ``pairs``: ``alloc`` / ``free`` pairs on ``TokenToKVPoolAllocator`` (page 1) and
   ``PagedTokenToKVPoolAllocator`` (page 16), as ``benchmarks/alloc_free_pairs.py``.
+* ``scale``: the ``simulate`` workload at several sizes (``--scales``, in default workloads; above 16x at
+  ``release`` only), growing its prompt groups or its prompts per group (``--scale-by``): CPU ms per
+  request, its ratio to the smallest size, the prefix hit rate and the peak RSS, one process per size.
+
+Per level, ``paths`` gives each radix mode's and each allocator's own ratio to ``release`` with issue 38's
+per-path target.
 
 The output is one JSON object per workload: per level the median CPU seconds and the runs, the ratio to
 ``release`` and the issue's target for it, plus ``figures`` rows for ``benchmarks/run_all.py`` (release
 next to each level). ``--quick``: small workloads, one repetition (a smoke run for tests)::
 
-    python benchmarks/checking_levels.py [--quick] [--reps N] [--only simulate,radix,pairs] [--levels ...]
+    python benchmarks/checking_levels.py [--quick] [--reps N] [--only simulate,radix,pairs,scale] [--levels ...]
 """
 
 from __future__ import annotations
