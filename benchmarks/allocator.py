@@ -33,10 +33,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _figures import figure, per_second
+from _figures import figure, per_second, ratio
 
 # (page size, tokens per call): a decode token and a prefill chunk at page 1; one page and 16 at page 16.
 CASES = ((1, 1), (1, 64), (16, 16), (16, 256))
+RANDOM_OPS = 4000  # operations of the random alloc/free loop per round (issue 38's "random loop" cell)
 
 
 class SGLangTokenBaseline:
@@ -104,6 +105,63 @@ def _round(alloc: Any, free: Any, n: int, calls: int) -> tuple[float, float]:
     return mid - start, end - mid
 
 
+def _random_plan(size: int, page: int, ops: int, seed: int = 0) -> list[tuple[int, int]]:
+    """A random alloc/free loop, the same for every allocator: ``(tokens, 0)`` allocates, ``(0, k)`` frees
+    the ``k``-th block still held (swap-removed). Allocations of 1 to 64 tokens (whole pages), at most half
+    the pool held, so no allocator can run out; every block is freed at the end."""
+    import random
+
+    rng = random.Random(seed)
+    plan: list[tuple[int, int]] = []
+    held: list[int] = []
+    used = 0
+    for _ in range(ops):
+        n = page * rng.randint(1, max(64 // page, 1))
+        if held and (used + n > size // 2 or rng.random() < 0.5):
+            k = rng.randrange(len(held))
+            used -= held[k]
+            held[k] = held[-1]
+            held.pop()
+            plan.append((0, k))
+        else:
+            held.append(n)
+            used += n
+            plan.append((n, 0))
+    plan.extend((0, len(held) - 1 - j) for j in range(len(held)))
+    return plan
+
+
+def _random_round(alloc: Any, free: Any, plan: list[tuple[int, int]]) -> float:
+    """CPU seconds for ``plan`` (:func:`_random_plan`) on one allocator."""
+    held: list[Any] = []
+    start = time.process_time()
+    for n, k in plan:
+        if n:
+            held.append(alloc(n))
+        else:
+            ids = held[k]
+            held[k] = held[-1]
+            held.pop()
+            free(ids)
+    return time.process_time() - start
+
+
+def _sglang_allocator(size: int, page: int) -> Any:
+    """SGLang's own ``TokenToKVPoolAllocator`` / ``PagedTokenToKVPoolAllocator`` (the installed release,
+    0.5.23 by the set-up, on CPU), or None when the extra is not installed."""
+    from kvledger.engines.sglang import build, loader
+
+    if loader.available() is not None:
+        return None
+    return build.token_allocator(size, page)
+
+
+def _sglang_version() -> str | None:
+    from kvledger.engines.sglang import loader
+
+    return None if loader.available() is not None else loader.load().version
+
+
 def _child(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
@@ -119,9 +177,14 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
             calls = max(size // 2 // n, 1)
             ours: Any = TokenToKVPoolAllocator(size) if page == 1 else PagedTokenToKVPoolAllocator(size, page)
             theirs: Any = SGLangTokenBaseline(size) if page == 1 else SGLangPagedBaseline(size, page)
-            variants = {"kvledger": (lambda k, o=ours: o.alloc(k, owner), lambda ids, o=ours: o.free(ids, owner))}
+            variants = {
+                "kvledger": (lambda k, o=ours: o.alloc(k, owner), lambda ids, o=ours: o.free(ids, owner))
+            }
             if not switch.ENABLED:
                 variants["sglang_baseline"] = (theirs.alloc, theirs.free)
+                real = _sglang_allocator(size, page)
+                if real is not None:  # issue 38: the class itself, not only its tensor operations
+                    variants["sglang"] = (real.alloc, real.free)
             best: dict[str, list[float]] = {name: [float("inf"), float("inf")] for name in variants}
             for r in range(args.rounds + 1):  # round 0 warms up
                 for name, (alloc, free) in variants.items():
@@ -129,13 +192,26 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
                     if r:
                         best[name][0] = min(best[name][0], a)
                         best[name][1] = min(best[name][1], f)
+            plan = _random_plan(size, page, RANDOM_OPS)
+            mixed = {
+                name: min(_random_round(*variants[name], plan) for _ in range(args.rounds + 1))
+                for name in variants
+            }
             assert ours.available_size() == ours.size, "the rounds leaked"
             ours.audit()
             row: dict[str, Any] = {"pool": size, "page_size": page, "tokens_per_call": n, "calls": calls}
             for name, (a, f) in best.items():
-                row[name] = {"alloc_per_s": per_second(calls, a), "free_per_s": per_second(calls, f)}
+                row[name] = {
+                    "alloc_per_s": per_second(calls, a),
+                    "free_per_s": per_second(calls, f),
+                    "random_loop_ops_per_s": per_second(len(plan), mixed[name]),
+                }
             results.append(row)
-    return {"contracts": switch.ENABLED, "rows": results}
+    return {
+        "contracts": switch.ENABLED,
+        "rows": results,
+        "sglang": None if switch.ENABLED else _sglang_version(),
+    }
 
 
 def _run_child(contracts: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -171,6 +247,12 @@ def main(argv: list[str] | None = None) -> int:
         row["release"] = a["kvledger"]
         row["contracts_on"] = b["kvledger"]
         row["sglang_baseline"] = a["sglang_baseline"]
+        if "sglang" in a:
+            row["sglang"] = a["sglang"] | {"version": off["sglang"]}
+            row["release_vs_sglang"] = {
+                op: ratio(a["kvledger"][f"{op}_per_s"], a["sglang"][f"{op}_per_s"])
+                for op in ("alloc", "free", "random_loop_ops")
+            }
         rows.append(row)
         case = f"pool {a['pool']}, page {a['page_size']}, {a['tokens_per_call']} tok/call"
         for op in ("alloc", "free"):
@@ -186,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                     target="release >= baseline; on/off <= 2",
                     sglang_baseline=base,
                     release_vs_baseline=None if rel is None or not base else rel / base,
+                    release_vs_sglang=row.get("release_vs_sglang", {}).get(op),
                 )
             )
     print(json.dumps({"benchmark": "allocator", "rounds": args.rounds, "rows": rows, "figures": figures}))

@@ -44,9 +44,37 @@ def test_quick_run_prints_every_level_of_every_workload() -> None:
         for figure in result["figures"]:
             assert_clock_figure(figure["on_off_ratio"], figure["figure"])
     simulate = results[0]["levels"]
-    assert simulate["owners"]["target"] == 1.15 and simulate["ledger"]["target"] == 1.5
-    assert simulate["full"]["target"] == 3.0 and simulate["release"]["target"] is None
+    assert simulate["owners"]["target"] == 1.10 and simulate["ledger"]["target"] == 1.6
+    assert simulate["full"]["target"] == 2.5 and simulate["release"]["target"] is None
     assert set(results[1]["levels"]["ledger"]["pools"]) == {"token_p1", "paged_p16"}
+    for level, target in (("owners", 1.25), ("ledger", 1.6), ("full", 4.0)):  # issue 38: a ratio per path
+        paths = results[1]["levels"][level]["paths"]
+        assert set(paths) == {"token_p1", "paged_p16"}
+        for row in paths.values():
+            assert row["target"] == target and row["met"] == (row["ratio_to_release"] <= target)
+            assert_clock_figure(row["ratio_to_release"], f"pairs.{level}")
+
+
+def test_scale_prints_cpu_per_request_and_peak_rss_per_size() -> None:
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--only", "scale", "--levels", "release,owners", "--scales", "1,2,17"],
+        cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (result,) = [json.loads(line) for line in done.stdout.strip().splitlines()]
+    assert result["workload"] == "scale" and result["scale_by"] == "groups"
+    levels = result["levels"]
+    assert list(levels["release"]["sizes"]) == ["1x", "2x", "17x"]  # above 16x: release only
+    assert list(levels["owners"]["sizes"]) == ["1x", "2x"]
+    assert levels["release"]["sizes"]["17x"]["requests"] == 17 * levels["release"]["sizes"]["1x"]["requests"]
+    for row in levels.values():
+        assert row["target"] == 1.2 and row["met"] == (row["worst_ratio"] <= 1.2)
+        for size in row["sizes"].values():
+            assert_clock_figure(size["cpu_per_request_ms"], "scale cpu per request")
+            assert size["peak_rss_mib"] > 0 and 0 <= size["prefix_hit_rate"] <= 1
+    assert [f["figure"] for f in result["figures"]] == [
+        "scale, release, 2x", "scale, release, 17x", "scale, owners, 2x"
+    ]  # fmt: skip
 
 
 def test_a_child_runs_at_the_level_it_was_given() -> None:

@@ -101,6 +101,11 @@ def test_quick_benchmarks_print_well_formed_figures(name: str) -> None:
                 assert_clock_figure(row[key], f"{row['figure']}.{key}")
     if name == "allocator":
         assert all(r["sglang_baseline"] is not None for r in result["figures"])
+        for row in result["rows"]:  # issue 38: SGLang's own classes next to release, the random loop too
+            assert row["sglang"]["version"] == "0.5.23"
+            assert set(row["release_vs_sglang"]) == {"alloc", "free", "random_loop_ops"}
+            for key, value in row["release_vs_sglang"].items():
+                assert_clock_figure(value, f"release_vs_sglang.{key}")
     else:
         for setting in ("contracts_off", "contracts_on"):
             retained = result[setting]["retained"]

@@ -39,12 +39,20 @@ from kvledger.contracts.protocols import IdPool
 from kvledger.contracts.switch import ENABLED
 from kvledger.reference.scheduler import census
 from kvledger.reference.scheduler.counters import free_reader
-from kvledger.reference.scheduler.request import ReqState, ladder_holds, track_fields, track_point_holds
+from kvledger.reference.scheduler.request import (
+    _TRACKED,
+    ReqState,
+    ladder_holds,
+    track_fields,
+    track_point_holds,
+)
+from kvledger.reference.scheduler.write_marks import mark_writes
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvledger.reference.scheduler.batch import ScheduleBatch
     from kvledger.reference.scheduler.request import Req
     from kvledger.reference.scheduler.state import SchedulerState
+    from kvledger.reference.scheduler.tracking import MambaTracking
 
 RECOUNT_ENV_VAR = "KVLEDGER_RECOUNT_EVERY_STEP"
 
@@ -56,6 +64,7 @@ def _recount_setting() -> bool:
 __all__ = ["UNITS", "Accounting"]  # UNITS: what each pool kind's terms count (kvledger.contracts.pool_kinds)
 
 _DONE = frozenset(s for s in ReqState if s.is_done)
+_COUNT_FIELDS = frozenset({"state", "released"})  # contracts off: whether the recount counts a request at all
 
 _Parts = tuple[str, tuple[int, ...]]  # account, units held by one request per pool kind (``Accounting.kinds``)
 
@@ -107,8 +116,11 @@ class Accounting:
 
     # ------------------------------------------------------------------ tracking
     def track(self, req: Req) -> None:
-        """Follow ``req`` from its arrival until it is released (contracts on)."""
+        """Follow ``req`` from its arrival until it is released (contracts on; contracts off, for the count
+        identities' sums only)."""
         if not ENABLED:
+            if self.counting:
+                self._follow_for_counts(req)
             return
         req.watch = self
         req.owner.watcher = self._owner_changed
@@ -117,11 +129,22 @@ class Accounting:
         self._dirty[req] = None
         self._handles_unverified[req] = None
 
+    def _follow_for_counts(self, req: Req) -> None:
+        """Contracts off: keep the count identities' per-account sums incrementally (issue 38), as contracts
+        on does. Writes of the fields the terms read, and of the two that decide whether the recount would
+        count the request at all (``state``, ``released``), mark it (:mod:`write_marks`); so does an
+        account change of its owner. No handle marks, no ladder: what contracts off checks stays the same."""
+        mark_writes(type(req), _COUNT_FIELDS | _TRACKED)
+        req.watch = self
+        req.owner.watcher = self._owner_changed
+        self._by_owner[req.owner] = req
+        self._dirty[req] = None
+
     def touch(self, req: Req, field: str) -> None:
-        """``req`` wrote the tracked ``field`` (called by ``Req.__setattr__``)."""
+        """``req`` wrote the tracked ``field`` (called by ``Req.__setattr__``, or by :mod:`write_marks`)."""
         self._dirty[req] = None
         self._last_terms = None
-        if field in self._handle_fields:
+        if field in self._handle_fields and ENABLED:  # consumed by contracts on's I-HANDLE-OWNED only
             self._handles_unverified[req] = None
 
     def _owner_changed(self, owner: Owner) -> None:
@@ -173,6 +196,28 @@ class Accounting:
         s = self.s
         return req.owner.account.name, tuple(k.held_units(s, req) for k in self.kinds)
 
+    def _counted_parts(self, req: Req) -> _Parts:
+        """Contracts off: what :meth:`_request_held_recount` would count for ``req`` (nothing once released,
+        nor once ended unless parked), so the incremental sums are that recount's, term for term."""
+        if req.released or (req.state in _DONE and req.owner.account not in self.s.parked_accounts):
+            return "", tuple(0 for _ in self.kinds)
+        return self._parts_of(req)
+
+    def _check_changed(
+        self, req: Req, dirty: dict[Req, None], ps: int, ctx: int, tracking: MambaTracking | None
+    ) -> None:
+        """Contracts on: I-REQ-LADDER, and Mamba V2's I-REQ-MAMBA / I-STATE-BOUND, for one changed request.
+        A failure keeps every marked request for the report and the next check."""
+        if not ladder_holds(req, ps, ctx):
+            self._dirty.update(dirty)
+            raise ContractViolation(f"I-REQ-LADDER for every live request: {req!r}")
+        if tracking is not None and not req.released:
+            try:
+                tracking.check_requests((req,))
+            except ContractViolation:
+                self._dirty.update(dirty)
+                raise
+
     def _count_changed(self) -> None:
         """Recount the requests marked since the last count: O(changed)."""
         if not self._dirty:
@@ -181,21 +226,16 @@ class Accounting:
         sums = [self._sums[k.name] for k in self.kinds]
         ps, ctx = self.s.config.page_size, self.s.config.max_allocated_len
         tracking = self.s.memory.tracking
+        parts_of = self._parts_of if ENABLED else self._counted_parts
+        checking = ENABLED  # contracts off checks no ladder and no tracking slots (spec/checking-levels.md)
         for req in dirty:
-            if not ladder_holds(req, ps, ctx):
-                self._dirty.update(dirty)  # keep them for the report and the next check
-                raise ContractViolation(f"I-REQ-LADDER for every live request: {req!r}")
-            if tracking is not None and not req.released:
-                try:  # Mamba V2: I-REQ-MAMBA and I-STATE-BOUND on what changed
-                    tracking.check_requests((req,))
-                except ContractViolation:
-                    self._dirty.update(dirty)
-                    raise
+            if checking:
+                self._check_changed(req, dirty, ps, ctx, tracking)
             old = self._parts.pop(req, None)
             if old is not None:
                 for counter, n in zip(sums, old[1], strict=True):
                     counter[old[0]] -= n
-            new = self._parts_of(req)
+            new = parts_of(req)
             if any(new[1]):
                 self._parts[req] = new
                 for counter, n in zip(sums, new[1], strict=True):
@@ -229,9 +269,9 @@ class Accounting:
     def _request_held_recount(self) -> dict[str, dict[str, int]]:
         """Per pool and account, what live requests hold by their bookkeeping: O(live).
 
-        The release build's count identities run this after every step, so the loop is lean: most live
-        requests wait and hold nothing (one read of the kinds' handle fields each, all None); only holders
-        are looked at further.
+        The reference the incremental sums are compared with (quiescence, ``recount_every_step``, reports).
+        The loop is lean: most live requests wait and hold nothing (one read of the kinds' handle fields
+        each, all None); only holders are looked at further.
         """
         s = self.s
         kinds = self.kinds
@@ -256,8 +296,9 @@ class Accounting:
         return held
 
     def _request_held(self) -> Mapping[str, Mapping[str, int]]:
-        """The same sums, kept incrementally (contracts on) or recounted (contracts off)."""
-        if not ENABLED:
+        """The same sums, kept incrementally: O(requests changed since the last count), not O(queue). With
+        no per-step checks at all (``check_every_step=False``: nothing is followed) a recount."""
+        if not ENABLED and not self.counting:
             return self._request_held_recount()
         self._count_changed()
         return self._sums
@@ -313,8 +354,10 @@ class Accounting:
     def _count_identities(self) -> None:
         """Contracts off: I-COUNT and I-CAP per pool after every step, I-IDLE-IDENTITY at quiescence.
 
-        O(1) per term from the counters plus one pass over the live requests' bookkeeping (the terms a
-        simulate run computes for its timeline anyway: the snapshot reuses them). A failure is an
+        O(1) per term from the counters plus the requests whose bookkeeping changed since the last count
+        (the sums are kept incrementally, issue 38; the terms a simulate run computes for its timeline
+        anyway: the snapshot reuses them); at quiescence (and after every step under
+        ``recount_every_step``) the sums are compared with a full recount. A failure is an
         :class:`IdentityFailure` naming the ids nobody's bookkeeping holds (no ledger, so no owner).
         """
         s = self.s
@@ -323,7 +366,10 @@ class Accounting:
         try:
             for t in terms:
                 check_busy_identity(t, self.culprits)
+            if self.recount_every_step:
+                self.check_incremental(terms, self.pool_terms())
             if s.is_quiescent():
+                self.check_incremental(terms, self.pool_terms())  # O(live) once, where little is live
                 for t in terms:
                     check_idle_identity(t, self.culprits)
         except IdentityFailure:
