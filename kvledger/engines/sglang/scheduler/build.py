@@ -65,6 +65,7 @@ def model_config(shape: SchedulerShape) -> SimpleNamespace:
         dtype="float32",
         is_hybrid_swa=False,
         hf_eos_token_id=None,  # no EOS: lengths come from max_new_tokens (drawn by the caller)
+        use_ngram_embedding=False,  # 0.5.10: an n-gram embedding model feature, off for this model
     )
 
 
@@ -131,6 +132,12 @@ def scheduler_class(version: str) -> Any:
 
         def init_model_config(self) -> None:
             self.model_config = model_config(self.kv_shape)
+            try:  # 0.5.10 asks which model implementation serves the model: SGLang's own (no transformers)
+                from sglang.srt.configs.model_config import ModelImpl
+
+                self.model_config._resolved_model_impl = ModelImpl.SGLANG
+            except ImportError:
+                pass
 
         def init_ipc_channels(self, port_args: Any) -> None:
             self.idle_sleeper = None
@@ -144,6 +151,7 @@ def scheduler_class(version: str) -> Any:
             self.tp_worker = FakeWorker(
                 WorkerShape(s.kv_tokens, s.rows, s.mamba_slots, s.context_len, s.max_new_tokens, s.seed)
             )
+            self.tp_worker.model_config = self.model_config  # 0.5.10 reads the worker's copy
 
     return CPUScheduler
 

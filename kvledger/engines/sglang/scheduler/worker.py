@@ -71,26 +71,17 @@ class FakeWorker:
             req_to_token_pool=self.req_to_token_pool,
             token_to_kv_pool_allocator=self.allocator,
         )
+        self.model_config: Any = None  # the scheduler's model config (0.5.10 reads the worker's copy)
         self.forwards = 0
         self.checked_cells = 0
 
     # ------------------------------------------------------------------ what __init__ asks
     def get_worker_info(self) -> tuple[Any, ...]:
         s = self.shape
-        return (
-            s.kv_tokens,
-            s.kv_tokens,
-            s.rows,
-            None,
-            s.context_len,
-            s.context_len - 1,
-            s.seed,
-            "cpu",
-            None,
-            None,
-            None,
-            None,
-        )
+        # the request limits TpModelWorker derives: a request never exceeds the context or the pool
+        max_req_len = min(s.context_len - 1, s.kv_tokens - 1)
+        limits = (s.kv_tokens, s.kv_tokens, s.rows, None, max_req_len, max_req_len - 5, s.seed, "cpu")
+        return (*limits, None, None, None, None)
 
     def get_memory_pool(self) -> tuple[Any, Any]:
         return self.req_to_token_pool, self.allocator
