@@ -12,6 +12,11 @@
 #   .venv/sglang-X, each with the transformers its release pins (5.6.0 for 0.5.11 and 0.5.12, 5.8.1 for
 #   0.5.13), tokenizers==0.22.2 and einops==0.8.2 (imported at module level by a layer module of those
 #   releases). About 30 s each on top, 180 to 210 MB each.
+# * sglang==0.5.9, 0.5.10, 0.5.5.post1 and 0.5.5.post2 (the scheduler seeds' last releases and their
+#   fixing releases, for kvledger.engines.sglang.scheduler: #16067 0.5.9 -> 0.5.10, #12432 0.5.5.post1 ->
+#   0.5.5.post2) the same way, with the pins measured in shared/background/sglang-scheduler-on-cpu.md:
+#   transformers 4.57.1 / tokenizers 0.22.1 / huggingface_hub 0.36.0 for 0.5.5.x and 0.5.9, transformers
+#   5.3.0 for 0.5.10; 0.5.5.x imports fastapi at module level (0.120.0, with starlette 0.48.0).
 # Never installs torch or triton. Idempotent: a stamp records what was installed; a second run with the
 # same pins does nothing. Prints one progress line.
 set -euo pipefail
@@ -25,15 +30,25 @@ CURRENT=0.5.23
 PREVIOUS=0.5.20
 PREVIOUS_DIR=.venv/sglang-$PREVIOUS
 PREVIOUS_PINS="sglang==$PREVIOUS transformers==5.12.1 tokenizers==0.22.2"
-HISTORICAL="0.5.11 0.5.12 0.5.13"
-HISTORICAL_PINS="tokenizers==0.22.2 einops==0.8.2"
+HISTORICAL="0.5.11 0.5.12 0.5.13 0.5.9 0.5.10 0.5.5.post1 0.5.5.post2"
+HISTORICAL_PINS="einops==0.8.2"
 # the transformers each historical release pins (its Requires-Dist)
-transformers_for() { case "$1" in 0.5.13) echo "transformers==5.8.1" ;; *) echo "transformers==5.6.0" ;; esac; }
+transformers_for() {
+  case "$1" in
+    0.5.13) echo "transformers==5.8.1" ;;
+    0.5.10) echo "transformers==5.3.0" ;;
+    0.5.9) echo "transformers==4.57.1 huggingface_hub==0.36.0" ;;
+    0.5.5.*) echo "transformers==4.57.1 huggingface_hub==0.36.0 fastapi==0.120.0 starlette==0.48.0" ;;
+    *) echo "transformers==5.6.0" ;;
+  esac
+}
+# tokenizers: 0.22.1 where transformers 4.57.1 is pinned, 0.22.2 elsewhere
+tokenizers_for() { case "$1" in 0.5.9|0.5.5.*) echo "tokenizers==0.22.1" ;; *) echo "tokenizers==0.22.2" ;; esac; }
 EXTRA=$("$PY" -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml","rb"))["project"]["optional-dependencies"]["sglang"]))')
 STAMP=.venv/.sglang-extra.stamp
 WANT="sglang==$CURRENT compressed-tensors==0.18.0 $EXTRA | $PREVIOUS_PINS"
 # One stamp per historical release (its pins): adding a release installs only that one.
-hist_want() { echo "sglang==$1 $(transformers_for "$1") $HISTORICAL_PINS"; }
+hist_want() { echo "sglang==$1 $(transformers_for "$1") $(tokenizers_for "$1") $HISTORICAL_PINS"; }
 hist_ok() { [ -d ".venv/sglang-$1/sglang" ] && [ "$(cat ".venv/sglang-$1/.stamp" 2>/dev/null)" = "$(hist_want "$1")" ]; }
 # (a stamp written before the per-release stamps also listed the historical releases after a second "|")
 main_ok() {
@@ -43,7 +58,7 @@ main_ok() {
 # adopt 0.5.11 and 0.5.12 installed under that older stamp (same pins) instead of installing them again
 for v in 0.5.11 0.5.12; do
   if [ -d ".venv/sglang-$v/sglang" ] && [ ! -f ".venv/sglang-$v/.stamp" ] && [ -f "$STAMP" ] \
-     && grep -q "| 0.5.11 0.5.12: transformers==5.6.0 $HISTORICAL_PINS\$" "$STAMP"; then
+     && grep -q "| 0.5.11 0.5.12: transformers==5.6.0 tokenizers==0.22.2 einops==0.8.2\$" "$STAMP"; then
     hist_want "$v" > ".venv/sglang-$v/.stamp"
   fi
 done

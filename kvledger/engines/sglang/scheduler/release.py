@@ -1,0 +1,62 @@
+"""Which SGLang release a scheduler process runs, and importing its ``Scheduler`` on CPU.
+
+The scheduler seeds live in releases older than the ones :mod:`kvledger.engines.sglang.loader` imports
+(#16067 in 0.5.9, fixed in 0.5.10; #12432 in 0.5.5.post1, fixed in 0.5.5.post2). Each is installed side
+by side by ``scripts/setup_sglang.sh`` in ``.venv/sglang-X`` (``pip install --no-deps --target``); one
+release per process, put first on ``sys.path``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+from kvledger.contracts.errors import InvalidArgument
+from kvledger.engines.sglang.standins import STANDIN_ROOTS, StandinFinder, missing_roots
+
+SCHEDULER_RELEASES: dict[str, str] = {
+    "0.5.9": "#16067 present: a waiting request's copy-on-write Mamba slot is not counted by the idle check",
+    "0.5.10": "#16067 fixed: _get_new_batch_prefill_raw returns the slot when the request is not added",
+}
+"""Releases whose real ``Scheduler`` this subpackage builds (init_* family), with the seed each holds."""
+
+SCHEDULER_STANDIN_ROOTS: tuple[str, ...] = (*STANDIN_ROOTS, "sgl_kernel", "setproctitle")
+"""Stand-ins for the scheduler's import chain: the project's, plus ``sgl_kernel`` (0.5.9 imports its
+HiCache transfer kernels at module level; a CPU run without HiCache never calls them) and
+``setproctitle`` (names the OS process; the scheduler here never runs as a launched process)."""
+
+
+def release_dir(version: str) -> Path:
+    """``.venv/sglang-<version>`` of the environment running this interpreter."""
+    if version not in SCHEDULER_RELEASES:
+        raise InvalidArgument(f"scheduler release {version!r} is not one of {sorted(SCHEDULER_RELEASES)}")
+    root = Path(os.environ.get("KVLEDGER_VENV", Path(sys.prefix)))
+    path = root / f"sglang-{version}"
+    if not (path / "sglang").is_dir():
+        raise InvalidArgument(f"{path} is missing: run scripts/setup_sglang.sh")
+    return path
+
+
+def import_scheduler(version: str) -> tuple[ModuleType, float]:
+    """Import ``sglang.srt.managers.scheduler`` of ``version``; returns (module, seconds).
+
+    The stand-in finder stays installed for the life of the process: the scheduler imports some
+    modules lazily (the tree class inside ``init_cache_with_memory_pool``), and this process exists only
+    to run this one release.
+    """
+    path = str(release_dir(version))
+    loaded = sys.modules.get("sglang")
+    if loaded is not None and not str(getattr(loaded, "__file__", "")).startswith(path):
+        raise InvalidArgument(f"another SGLang is already imported in this process: {loaded.__file__}")
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    if not any(isinstance(f, StandinFinder) for f in sys.meta_path):
+        sys.meta_path.append(StandinFinder(missing_roots(SCHEDULER_STANDIN_ROOTS)))
+    start = time.perf_counter()
+    import importlib
+
+    module = importlib.import_module("sglang.srt.managers.scheduler")
+    return module, time.perf_counter() - start

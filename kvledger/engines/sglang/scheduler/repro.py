@@ -1,0 +1,41 @@
+"""Replaying and shrinking an operation list (from :func:`.workload.run`) against a fresh scheduler."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from kvledger.engines.sglang.scheduler.loop import STRICT_IDLE_CHECK, arrive, step
+from kvledger.engines.sglang.scheduler.workload import Finding, classify
+
+Op = tuple[Any, ...]
+
+
+def replay(scheduler: Any, ops: list[Op]) -> Finding | None:
+    """Run ``ops`` (``("arrive", rid, tokens, max_new)`` / ``("step",)``); the first failure, classified."""
+    os.environ.setdefault(STRICT_IDLE_CHECK, "1")
+    for i, op in enumerate(ops):
+        try:
+            if op[0] == "arrive":
+                arrive(scheduler, op[1], list(op[2]), op[3])
+            else:
+                step(scheduler)
+        except Exception as error:
+            return classify(scheduler, i, error)
+    return None
+
+
+def shrink(make: Callable[[], Any], ops: list[Op], kind: str) -> list[Op]:
+    """Greedy one-op deletion until no single removal keeps a finding of ``kind`` (each try: fresh build)."""
+    current = list(ops)
+    changed = True
+    while changed:
+        changed = False
+        for i in range(len(current) - 1, -1, -1):
+            trial = current[:i] + current[i + 1 :]
+            found = replay(make(), trial)
+            if found is not None and found.kind == kind:
+                current = trial[: found.step + 1]
+                changed = True
+    return current

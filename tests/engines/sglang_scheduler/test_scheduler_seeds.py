@@ -1,0 +1,100 @@
+"""SGLang's real Scheduler (0.5.9, 0.5.10) on CPU: the #16067 repro, a budgeted hunt, a tag control.
+
+Each release runs in its own subprocess (one SGLang per process; the import is most of the cost).
+The full hunts are ``deep``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _release_or_skip(release: str) -> None:
+    if not (Path(sys.prefix) / f"sglang-{release}" / "sglang").is_dir():
+        reason = f"SGLang {release} is not installed beside the venv (bash scripts/setup_sglang.sh)"
+        if os.environ.get("CI"):
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+
+
+def _run(*args: str) -> dict[str, Any]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvledger.engines.sglang.scheduler", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=900,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("KVLEDGER-JSON ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    return json.loads(lines[-1].split(" ", 1)[1])
+
+
+@pytest.fixture(scope="module")
+def ci_0_5_9() -> dict[str, Any]:
+    _release_or_skip("0.5.9")
+    return _run("ci", "--release", "0.5.9", "--seeds", "2", "--ops", "120")
+
+
+@pytest.fixture(scope="module")
+def ci_0_5_10() -> dict[str, Any]:
+    _release_or_skip("0.5.10")
+    return _run("ci", "--release", "0.5.10", "--seeds", "2", "--ops", "120")
+
+
+def test_16067_repro_names_the_waiting_request_in_0_5_9(ci_0_5_9: dict[str, Any]) -> None:
+    found = ci_0_5_9["replay"]["finding"]
+    assert found is not None and found["kind"] == "sglang-check-wrong"
+    assert found["message"] == "SGLang's check is wrong: slot 6 is held by waiting request r17"
+
+
+def test_16067_repro_is_clean_in_0_5_10(ci_0_5_10: dict[str, Any]) -> None:
+    assert ci_0_5_10["replay"]["finding"] is None
+
+
+def test_budgeted_hunt_finds_16067_in_0_5_9(ci_0_5_9: dict[str, Any]) -> None:
+    found = ci_0_5_9["hunt"]["finding"]
+    assert found is not None and found["kind"] == "sglang-check-wrong", ci_0_5_9["hunt"]
+    assert "held by waiting request" in found["message"]
+
+
+def test_budgeted_hunt_is_clean_in_0_5_10(ci_0_5_10: dict[str, Any]) -> None:
+    hunt = ci_0_5_10["hunt"]
+    assert hunt["finding"] is None and hunt["ops"] == 2 * 120, hunt
+
+
+@pytest.mark.parametrize("release", ["0.5.9", "0.5.10"])
+def test_tags_catch_a_slot_shared_by_two_requests(
+    release: str, ci_0_5_9: dict[str, Any], ci_0_5_10: dict[str, Any]
+) -> None:
+    alias = {"0.5.9": ci_0_5_9, "0.5.10": ci_0_5_10}[release]["alias"]
+    assert alias["caught"], alias
+    assert "Mamba slot" in alias["message"] and "shared" in alias["message"]
+
+
+@pytest.mark.deep
+def test_full_hunt_finds_16067_in_0_5_9() -> None:
+    _release_or_skip("0.5.9")
+    out = _run("hunt", "--release", "0.5.9", "--seeds", "40", "--ops", "400")
+    assert out["finding"] is not None and out["finding"]["kind"] == "sglang-check-wrong", out
+
+
+@pytest.mark.deep
+def test_full_hunt_never_reports_16067_in_0_5_10() -> None:
+    # 0.5.10 is not clean at this budget with 8 Mamba slots for 8 rows: seed 9 ends in SGLang's
+    # "Can not alloc mamba cache" assertion (repros/observed_0_5_10_mamba_alloc.json, in 0.5.9 too,
+    # gone with 16 slots; not yet classified, spec/sglang-scheduler.md). #16067's shape must not appear.
+    _release_or_skip("0.5.10")
+    out = _run("hunt", "--release", "0.5.10", "--seeds", "40", "--ops", "400")
+    assert out["finding"] is None or out["finding"]["kind"] != "sglang-check-wrong", out
