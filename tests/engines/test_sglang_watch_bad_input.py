@@ -82,3 +82,22 @@ def test_track_refuses_a_non_request_or_a_bad_key_and_tracks_nothing(sgl: Any, r
         w.track(req, key)
     assert w.check_handles() == 0  # nothing tracked
     w.detach()
+
+
+def test_kvledgers_own_components_are_refused_and_left_as_they_were() -> None:
+    """Issue 42: ``watch(allocator=<kvledger's own allocator>)`` was accepted from ``owners`` up."""
+    from kvledger.reference.engine import EngineSpec, build_parts
+
+    parts = build_parts(EngineSpec())
+    own = {
+        "allocator": parts.kv_allocator,
+        "req_pool": parts.req_to_token_pool,
+        "mamba_pool": parts.mamba_pool,
+        "tree": parts.tree,
+    }
+    for name, obj in own.items():
+        before, free = set(vars(obj)), parts.kv_allocator.available_size()
+        with pytest.raises(InvalidArgument, match=rf"^watch: {name}=\w+ is kvledger's own"):
+            watch(**{name: obj})
+        assert set(vars(obj)) == before
+        assert parts.kv_allocator.available_size() == free

@@ -904,6 +904,18 @@ def _watched(obj: Any) -> bool:
     return any(name in vars(obj) for name in names) if hasattr(obj, "__dict__") else False
 
 
+def _refuse_kvledgers_own(name: str, obj: Any) -> None:
+    """kvledger's own pools and caches already carry a ledger of their own: wrapping one would count every
+    move twice, in two ledgers that disagree about the owners (the attach knows SGLang's call shapes, not
+    the reference's), and a check that contradicts itself is worse than none."""
+    module = type(obj).__module__
+    if module == "kvledger" or module.startswith("kvledger."):
+        raise InvalidArgument(
+            f"watch: {name}={type(obj).__name__} is kvledger's own ({module}), already checked by its own"
+            " ledger; watch takes SGLang's components"
+        )
+
+
 def _check_arguments(allocator: Any, req_pool: Any, mamba_pool: Any, tree: Any, audit_each: Any) -> None:
     """Reject bad arguments before anything is wrapped (the objects are left exactly as they were)."""
     if not isinstance(audit_each, bool):
@@ -912,6 +924,7 @@ def _check_arguments(allocator: Any, req_pool: Any, mamba_pool: Any, tree: Any, 
     for name, obj in given.items():
         if obj is None:
             continue
+        _refuse_kvledgers_own(name, obj)
         missing = [a for a in _NEEDS[name] if not hasattr(obj, a)]
         if missing:
             raise InvalidArgument(
