@@ -138,3 +138,45 @@ def test_hypofuzz_fuzzes_a_machine_into_the_shared_redis_database() -> None:
             client.close()
     assert len(reports) == 1 and ran == reports, (reports, ran)  # the one machine: examples run and reported
     assert not failures, failures
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not switch.ENABLED, reason="contracts are off (KVLEDGER_CONTRACTS=0)")
+@pytest.mark.timeout(1800)
+def test_a_failure_hypofuzz_finds_is_replayed_by_the_campaign_as_a_repro_script(tmp_path: Path) -> None:
+    """Issue 40: the README's way back from HypoFuzz. HypoFuzz fuzzes the scheduler machine with exhibit B1
+    installed into a real Redis server until it has saved a failure; then ``scripts/campaign.py
+    --replay-only`` (another process, generating nothing) finds that failure in the same store under the
+    same key, fails naming B1's invariant, and writes a repro script that fails on its own."""
+    breaks = exhibit("B1").breaks
+    with local_redis_server() as url:
+        env = dict(
+            os.environ,
+            KVLEDGER_CAMPAIGN="1",
+            HYPOTHESIS_PROFILE="fuzz",
+            KVLEDGER_FUZZ_DB=url,
+            KVLEDGER_CAMPAIGN_EXHIBIT="B1",
+        )
+        cmd = [str(Path(sys.executable).parent / "hypothesis"), "fuzz", "-n", "1", "--no-dashboard", "--"]
+        cmd += ["tests/campaign/test_fuzz_targets.py", "-k", "Scheduler", "-p", "no:cacheprovider"]
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL)
+        client = redis.Redis.from_url(url)
+        try:
+            deadline = time.monotonic() + 900
+            while not _hypofuzz_keys(client, b".hypofuzz.failures") and time.monotonic() < deadline:
+                assert proc.poll() is None, f"hypothesis fuzz exited with {proc.returncode}"
+                time.sleep(1)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            client.close()
+        repros = tmp_path / "repros"
+        common = ["--db", url, "--machines", "scheduler", "--exhibit", "B1", "--repros", str(repros)]
+        rc, replay = _campaign("--workers", "1", "--shards", "1", "--examples", "1", "--replay-only", *common)
+    assert rc == 1 and len(replay["failures"]) == 1, replay
+    failure = replay["failures"][0]
+    assert any(i in failure["failure"] for i in breaks), failure
+    script = subprocess.run(
+        [sys.executable, failure["repro"]], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert script.returncode != 0 and any(i in script.stderr + script.stdout for i in breaks), script.stderr[-2000:]
