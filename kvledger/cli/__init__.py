@@ -21,9 +21,10 @@ import os
 import sys
 from types import ModuleType
 
-from kvledger.cli import audit, explore, hunt, interrupt, museum, simulate
+from kvledger.cli import audit, explore, hunt, museum, simulate
 from kvledger.cli.checks import environment_level_error
 from kvledger.cli.options import BROKEN_PIPE, INTERRUPTED, USAGE_ERROR, Parser, UsageError, usage_error
+from kvledger.process import interrupt
 
 COMMANDS: dict[str, ModuleType] = {m.NAME: m for m in (simulate, audit, hunt, museum, explore)}
 

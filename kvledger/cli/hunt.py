@@ -17,11 +17,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kvledger.cli import interrupt
 from kvledger.cli.checks import add_checks_option, apply_checks
 from kvledger.cli.museum import indexed
 from kvledger.cli.options import UsageError, int_in, seconds
 from kvledger.cli.output import console
+from kvledger.process import interrupt
 
 NAME = "hunt"
 MACHINES = ("scheduler", "pd", "cache")

@@ -16,8 +16,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from kvledger.cli import interrupt
 from kvledger.cli.output import console
+from kvledger.process import interrupt
 
 
 def run_seeds(ns: argparse.Namespace, targets: list[tuple[Any, str | None]], progress: Any) -> int:

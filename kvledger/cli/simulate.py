@@ -2,7 +2,7 @@
 
 The parser is built without importing torch or the engine (``kvledger simulate --help`` is instant); the
 run imports them. The checks made before the run are in :mod:`kvledger.cli.simulate_checks`; the output
-files (``--record``, ``--plot``) are staged (:func:`kvledger.cli.output.staged`) and appear only when the
+files (``--record``, ``--plot``) are staged (:func:`kvledger.process.staged.staged`) and appear only when the
 run has finished: Ctrl-C leaves none of them behind.
 """
 
@@ -18,8 +18,8 @@ from typing import Any
 from kvledger.cli.checks import add_checks_option, apply_checks
 from kvledger.cli.options import UsageError, bounded_help, int_in, probability, usage_error
 from kvledger.cli.output import console as make_console
-from kvledger.cli.output import staged
 from kvledger.cli.simulate_checks import check_options, record_paths
+from kvledger.process.staged import staged
 
 NAME = "simulate"
 HELP = "run a generated-shared-prefix workload through the scheduler"

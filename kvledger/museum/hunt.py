@@ -32,6 +32,7 @@ from hypothesis.reporting import with_reporter
 from hypothesis.stateful import INVARIANT_MARKER, RuleBasedStateMachine, run_state_machine_as_test
 
 from kvledger.museum.exhibit import Exhibit
+from kvledger.process.staged import staged
 
 ENUM_REPR = re.compile(r"<([A-Za-z_]\w*)\.([A-Za-z_]\w*): [^>]*>")
 INVARIANT_ID = re.compile(r"\bI-[A-Z0-9]+(?:-[A-Z0-9]+)*\b")
@@ -333,8 +334,6 @@ if __name__ == "__main__":
 
 def write_repro(path: Path, result: HuntResult, exhibit: Exhibit | None) -> None:
     """Write the repro script whole or not at all (Ctrl-C mid-write leaves no half script)."""
-    from kvledger.cli.output import staged
-
     base = machine_class(result.machine)
     body = "\n".join("    " + line.replace("\n", "\n    ") for line in result.steps)
     text = REPRO_TEMPLATE.format(

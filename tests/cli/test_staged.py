@@ -1,4 +1,4 @@
-"""``kvledger.cli.output.staged``: an output appears whole when the block succeeds, or not at all."""
+"""``kvledger.process.staged.staged``: an output appears whole when the block succeeds, or not at all."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kvledger.cli.output import staged
+from kvledger.process.staged import staged
 
 
 def test_a_block_that_succeeds_publishes_what_it_wrote(tmp_path: Path) -> None:

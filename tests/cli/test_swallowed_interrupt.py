@@ -1,4 +1,4 @@
-"""Ctrl-C still ends a command when a library caught the ``KeyboardInterrupt`` (``kvledger.cli.interrupt``).
+"""Ctrl-C still ends a command when a library caught the ``KeyboardInterrupt`` (``kvledger.process.interrupt``).
 
 torch swallows an interrupt that lands inside its numpy initialisation; a hunt interrupted then ran its
 whole budget. Here the swallowing is done on purpose, in-process, with a real SIGINT.
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from kvledger.cli import interrupt
-from kvledger.cli.output import staged
+from kvledger.process import interrupt
+from kvledger.process.staged import staged
 
 
 @pytest.fixture(autouse=True)

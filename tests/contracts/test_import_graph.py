@@ -121,3 +121,81 @@ def test_the_spec_and_the_audit_import_no_implementation() -> None:
         if d.startswith(("kvledger.reference", "kvledger.sim"))
     )
     assert offenders == []
+
+
+# The floors of the house, lowest first: a module imports its own room freely and any room on a lower
+# floor, never one on its own floor or above. The spec and the data plane know nothing (contracts,
+# kernels); the reference is built pools -> caches -> scheduler -> model -> engine -> PD; tools stand on
+# it (sim, museum), engines' adapters on the tools, the CLI on top. A new package must be given a floor
+# here (the test names it), which is the moment to decide what it may import.
+FLOORS: dict[str, int] = {
+    "kvledger.contracts": 0,
+    "kvledger.kernels": 0,
+    "kvledger.process": 0,
+    "kvledger.audit": 1,
+    "kvledger.campaign": 1,
+    "kvledger.reference.config_fields": 1,
+    "kvledger.reference.pools": 2,
+    "kvledger.reference.radix": 3,
+    "kvledger.reference.scheduler": 4,
+    "kvledger.reference.model": 5,
+    "kvledger.reference.engine": 6,
+    "kvledger.reference.disagg": 7,
+    "kvledger.reference": 7,  # the package's own __init__ (a docstring)
+    "kvledger.sim": 8,
+    "kvledger.museum": 9,
+    "kvledger.engines": 10,
+    "kvledger": 11,  # the package's __init__: the public API, over the rooms below
+    "kvledger.cli": 12,
+    "kvledger.__main__": 13,
+}
+
+
+PACKAGE_INITS = {"kvledger", "kvledger.reference"}
+"""Entries that are one ``__init__`` each, not rooms: a new module below them needs its own entry."""
+
+
+def _room(module: str) -> str | None:
+    """The longest FLOORS entry ``module`` is in (itself or a package above it)."""
+    name = module
+    while name:
+        if name in FLOORS and (name == module or name not in PACKAGE_INITS):
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def _against_the_floors(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that stays on its floor in another room, or runs up a floor."""
+    bad = []
+    for module, deps in sorted(graph.items()):
+        room = _room(module)
+        for dep in sorted(deps):
+            dep_room = _room(dep)
+            if room is None or dep_room is None or dep_room == room:
+                continue
+            if FLOORS[dep_room] >= FLOORS[room]:
+                bad.append(f"{module} (floor {FLOORS[room]}) -> {dep} (floor {FLOORS[dep_room]})")
+    return bad
+
+
+def test_every_module_has_a_floor() -> None:
+    assert _room("kvledger.new_room.module") is None and _room("kvledger.reference.new_part") is None
+    assert sorted(m for m in _graph() if _room(m) is None) == []
+
+
+def test_the_floor_check_finds_an_import_up_and_one_across() -> None:
+    graph = {
+        "kvledger.museum.hunt": {"kvledger.cli.output", "kvledger.museum.exhibit", "kvledger.reference.engine"},
+        "kvledger.kernels.reference": {"kvledger.contracts.errors"},
+        "kvledger.reference.pools.base": {"kvledger.reference.radix.kv_side"},
+    }
+    assert _against_the_floors(graph) == [
+        "kvledger.kernels.reference (floor 0) -> kvledger.contracts.errors (floor 0)",
+        "kvledger.museum.hunt (floor 9) -> kvledger.cli.output (floor 12)",
+        "kvledger.reference.pools.base (floor 2) -> kvledger.reference.radix.kv_side (floor 3)",
+    ]
+
+
+def test_no_import_runs_up_the_floors_or_across_a_floor() -> None:
+    assert _against_the_floors(_graph()) == []
