@@ -47,6 +47,7 @@ from kvledger.contracts.errors import ContractViolation, InvalidArgument
 from kvledger.contracts.handles import HandleClaim, check_handles_owned
 from kvledger.contracts.ledger import FREE_CODE, PENDING_CODE, Ledger, as_id_array
 from kvledger.contracts.owners import CACHE_EVICTABLE, FREE_LIST, REQ_RUNNING, Account, Owner
+from kvledger.engines.sglang import shapes
 
 CALLER = "caller"
 
@@ -159,7 +160,7 @@ class Watch:
         ledgers = {"req": self.rows, "mamba": self.slots}
         claims = []
         for req, owner in self._requests.values():
-            for handle, pool, ids in _handles(req):
+            for handle, pool, ids in shapes.handles(req):
                 if ledgers.get(pool) is not None:
                     claims.append(HandleClaim(owner, handle, pool, ids))
         return check_handles_owned(claims, {k: v for k, v in ledgers.items() if v is not None})
@@ -582,10 +583,10 @@ class Watch:
                     # SGLang's own check, inside eviction, that the node it took is unlocked: the attach
                     # cannot see the choice before SGLang makes it, so it reports the assertion under the
                     # invariant it protects, with the live locks it recorded.
-                    if not lock_asserts or isinstance(exc, ContractViolation) or not _asserts_lock(exc):
+                    if not lock_asserts or isinstance(exc, ContractViolation) or not shapes.asserts_lock(exc):
                         raise
                     raise ContractViolation(
-                        f"{op}: SGLang's eviction took a locked node: {_assertion_text(exc)} (I-EVICT-LOCKED);"
+                        f"{op}: SGLang's eviction took a locked node: {shapes.assertion_text(exc)} (I-EVICT-LOCKED);"
                         f" live locks: {dict(self.locks)}"
                     ) from exc
                 finally:
@@ -634,11 +635,11 @@ class Watch:
     def _inc_lock(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def call(node: Any, *args: Any, **kwargs: Any) -> Any:
             self.calls += 1
-            before = _state_lock_ref(node)
+            before = shapes.state_lock_ref(node)
             out = original(node, *args, **kwargs)
             key = self._node_key(node)
             self.locks[key] += 1
-            after = _state_lock_ref(node)
+            after = shapes.state_lock_ref(node)
             took = before is not None and after != before
             self._lock_took_state.setdefault((key, self._holder), []).append(took)
             return out
@@ -656,12 +657,12 @@ class Watch:
                 )
             self.calls += 1
             took = self._took_state(key)
-            before = _state_lock_ref(node)
+            before = shapes.state_lock_ref(node)
             out = original(node, *args, **kwargs)
             self.locks[key] -= 1
             if not self.locks[key]:
                 del self.locks[key]
-            after = _state_lock_ref(node)
+            after = shapes.state_lock_ref(node)
             released = before is not None and after != before
             if before is not None and released != took:
                 raise ContractViolation(
@@ -688,7 +689,7 @@ class Watch:
     def audit(self) -> None:
         """Recount every watched structure against its ledger (O(pool + tree)); raises ContractViolation."""
         if self.kv is not None:
-            free = _all_free_pages(self.allocator)
+            free = shapes.all_free_pages(self.allocator)
             pending: list[int] = []
             group = getattr(self.allocator, "free_group", None)
             for part in group or ():
@@ -706,7 +707,7 @@ class Watch:
     def _audit_tree(self) -> None:
         tree = self.tree
         if self.kv is not None:
-            values = _tree_values(tree)
+            values = shapes.tree_values(tree)
             pages = _pages(values, self.page_size)
             held = self.kv.holdings(self.tree_kv)
             if set(pages.tolist()) != held:
@@ -721,7 +722,7 @@ class Watch:
                 )
             if values.size != np.unique(values).size:
                 raise ContractViolation("a KV id appears in two tree nodes (I-PARTITION)")
-            evictable, protected = _full_counters(tree)
+            evictable, protected = shapes.full_counters(tree)
             if evictable + protected != values.size:
                 raise ContractViolation(
                     f"tree counters: evictable {evictable} + protected {protected} != {values.size} tokens held"
@@ -738,7 +739,7 @@ class Watch:
                         f"the tree's Mamba states disagree with its ledger holdings (I-PARTITION): {diff[:8]}",
                     )
                 )
-        root = _python_root(tree)
+        root = shapes.python_root(tree)
         if root is not None:
             self._audit_python_nodes(root)
 
@@ -753,8 +754,8 @@ class Watch:
             order.append(node)
             stack.extend(node.children.values())
         for node in reversed(order):  # children before parents
-            ref = _lock_ref(node)
-            below = sum(_lock_ref(c) for c in node.children.values())
+            ref = shapes.lock_ref(node)
+            below = sum(shapes.lock_ref(c) for c in node.children.values())
             own = self.locks.get(self._node_key(node), 0)
             if ref != own + below:
                 raise ContractViolation(
@@ -762,192 +763,15 @@ class Watch:
                     f" (I-LOCK-TREE)"
                 )
             if ref > 0:
-                protected += _kv_len(node)
+                protected += shapes.kv_len(node)
             else:
-                evictable += _kv_len(node)
-        counted = _full_counters(self.tree)
+                evictable += shapes.kv_len(node)
+        counted = shapes.full_counters(self.tree)
         if counted != (evictable, protected):
             raise ContractViolation(
                 f"tree counters (evictable, protected) = {counted}, a recount gives {(evictable, protected)}"
                 f" (I-PROTECTED-DEF)"
             )
-
-
-def _handles(req: Any) -> list[tuple[str, str, list[int]]]:
-    """``(field, pool, ids)`` for every id an SGLang ``Req`` names (fields of the request itself before
-    0.5.14, of ``req.kv`` after; -1 marks an unset ping-pong entry in the lazy mode)."""
-    kv = getattr(req, "kv", None) or req
-    out: list[tuple[str, str, list[int]]] = []
-    row = getattr(kv, "req_pool_idx", None)
-    if row is not None:
-        out.append(("req_pool_idx", "req", [int(row)]))
-    for name in ("mamba_pool_idx", "mamba_ping_pong_track_buffer"):
-        value = getattr(kv, name, None)
-        if value is not None:
-            ids = [int(i) for i in as_id_array(value).tolist() if int(i) >= 0]
-            if ids:
-                out.append((name, "mamba", ids))
-    return out
-
-
-def _assertion_text(exc: AssertionError) -> str:
-    """SGLang's assertion message, or (a bare ``assert``) the source line that failed."""
-    if str(exc):
-        return str(exc)
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    if tb is None:
-        return "assertion failed"
-    import linecache
-
-    line = linecache.getline(tb.tb_frame.f_code.co_filename, tb.tb_lineno).strip()
-    return f"{line} ({tb.tb_frame.f_code.co_name})"
-
-
-def _asserts_lock(exc: AssertionError) -> bool:
-    """An assertion about a lock count (``lock_ref``): SGLang checking that the node it evicts is unlocked."""
-    return "lock_ref" in _assertion_text(exc)
-
-
-def _all_free_pages(allocator: Any) -> np.ndarray:
-    """The allocator's free pages, its release list included (``get_all_free_pages`` from 0.5.20 on;
-    earlier releases keep the same two lists without the accessor)."""
-    if hasattr(allocator, "get_all_free_pages"):
-        return as_id_array(allocator.get_all_free_pages())
-    parts = [p for p in (allocator.free_pages, getattr(allocator, "release_pages", None)) if p is not None]
-    return np.concatenate([as_id_array(p) for p in parts]) if parts else np.empty(0, dtype=np.int64)
-
-
-def _python_root(tree: Any) -> Any:
-    """The root node when the tree's nodes are Python objects; None for the Rust tree core, whose
-    nodes are ids (its ``root_node`` raises ``NotImplementedError``)."""
-    try:
-        root = tree.root_node
-    except NotImplementedError:
-        return None
-    return None if isinstance(root, int) or not hasattr(root, "children") else root
-
-
-def _tree_values(tree: Any) -> np.ndarray:
-    """Every KV id the tree holds. (0.5.23's ``RadixCache.all_values_flatten`` raises on an empty tree:
-    ``torch.cat`` of no tensors; an empty tree holds nothing.)"""
-    root = _python_root(tree)
-    if root is not None and not root.children:
-        return np.empty(0, dtype=np.int64)
-    return as_id_array(tree.all_values_flatten())
-
-
-# ComponentType's values (SGLang's int enum, the same in every release with UnifiedRadixCache): the Unified
-# tree's Python nodes keep one ComponentData per component in a list indexed by it.
-_FULL, _MAMBA = 0, 2
-
-
-def _components(node: Any) -> Any:
-    return getattr(node, "component_data", None)
-
-
-def _lock_ref(node: Any) -> int:
-    """The node's KV lock count: ``lock_ref`` (RadixCache), ``full_lock_ref`` (MambaRadixCache), or the
-    FULL component's (UnifiedRadixCache's Python core)."""
-    data = _components(node)
-    if data is not None:
-        return int(data[_FULL].lock_ref)
-    return int(getattr(node, "full_lock_ref", getattr(node, "lock_ref", 0)))
-
-
-def _kv_len(node: Any) -> int:
-    data = _components(node)
-    return len(data[_FULL].value) if data is not None else len(node.value)
-
-
-def _state_lock_ref(node: Any) -> int | None:
-    """The node's Mamba state lock count, or None for a node without one (no Mamba, or a Rust node id)."""
-    data = _components(node)
-    if data is not None:
-        kinds = getattr(node, "component_types", getattr(node, "tree_components", None))
-        if len(data) <= _MAMBA or (kinds is not None and _MAMBA not in kinds):
-            return None
-        return int(data[_MAMBA].lock_ref)
-    ref = getattr(node, "mamba_lock_ref", None)
-    return None if ref is None else int(ref)
-
-
-def _full_counters(tree: Any) -> tuple[int, int]:
-    """(evictable, protected) KV tokens as the tree counts them (0.5.20's Mamba tree: the full part)."""
-    if hasattr(tree, "full_evictable_size_"):  # 0.5.20's MambaRadixCache (its evictable_size() raises)
-        return int(tree.full_evictable_size()), int(tree.full_protected_size())
-    e, p = tree.evictable_size(), tree.protected_size()
-    return (int(e[0]) if isinstance(e, tuple) else int(e)), (int(p[0]) if isinstance(p, tuple) else int(p))
-
-
-_NEEDS: dict[str, tuple[str, ...]] = {
-    "allocator": (
-        "alloc",
-        "free",
-        "free_group_begin",
-        "free_group_end",
-        "available_size",
-        "page_size",
-        "size",
-    ),
-    "req_pool": ("free_slots", "size"),
-    "mamba_pool": ("mamba_pool",),
-    "tree": ("match_prefix", "insert", "evict", "inc_lock_ref", "dec_lock_ref"),
-}
-"""What each argument of :func:`watch` must offer (the calls it wraps and the counts its audit reads)."""
-
-
-def _watched(obj: Any) -> bool:
-    """Whether a watch is attached to ``obj`` now (an instance attribute shadows one of its methods)."""
-    names = ("alloc", "free", "alloc_rows", "match_prefix", "inc_lock_ref")
-    return any(name in vars(obj) for name in names) if hasattr(obj, "__dict__") else False
-
-
-def _refuse_kvledgers_own(name: str, obj: Any) -> None:
-    """kvledger's own pools and caches already carry a ledger of their own: wrapping one would count every
-    move twice, in two ledgers that disagree about the owners (the attach knows SGLang's call shapes, not
-    the reference's), and a check that contradicts itself is worse than none."""
-    module = type(obj).__module__
-    if module == "kvledger" or module.startswith("kvledger."):
-        raise InvalidArgument(
-            f"watch: {name}={type(obj).__name__} is kvledger's own ({module}), already checked by its own"
-            " ledger; watch takes SGLang's components"
-        )
-
-
-def _check_arguments(allocator: Any, req_pool: Any, mamba_pool: Any, tree: Any, audit_each: Any) -> None:
-    """Reject bad arguments before anything is wrapped (the objects are left exactly as they were)."""
-    if not isinstance(audit_each, bool):
-        raise InvalidArgument(f"watch: audit_each must be a bool, got {type(audit_each).__name__}")
-    given = {"allocator": allocator, "req_pool": req_pool, "mamba_pool": mamba_pool, "tree": tree}
-    for name, obj in given.items():
-        if obj is None:
-            continue
-        _refuse_kvledgers_own(name, obj)
-        missing = [a for a in _NEEDS[name] if not hasattr(obj, a)]
-        if missing:
-            raise InvalidArgument(
-                f"watch: {name}={type(obj).__name__} is not an SGLang {name.replace('_', ' ')}"
-                f" (no {', '.join(missing)})"
-            )
-        if _watched(obj):
-            raise InvalidArgument(
-                f"watch: {name} ({type(obj).__name__}) is already watched; detach that watch first"
-            )
-    if mamba_pool is not None:
-        states = mamba_pool.mamba_pool
-        slots = getattr(mamba_pool, "mamba_allocator", None) or states
-        if states is None or not all(hasattr(slots, a) for a in ("alloc", "free", "free_slots", "size")):
-            raise InvalidArgument(
-                f"watch: mamba_pool={type(mamba_pool).__name__} has no Mamba slots (a HybridReqToTokenPool has)"
-            )
-        if _watched(slots):
-            raise InvalidArgument(
-                "watch: the Mamba slot allocator is already watched; detach that watch first"
-            )
-    if all(obj is None for obj in given.values()):
-        raise InvalidArgument("watch: give at least one of allocator, req_pool, mamba_pool, tree")
 
 
 def watch(
@@ -964,7 +788,7 @@ def watch(
     pass it as ``req_pool`` too to watch its rows). ``tree``: a ``RadixCache``, ``UnifiedRadixCache``
     or ``MambaRadixCache``; give its allocator (and Mamba pool) too, so its frees are attributed.
     """
-    _check_arguments(allocator, req_pool, mamba_pool, tree, audit_each)
+    shapes.check_arguments(allocator, req_pool, mamba_pool, tree, audit_each)
     w = Watch(audit_each=audit_each)
     if allocator is not None:
         w._attach_allocator(allocator)
