@@ -48,6 +48,7 @@ from kvledger.contracts.handles import HandleClaim, check_handles_owned
 from kvledger.contracts.ledger import FREE_CODE, PENDING_CODE, Ledger, as_id_array
 from kvledger.contracts.owners import CACHE_EVICTABLE, FREE_LIST, REQ_RUNNING, Account, Owner
 from kvledger.engines.sglang import shapes
+from kvledger.engines.sglang.leaks import check_everything_came_back, check_released, returned
 
 CALLER = "caller"
 
@@ -106,6 +107,8 @@ class Watch:
         self.page_size = 1
         self._group_open = False
         self.locks: Counter[Any] = Counter()  # live locks taken through inc_lock_ref, per node key
+        self._locked_nodes: dict[Any, Any] = {}  # node key -> the node, while it has a live lock
+        self._evict_guard: np.ndarray | None = None  # inside evict: the KV pages of locked paths
         self._lock_took_state: dict[
             tuple[Any, Owner], list[bool]
         ] = {}  # per (node, holder): took the state lock
@@ -150,6 +153,28 @@ class Watch:
     def untrack(self, req: Any) -> None:
         """Stop checking ``req`` (a request that left the engine: finished or aborted for good)."""
         self._requests.pop(id(req), None)
+
+    def retire(self, key: Any) -> None:
+        """Request ``key`` has left the engine (finished or aborted for good, its release done): it must
+        hold nothing in any watched pool, else the ids it kept are named with their moves
+        (I-OWNER-RELEASE). Call it after the release (``cache_finished_req`` then ``release_kv_cache`` /
+        ``free(req)``); the key may be used again afterwards, by a new request."""
+        owner = self._holders.pop(key, None)
+        if owner is None:
+            return  # never held anything through this watch
+        for req_id, (_, tracked) in list(self._requests.items()):
+            if tracked is owner:
+                del self._requests[req_id]
+        check_released(self._ledgers(), owner)
+
+    def check_idle(self) -> None:
+        """With no request live: everything came back (every id free or the tree's, no free group open,
+        no lock held: I-IDLE-IDENTITY), then the full :meth:`audit`. The end of a run."""
+        check_everything_came_back(self._ledgers(), (self.tree_kv, self.tree_state), self.locks)
+        self.audit()
+
+    def _ledgers(self) -> dict[str, Ledger | None]:
+        return {"kv": self.kv, "req": self.rows, "mamba": self.slots}
 
     def request_owner(self, req: Any) -> Owner | None:
         entry = self._requests.get(id(req))
@@ -270,13 +295,21 @@ class Watch:
     def _kv_free(self, original: Callable[..., Any], op: str, *, pages_given: bool) -> Callable[..., Any]:
         def free(ids: Any, *args: Any, **kwargs: Any) -> Any:
             with self._outermost("kv") as outer:
-                if outer and ids is not None and ids.numel():
-                    self._record_free(ids, op, pages_given)
-                return original(ids, *args, **kwargs)
+                if not (outer and ids is not None and ids.numel()):
+                    return original(ids, *args, **kwargs)
+                grouped = self._group_open
+                given = self._record_free(ids, op, pages_given)
+                before = self._free_pages_now()
+                out = original(ids, *args, **kwargs)
+                if not grouped:
+                    assert self.kv is not None
+                    returned(self.kv, op, given, self._free_pages_now() - before)
+                return out
 
         return free
 
-    def _record_free(self, ids: Any, op: str, pages_given: bool) -> None:
+    def _record_free(self, ids: Any, op: str, pages_given: bool) -> np.ndarray:
+        """Mirror a free into the ledger before SGLang's runs; returns the pages the ledger freed."""
         assert self.kv is not None
         self.calls += 1
         if pages_given:
@@ -288,6 +321,8 @@ class Watch:
                 )
         else:
             pages = _pages(ids, self.page_size)
+        if self._evict_guard is not None:
+            self._refuse_locked_eviction(pages, op)
         src = self._claimant()
         if self._group_open:
             pending = self.kv.pending_owner
@@ -295,8 +330,9 @@ class Watch:
             if own is not None:
                 pages = pages[own != PENDING_CODE]  # SGLang merges a group's frees by page
             self.kv.transfer(pages, src, pending, f"{op} (free group)")
-            return
+            return pages
         self.kv.transfer(pages, src, FREE_LIST, op)
+        return pages
 
     def _kv_group_begin(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def begin(*args: Any, **kwargs: Any) -> Any:
@@ -356,10 +392,14 @@ class Watch:
             def call(indices: Any) -> Any:
                 assert self.rows is not None
                 rows = np.asarray(list(indices), dtype=np.int64)
-                if rows.size:
-                    self.calls += 1
-                    self.rows.transfer(rows, self._holder, FREE_LIST, "free_rows")
-                return original(indices)
+                if not rows.size:
+                    return original(indices)
+                self.calls += 1
+                self.rows.transfer(rows, self._holder, FREE_LIST, "free_rows")
+                before = req_pool.available_size()
+                out = original(indices)
+                returned(self.rows, "free_rows", rows, req_pool.available_size() - before)
+                return out
 
             return call
 
@@ -402,12 +442,15 @@ class Watch:
             def call(req: Any, *args: Any, **kwargs: Any) -> Any:
                 assert self.rows is not None
                 with self._request_call(req):
-                    if req.req_pool_idx is not None:
-                        self.calls += 1
-                        self.rows.transfer(
-                            np.array([int(req.req_pool_idx)]), self._holder, FREE_LIST, "free(req)"
-                        )
-                    return original(req, *args, **kwargs)
+                    if req.req_pool_idx is None:
+                        return original(req, *args, **kwargs)
+                    self.calls += 1
+                    row = np.array([int(req.req_pool_idx)])
+                    self.rows.transfer(row, self._holder, FREE_LIST, "free(req)")
+                    before = req_pool.available_size()
+                    out = original(req, *args, **kwargs)
+                    returned(self.rows, "free(req)", row, req_pool.available_size() - before)
+                    return out
 
             return call
 
@@ -459,19 +502,6 @@ class Watch:
 
             return call
 
-        def free(original: Callable[..., Any]) -> Callable[..., Any]:
-            def call(ids: Any) -> Any:
-                assert self.slots is not None
-                with self._outermost("mamba") as outer:
-                    if outer and ids.numel():
-                        self.calls += 1
-                        self.slots.transfer(
-                            as_id_array(ids), self._claimant(state=True), FREE_LIST, "mamba free"
-                        )
-                    return original(ids)
-
-            return call
-
         def group_begin(original: Callable[..., Any]) -> Callable[..., Any]:
             def call(num_reqs: int) -> Any:
                 assert self.slots is not None
@@ -502,12 +532,28 @@ class Watch:
             return call
 
         w.wrap("alloc", alloc)
-        w.wrap("free", free)
+        w.wrap("free", self._mamba_free)
         if hasattr(mamba_allocator, "alloc_group_begin"):
             w.wrap("alloc_group_begin", group_begin)
             w.wrap("alloc_group_end", group_end)
         if mamba_pool is not None and hasattr(mamba_pool, "copy_from"):
             self._wrapper(mamba_pool).wrap("copy_from", self._copy_from)
+
+    def _mamba_free(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def call(ids: Any) -> Any:
+            assert self.slots is not None
+            with self._outermost("mamba") as outer:
+                if not (outer and ids.numel()):
+                    return original(ids)
+                self.calls += 1
+                slots = as_id_array(ids)
+                self.slots.transfer(slots, self._claimant(state=True), FREE_LIST, "mamba free")
+                before = self.mamba_allocator.available_size()
+                out = original(ids)
+                returned(self.slots, "mamba free", slots, self.mamba_allocator.available_size() - before)
+                return out
+
+        return call
 
     def _copy_from(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def call(src: Any, dst: Any) -> Any:
@@ -540,7 +586,7 @@ class Watch:
         self.tree = tree
         w = self._wrapper(tree)
         w.wrap("match_prefix", self._tree_op("match_prefix", frees_from_tree=True))
-        w.wrap("evict", self._tree_op("evict", frees_from_tree=True, lock_asserts=True))
+        w.wrap("evict", self._guarded_evict(self._tree_op("evict", frees_from_tree=True, lock_asserts=True)))
         w.wrap("insert", self._insert)
         w.wrap("inc_lock_ref", self._inc_lock)
         w.wrap("dec_lock_ref", self._dec_lock)
@@ -599,6 +645,52 @@ class Watch:
 
         return make
 
+    def _guarded_evict(
+        self, make: Callable[[Callable[..., Any]], Callable[..., Any]]
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Inside ``evict``, a free of a page on a locked path is refused before SGLang's free runs
+        (I-EVICT-LOCKED), from the attach's own lock records: SGLang's ``RadixCache.evict`` has no
+        assertion of its own, and a later double free or wrong counter would be all that shows."""
+
+        def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+            inner = make(original)
+
+            def call(*args: Any, **kwargs: Any) -> Any:
+                if self.kv is None or not self._locked_nodes:
+                    return inner(*args, **kwargs)
+                self._evict_guard = _pages(
+                    shapes.locked_path_values(self._locked_nodes.values()), self.page_size
+                )
+                try:
+                    return inner(*args, **kwargs)
+                finally:
+                    self._evict_guard = None
+
+            return call
+
+        return wrap
+
+    def _refuse_locked_eviction(self, pages: np.ndarray, op: str) -> None:
+        assert self.kv is not None and self._evict_guard is not None
+        hit = np.intersect1d(pages, self._evict_guard)
+        if not hit.size:
+            return
+        page = int(hit[0])
+        key, node = next(
+            (k, n)
+            for k, n in self._locked_nodes.items()
+            if page in set(_pages(shapes.locked_path_values([n]), self.page_size).tolist())
+        )
+        holders = sorted({repr(h) for (k, h), took in self._lock_took_state.items() if k == key and took})
+        raise ContractViolation(
+            self.kv.describe(
+                hit.tolist()[:4],
+                f"evict: {op} of page(s) {hit.tolist()[:8]} on the path of locked node {key}"
+                f" (key {shapes.key_tokens(node)}), locked by {holders or 'a holder'}:"
+                f" a locked node was evicted (I-EVICT-LOCKED); live locks: {dict(+self.locks)}",
+            )
+        )
+
     def _insert(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def call(params: Any) -> Any:
             self.calls += 1
@@ -639,6 +731,7 @@ class Watch:
             out = original(node, *args, **kwargs)
             key = self._node_key(node)
             self.locks[key] += 1
+            self._locked_nodes[key] = node
             after = shapes.state_lock_ref(node)
             took = before is not None and after != before
             self._lock_took_state.setdefault((key, self._holder), []).append(took)
@@ -662,6 +755,7 @@ class Watch:
             self.locks[key] -= 1
             if not self.locks[key]:
                 del self.locks[key]
+                self._locked_nodes.pop(key, None)
             after = shapes.state_lock_ref(node)
             released = before is not None and after != before
             if before is not None and released != took:

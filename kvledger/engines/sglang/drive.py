@@ -19,6 +19,7 @@ returned. The Mamba trees are not driven here (spec/sglang-attach.md says why).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -174,6 +175,7 @@ class SGLangCacheMachine(RuleBasedStateMachine):
             if ref_tail.numel():
                 self.ref_alloc.free(ref_tail, req.owner)
             self.unlock(req.node, req.lock, req.ref_lock)
+        self.watch.retire(req.rid)  # it left the engine: it holds nothing (I-OWNER-RELEASE)
 
     def abort_one(self, req: Request) -> None:
         with self.watch.holder(req.rid):
@@ -181,6 +183,7 @@ class SGLangCacheMachine(RuleBasedStateMachine):
                 self.alloc.free(req.own)
                 self.ref_alloc.free(req.ref_own, req.owner)
             self.unlock(req.node, req.lock, req.ref_lock)
+        self.watch.retire(req.rid)
 
     # ------------------------------------------------------------------ rules
     @rule(key=key_draws)
@@ -242,6 +245,8 @@ class SGLangCacheMachine(RuleBasedStateMachine):
         for node, lock, ref_lock in self.extra:
             self.unlock(node, lock, ref_lock)
         self.evict(self.ref.evictable_size())
+        if sys.exc_info()[0] is None:  # the run passed (Hypothesis calls teardown in a finally)
+            self.watch.check_idle()  # everything came back: free or the tree's, no lock (I-IDLE-IDENTITY)
         self.watch.audit()
         agree("everything free at the end", self.alloc.available_size(), self.alloc.size)
         self.watch.detach()

@@ -14,6 +14,7 @@ Run it with :mod:`.drive_run` in a process that loads the release (``KVLEDGER_SG
 
 from __future__ import annotations
 
+import sys
 import types
 from dataclasses import dataclass
 from typing import Any, cast
@@ -194,6 +195,7 @@ class SGLangMambaMachine(RuleBasedStateMachine):
             if self.tree.insert(params).mamba_exist and r.slot is not None:
                 self.slots.free(r.slot)
             self.tree.dec_lock_ref(r.node, receipt(r.lock))
+        self.w.retire(r.rid)  # it left the engine: it holds nothing (I-OWNER-RELEASE)
 
     @precondition(lambda self: self.reqs)
     @rule(pick=picks)
@@ -210,6 +212,7 @@ class SGLangMambaMachine(RuleBasedStateMachine):
             if r.slot is not None:
                 self.slots.free(r.slot)
             self.tree.dec_lock_ref(r.node, receipt(r.lock))
+        self.w.retire(r.rid)
 
     # ------------------------------------------------------------------ the Mamba rules
     @rule(draw=key_draws, tail=st.integers(0, 3))
@@ -264,6 +267,7 @@ class SGLangMambaMachine(RuleBasedStateMachine):
             )
             if res.mamba_exist:
                 self.slots.free(slot)
+        self.w.retire(rid)
 
     @rule(n=st.integers(0, 12))
     def evict_tokens(self, n: int) -> None:
@@ -274,8 +278,26 @@ class SGLangMambaMachine(RuleBasedStateMachine):
         self.tree.evict(self.sgl.EvictParams(num_tokens=0, mamba_num=n))
 
     def teardown(self) -> None:
+        if getattr(self, "w", None) is None:
+            return
+        try:
+            if sys.exc_info()[0] is None:  # the run passed (Hypothesis calls teardown in a finally)
+                self.release_everything()
+                self.w.check_idle()  # everything came back: free or the tree's, no lock (I-IDLE-IDENTITY)
+        finally:
+            self.abandon()
+
+    def abandon(self) -> None:
+        """Let the SGLang objects go without the end-of-run checks (after a failure)."""
         if getattr(self, "w", None) is not None:
             self.w.detach()
+
+    def release_everything(self) -> None:
+        """End of a run: every live request aborted, every extra lock released."""
+        while self.reqs:
+            self.abort(0)
+        while self.extra:
+            self.unlock_extra(0)
 
 
 class SGLangUnifiedMambaMachine(SGLangMambaMachine):

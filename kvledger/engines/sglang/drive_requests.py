@@ -268,6 +268,7 @@ class SGLangRequestMachine(SGLangUnifiedMambaMachine):
         with self.w.holder(lv.rid):
             self.release(lv, insert=True)
         self.live.remove(lv)
+        self.w.retire(lv.rid)  # it left the engine: it holds nothing (I-OWNER-RELEASE)
 
     def retract_one(self, lv: Live) -> None:
         with self.w.holder(lv.rid):
@@ -289,6 +290,18 @@ class SGLangRequestMachine(SGLangUnifiedMambaMachine):
         lv.waiting = False
         self.run_prefill(lv, chunk, track, first=True)
 
+    def release_everything(self) -> None:
+        """End of a run: every live request leaves (a running one released as a retract releases it),
+        then the Mamba machine's requests and locks."""
+        for lv in list(self.live):
+            self.w.untrack(lv.req)
+            if not lv.waiting:
+                with self.w.holder(lv.rid):
+                    self.release(lv, insert=False)
+            self.live.remove(lv)
+            self.w.retire(lv.rid)
+        super().release_everything()
+
     @precondition(lambda self: any(lv.waiting for lv in getattr(self, "live", ())))
     @rule(pick=picks)
     def abort_waiting(self, pick: int) -> None:
@@ -296,6 +309,7 @@ class SGLangRequestMachine(SGLangUnifiedMambaMachine):
         lv = waiting[pick % len(waiting)]
         self.live.remove(lv)
         self.w.untrack(lv.req)
+        self.w.retire(lv.rid)
 
 
 def requests_supported() -> bool:

@@ -40,10 +40,12 @@ def replay(calls: tuple[str, ...] = FOUND_0520, tree: str = "mamba") -> str | No
     try:
         for call in calls:
             eval(call, {"state": state})  # the machine's own rule calls, as Hypothesis printed them
-    except ContractViolation as exc:
-        return (str(exc).splitlines() or [""])[0]
-    finally:
-        state.teardown()
+        state.teardown()  # the end of a passing run: everything must come back (I-IDLE-IDENTITY)
+    except BaseException as exc:
+        state.abandon()  # a broken state is only let go, never released again
+        if isinstance(exc, ContractViolation):
+            return (str(exc).splitlines() or [""])[0]
+        raise
     return None
 
 

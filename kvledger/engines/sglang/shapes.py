@@ -9,6 +9,7 @@ Each reader knows the shapes the supported releases give the same fact (``lock_r
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -103,6 +104,38 @@ def lock_ref(node: Any) -> int:
 def kv_len(node: Any) -> int:
     data = components(node)
     return len(data[FULL].value) if data is not None else len(node.value)
+
+
+def kv_value(node: Any) -> Any:
+    """The node's KV ids (its FULL component's on the Unified tree's Python nodes); None for a Rust node id."""
+    data = components(node)
+    if data is not None:
+        return data[FULL].value
+    return getattr(node, "value", None)
+
+
+def locked_path_values(nodes: Iterable[Any]) -> np.ndarray:
+    """Every KV id on the paths from ``nodes`` up to the root: what a lock on each node protects."""
+    parts: list[np.ndarray] = []
+    seen: set[int] = set()
+    for node in nodes:
+        while node is not None and id(node) not in seen:
+            seen.add(id(node))
+            value = kv_value(node)
+            if value is not None and len(value):
+                parts.append(as_id_array(value))
+            node = getattr(node, "parent", None)
+    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+
+
+def key_tokens(node: Any, first: int = 8) -> list[int] | str:
+    """The first tokens of the node's key, for messages (a Rust node id has none to show)."""
+    key = getattr(node, "key", None)
+    tokens: Any = getattr(key, "token_ids", key)
+    try:
+        return [int(t) for t in list(tokens)[:first]]
+    except TypeError:
+        return "?"
 
 
 def state_lock_ref(node: Any) -> int | None:

@@ -59,6 +59,8 @@ def serve(sgl: Any, alloc: Any, rows: Any, tree: Any, w: Watch | None, rid: int,
             if slot is not None:
                 rows.mamba_allocator.free(slot)
         tree.dec_lock_ref(node, lock.to_dec_params())
+    if w is not None:
+        w.retire(rid)  # it left the engine: it holds nothing (I-OWNER-RELEASE)
 
 
 def shared_prefix_requests(
