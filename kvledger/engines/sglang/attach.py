@@ -108,7 +108,10 @@ class Watch:
         self._group_open = False
         self.locks: Counter[Any] = Counter()  # live locks taken through inc_lock_ref, per node key
         self._locked_nodes: dict[Any, Any] = {}  # node key -> the node, while it has a live lock
-        self._evict_guard: np.ndarray | None = None  # inside evict: the KV pages of locked paths
+        self._evicting = False  # inside a watched evict with live locks
+        self._evict_guard: np.ndarray | None = (
+            None  # the KV pages of locked paths, read at evict's first free
+        )
         self._lock_took_state: dict[
             tuple[Any, Owner], list[bool]
         ] = {}  # per (node, holder): took the state lock
@@ -321,7 +324,7 @@ class Watch:
                 )
         else:
             pages = _pages(ids, self.page_size)
-        if self._evict_guard is not None:
+        if self._evicting:
             self._refuse_locked_eviction(pages, op)
         src = self._claimant()
         if self._group_open:
@@ -658,20 +661,22 @@ class Watch:
             def call(*args: Any, **kwargs: Any) -> Any:
                 if self.kv is None or not self._locked_nodes:
                     return inner(*args, **kwargs)
-                self._evict_guard = _pages(
-                    shapes.locked_path_values(self._locked_nodes.values()), self.page_size
+                self._evicting = (
+                    True  # the locked paths are read at the first free (most evicts free nothing)
                 )
                 try:
                     return inner(*args, **kwargs)
                 finally:
-                    self._evict_guard = None
+                    self._evicting, self._evict_guard = False, None
 
             return call
 
         return wrap
 
     def _refuse_locked_eviction(self, pages: np.ndarray, op: str) -> None:
-        assert self.kv is not None and self._evict_guard is not None
+        assert self.kv is not None
+        if self._evict_guard is None:
+            self._evict_guard = _pages(shapes.locked_path_values(self._locked_nodes.values()), self.page_size)
         hit = np.intersect1d(pages, self._evict_guard)
         if not hit.size:
             return
