@@ -98,3 +98,26 @@ def test_full_hunt_never_reports_16067_in_0_5_10() -> None:
     _release_or_skip("0.5.10")
     out = _run("hunt", "--release", "0.5.10", "--seeds", "40", "--ops", "400")
     assert out["finding"] is None or out["finding"]["kind"] != "sglang-check-wrong", out
+
+
+@pytest.mark.parametrize("release", ["0.5.9", "0.5.10"])
+def test_attach_identity_adds_up_to_each_pool_size(
+    release: str, ci_0_5_9: dict[str, Any], ci_0_5_10: dict[str, Any]
+) -> None:
+    identity = {"0.5.9": ci_0_5_9, "0.5.10": ci_0_5_10}[release]["attach"]["identity"]
+    assert identity["steps"] >= 1
+    for pool, terms in identity["accounts"].items():
+        assert sum(terms.values()) == identity["sizes"][pool], (pool, terms)
+    assert any(k.startswith("sched.") for k in identity["accounts"]["mamba"]), identity
+
+
+@pytest.mark.parametrize("release", ["0.5.9", "0.5.10"])
+def test_attach_names_a_foreign_free_and_a_leak_and_detaches(
+    release: str, ci_0_5_9: dict[str, Any], ci_0_5_10: dict[str, Any]
+) -> None:
+    attach = {"0.5.9": ci_0_5_9, "0.5.10": ci_0_5_10}[release]["attach"]
+    assert attach["foreign_free"]["caught"] and "owner req#a" in attach["foreign_free"]["message"], attach
+    leak = attach["leak"]
+    assert leak["caught"] and f"mamba [{leak['slot']}]" in leak["message"], leak
+    assert "no live request names them" in leak["message"]
+    assert attach["detach"]["left"] == []

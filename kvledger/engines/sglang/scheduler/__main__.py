@@ -18,24 +18,25 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from kvledger.engines.sglang.scheduler.controls import attach_controls
 from kvledger.engines.sglang.scheduler.loop import STRICT_IDLE_CHECK
 
 REPROS = Path(__file__).with_name("repros")
 
 
 def _hunt(release: str, seeds: int, n_ops: int) -> dict[str, Any]:
-    from kvledger.engines.sglang.scheduler.build import SchedulerShape, build_scheduler
+    from kvledger.engines.sglang.scheduler.build import SchedulerShape, build_attached
     from kvledger.engines.sglang.scheduler.repro import shrink
     from kvledger.engines.sglang.scheduler.workload import run
 
     cpu, total_ops, requests = time.process_time(), 0, 0
     for seed in range(seeds):
-        report = run(build_scheduler(release, SchedulerShape(seed=seed)), seed, n_ops)
+        report = run(build_attached(release, SchedulerShape(seed=seed)), seed, n_ops)
         total_ops += report.steps
         requests += report.requests
         if report.finding is not None:
             small = shrink(
-                functools.partial(build_scheduler, release, SchedulerShape(seed=seed)),
+                functools.partial(build_attached, release, SchedulerShape(seed=seed)),
                 report.ops[: report.steps],
                 report.finding.kind,
             )
@@ -61,12 +62,12 @@ def _hunt(release: str, seeds: int, n_ops: int) -> dict[str, Any]:
 
 
 def _replay(release: str, path: str) -> dict[str, Any]:
-    from kvledger.engines.sglang.scheduler.build import SchedulerShape, build_scheduler
+    from kvledger.engines.sglang.scheduler.build import SchedulerShape, build_attached
     from kvledger.engines.sglang.scheduler.repro import replay
 
     saved = json.loads(Path(path).read_text())
     found = replay(
-        build_scheduler(release, SchedulerShape(**saved["shape"])), [tuple(o) for o in saved["ops"]]
+        build_attached(release, SchedulerShape(**saved["shape"])), [tuple(o) for o in saved["ops"]]
     )
     return {"release": release, "ops": len(saved["ops"]), "finding": None if found is None else asdict(found)}
 
@@ -117,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             "replay": _replay(args.release, str(REPROS / "issue16067.json")),
             "hunt": _hunt(args.release, args.seeds, args.ops),
             "alias": _alias(args.release),
+            "attach": attach_controls(args.release),
         }
     out["wall_s"] = round(time.perf_counter() - start, 2)
     sys.stdout.write("KVLEDGER-JSON " + json.dumps(out) + "\n")

@@ -176,3 +176,13 @@ def build_scheduler(version: str, shape: SchedulerShape | None = None) -> Any:
         moe_dp_rank=0,
         dp_rank=None,
     )
+
+
+def build_attached(version: str, shape: SchedulerShape | None = None) -> Any:
+    """:func:`build_scheduler` under :func:`~kvledger.engines.sglang.scheduler.ledgers.attach_scheduler`
+    (the attach is ``scheduler.kvledger_watch``)."""
+    from kvledger.engines.sglang.scheduler.ledgers import attach_scheduler
+
+    scheduler = build_scheduler(version, shape)
+    attach_scheduler(scheduler)
+    return scheduler
