@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             "hunt": _hunt(args.release, args.seeds, args.ops),
             "alias": _alias(args.release),
             "attach": attach_controls(args.release),
+            "undersized": _replay(args.release, str(REPROS / "observed_0_5_10_mamba_alloc.json")),
         }
     out["wall_s"] = round(time.perf_counter() - start, 2)
     sys.stdout.write("KVLEDGER-JSON " + json.dumps(out) + "\n")

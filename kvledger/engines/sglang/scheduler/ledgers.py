@@ -26,6 +26,7 @@ request names beyond its row's committed length, and contents (the fake worker's
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -50,6 +51,10 @@ QUEUES = (
     ("disagg_decode_prealloc_queue", "pd_prealloc"),
     ("disagg_decode_transfer_queue", "pd_transfer"),
 )
+
+
+MAMBA_SLOTS_PER_ROW = 3
+"""SGLang's ``MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO`` (0.5.9, 0.5.10; radix cache on, no extra buffer)."""
 
 
 class SchedulerLedgerViolation(ContractViolation):
@@ -213,6 +218,28 @@ class SchedulerWatch:
         text = f"slots {named} have no live owner: a real leak (ledger owners {owners})"
         return SGLangCheckVerdict("leak", slots.describe(inside, text), {}, error)
 
+    def classify_exhaustion(self, error: BaseException) -> SGLangCheckVerdict | None:
+        """SGLang's own "Can not alloc mamba cache": who holds every slot, and whether the pool is sized
+        as SGLang's runner sizes it (3 Mamba slots per request row with the radix cache on)."""
+        if "Can not alloc mamba cache" not in str(error) or self.watch.slots is None:
+            return None
+        with contextlib.suppress(ContractViolation):
+            self.hand_to_requests()
+        slots, rows = self.watch.slots, self.watch.rows
+        held = self._request_held(slots)
+        tree = len(slots.holdings(self.watch.tree_state))
+        protected = int(self.scheduler.tree_cache.mamba_protected_size())
+        free = len(slots.holdings(FREE_LIST))
+        n_rows = rows.size if rows is not None else 0
+        kind = "pool-undersized" if n_rows * MAMBA_SLOTS_PER_ROW > slots.size else "mamba-exhausted"
+        text = (
+            f"SGLang's Mamba pool is exhausted: {len(held)} slot(s) held by requests {held}, {tree} by the tree"
+            f" ({protected} locked), {free} free, of {slots.size}; SGLang's runner sizes {MAMBA_SLOTS_PER_ROW}"
+            f" slots per request row, this pool has {n_rows} rows"
+            + (" (undersized: a sizing SGLang never builds)" if kind == "pool-undersized" else "")
+        )
+        return SGLangCheckVerdict(kind, text, held, error)
+
     @staticmethod
     def _request_held(slots: Ledger) -> dict[int, str]:
         """Every slot a live request holds now (after :meth:`hand_to_requests`), named by its queue."""
@@ -301,7 +328,13 @@ def _wrap_steps(sw: SchedulerWatch) -> None:
     def begin(original: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
             sw.take_back()
-            return original(*args, **kwargs)
+            try:
+                return original(*args, **kwargs)
+            except AssertionError as error:
+                verdict = sw.classify_exhaustion(error)
+                if verdict is None:
+                    raise
+                raise verdict from error
 
         return call
 
