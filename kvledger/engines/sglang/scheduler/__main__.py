@@ -99,11 +99,12 @@ def _alias(release: str) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvledger.engines.sglang.scheduler")
-    parser.add_argument("command", choices=["hunt", "replay", "alias", "ci"])
+    parser.add_argument("command", choices=["hunt", "replay", "alias", "ci", "machine"])
     parser.add_argument("file", nargs="?")
     parser.add_argument("--release", required=True)
     parser.add_argument("--seeds", type=int, default=4)
     parser.add_argument("--ops", type=int, default=200)
+    parser.add_argument("--examples", type=int, default=50, help="machine: Hypothesis examples")
     args = parser.parse_args(argv)
     os.environ.setdefault(STRICT_IDLE_CHECK, "1")
     start = time.perf_counter()
@@ -111,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
         out = _hunt(args.release, args.seeds, args.ops)
     elif args.command == "replay":
         out = _replay(args.release, args.file or str(REPROS / "issue16067.json"))
+    elif args.command == "machine":
+        from kvledger.engines.sglang.scheduler.machine import hunt_machine
+
+        out = hunt_machine(args.release, args.examples, args.ops)
     elif args.command == "alias":
         out = _alias(args.release)
     else:  # what CI runs per release, in one process (one import): the repro, a budgeted hunt, the control

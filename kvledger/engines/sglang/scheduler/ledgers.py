@@ -93,16 +93,19 @@ class SchedulerWatch:
     _restore: list[str] = field(default_factory=list)
 
     # ------------------------------------------------------------------ the requests
-    def live_requests(self) -> list[LiveRequest]:
-        """Every unfinished request the scheduler holds, once, in the first queue that has it."""
+    def live_requests(self, *, finishing: bool = False) -> list[LiveRequest]:
+        """Every request the scheduler holds, once, in the first queue that has it: the unfinished ones,
+        or (``finishing``) those marked finished and not yet taken out of their queue (an abort marks a
+        running request; the next step releases it)."""
         seen: set[int] = set()
         out: list[LiveRequest] = []
         for attr, queue in QUEUES:
             for req in _requests_in(getattr(self.scheduler, attr, None)):
-                if id(req) in seen or req.finished():
+                if id(req) in seen:
                     continue
                 seen.add(id(req))
-                out.append(LiveRequest(req, queue))
+                if bool(req.finished()) == finishing:
+                    out.append(LiveRequest(req, "finishing" if finishing else queue))
         return out
 
     def owner(self, live: LiveRequest) -> Owner:
@@ -134,6 +137,14 @@ class SchedulerWatch:
             owner = self.owner(live)
             for ledger, ids, handle in self._named(live):
                 self._hand(ledger, ids, owner, live, handle)
+        for live in self.live_requests(finishing=True):
+            # a finished request may already have released some ids (they are free or someone else's
+            # now); those it still names that the scheduler holds are still its own
+            owner = self.owner(live)
+            for ledger, ids, handle in self._named(live):
+                mine = ids[ledger.held_mask(ids, self.watch.caller)]
+                if mine.size:
+                    self._hand(ledger, mine, owner, live, handle)
 
     def _hand(self, ledger: Ledger, ids: np.ndarray, owner: Owner, live: LiveRequest, handle: str) -> None:
         bad = [int(i) for i in ids.tolist() if ledger.owner_of(int(i)) is not self.watch.caller]
@@ -191,7 +202,23 @@ class SchedulerWatch:
         self.steps += 1
         self.hand_to_requests()
         self.check_identity()
-        self.watch.audit()
+        self.audit()
+
+    def audit(self) -> None:
+        """The watch's full audit. SGLang leaves ``free_group`` filled after ``free_group_end`` (it frees
+        the pages but clears the list only at the next begin), and the watch's audit counts that list as
+        pending; outside a group it is hidden for the audit (and put back), so a stale list is not read
+        as pages both free and pending."""
+        alloc = self.watch.allocator
+        stale = alloc is not None and getattr(alloc, "is_not_in_free_group", False) and alloc.free_group
+        if not stale:
+            self.watch.audit()
+            return
+        kept, alloc.free_group = alloc.free_group, []
+        try:
+            self.watch.audit()
+        finally:
+            alloc.free_group = kept
 
     # ------------------------------------------------------------------ SGLang's own check
     def classify_check(self, error: BaseException) -> SGLangCheckVerdict | None:
@@ -338,6 +365,17 @@ def _wrap_steps(sw: SchedulerWatch) -> None:
 
         return call
 
+    def between(original: Callable[..., Any]) -> Callable[..., Any]:
+        # a scheduler event between two steps (an abort): the scheduler acts for its requests, then the
+        # identity is checked as after a step
+        def call(*args: Any, **kwargs: Any) -> Any:
+            sw.take_back()
+            out = original(*args, **kwargs)
+            sw.end_step()
+            return out
+
+        return call
+
     def end(original: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
             out = original(*args, **kwargs)
@@ -365,5 +403,6 @@ def _wrap_steps(sw: SchedulerWatch) -> None:
     vars(s)["kvledger_watch"] = sw
     sw._restore.append("kvledger_watch")
     install("get_next_batch_to_run", begin)
+    install("abort_request", between)
     install("process_batch_result", end)
     install("self_check_during_idle", checked)
