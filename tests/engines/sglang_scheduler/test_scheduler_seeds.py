@@ -130,3 +130,10 @@ def test_attach_names_a_foreign_free_and_a_leak_and_detaches(
     assert leak["caught"] and f"mamba [{leak['slot']}]" in leak["message"], leak
     assert "no live request names them" in leak["message"]
     assert attach["detach"]["left"] == []
+
+
+def test_attach_audit_reads_no_stale_free_group(ci_0_5_10: dict[str, Any]) -> None:
+    stale = ci_0_5_10["attach"]["stale_free_group"]
+    assert stale["stale"], stale  # SGLang left the list filled after free_group_end
+    assert stale["attach_audit"] == "passed", stale
+    assert "I-PARTITION" in stale["watch_audit"], stale  # what the attach works around

@@ -36,6 +36,7 @@ def attach_controls(release: str) -> dict[str, Any]:
         out["foreign_free"] = {"caught": False}
     except ContractViolation as error:
         out["foreign_free"] = {"caught": True, "message": str(error)[:1500]}
+    out["stale_free_group"] = _stale_free_group(scheduler)
     # a leak: a Mamba slot taken off SGLang's free list for nobody (no request names it)
     scheduler, a = _running_pair(release)
     taken = scheduler.req_to_token_pool.mamba_pool.alloc(1)
@@ -49,4 +50,29 @@ def attach_controls(release: str) -> dict[str, Any]:
     out["detach"] = {
         "left": sorted(k for k in vars(scheduler) if k in ("get_next_batch_to_run", "kvledger_watch"))
     }
+    return out
+
+
+def _stale_free_group(scheduler: Any) -> dict[str, Any]:
+    """SGLang's allocator keeps ``free_group`` filled after ``free_group_end`` (pages freed, list left):
+    the scheduler attach's audit must pass; the bare watch audit is what misreads it."""
+    sw = scheduler.kvledger_watch
+    alloc = scheduler.token_to_kv_pool_allocator
+    page = alloc.alloc(1)
+    alloc.free_group_begin()
+    alloc.free(page)
+    alloc.free_group_end()
+    out: dict[str, Any] = {
+        "stale": [int(x) for x in alloc.free_group[0].tolist()] if alloc.free_group else []
+    }
+    try:
+        sw.audit()
+        out["attach_audit"] = "passed"
+    except ContractViolation as error:
+        out["attach_audit"] = str(error)[:600]
+    try:
+        sw.watch.audit()
+        out["watch_audit"] = "passed"
+    except ContractViolation as error:
+        out["watch_audit"] = str(error)[:300]
     return out
