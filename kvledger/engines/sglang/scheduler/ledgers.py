@@ -90,7 +90,7 @@ class SchedulerWatch:
     steps: int = 0
     _owners: dict[tuple[str, str], Owner] = field(default_factory=dict)
     _handed: list[tuple[Ledger, np.ndarray, Owner]] = field(default_factory=list)
-    _restore: list[str] = field(default_factory=list)
+    wrapped_names: list[str] = field(default_factory=list)  # scheduler attributes the attach set
 
     # ------------------------------------------------------------------ the requests
     def live_requests(self, *, finishing: bool = False) -> list[LiveRequest]:
@@ -100,7 +100,7 @@ class SchedulerWatch:
         seen: set[int] = set()
         out: list[LiveRequest] = []
         for attr, queue in QUEUES:
-            for req in _requests_in(getattr(self.scheduler, attr, None)):
+            for req in requests_in(getattr(self.scheduler, attr, None)):
                 if id(req) in seen:
                     continue
                 seen.add(id(req))
@@ -278,13 +278,14 @@ class SchedulerWatch:
         return out
 
     def detach(self) -> None:
-        for name in self._restore:
+        for name in self.wrapped_names:
             vars(self.scheduler).pop(name, None)
-        self._restore.clear()
+        self.wrapped_names.clear()
         self.watch.detach()
 
 
-def _requests_in(queue: Any) -> list[Any]:
+def requests_in(queue: Any) -> list[Any]:
+    """The SGLang requests in one scheduler queue attribute: a request, a batch, a list, a PD queue."""
     if queue is None:
         return []
     if hasattr(queue, "rid"):
@@ -350,7 +351,7 @@ def _wrap_steps(sw: SchedulerWatch) -> None:
     def install(name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
         if hasattr(s, name):
             setattr(s, name, make(getattr(s, name)))
-            sw._restore.append(name)
+            sw.wrapped_names.append(name)
 
     def begin(original: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -401,7 +402,7 @@ def _wrap_steps(sw: SchedulerWatch) -> None:
         return call
 
     vars(s)["kvledger_watch"] = sw
-    sw._restore.append("kvledger_watch")
+    sw.wrapped_names.append("kvledger_watch")
     install("get_next_batch_to_run", begin)
     install("abort_request", between)
     install("process_batch_result", end)

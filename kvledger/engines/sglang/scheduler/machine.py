@@ -110,9 +110,9 @@ def machine_for(release: str) -> type[RuleBasedStateMachine]:
 
 
 def _gone(scheduler: Any, req: Any) -> bool:
-    from kvledger.engines.sglang.scheduler.ledgers import QUEUES, _requests_in
+    from kvledger.engines.sglang.scheduler.ledgers import QUEUES, requests_in
 
-    return not any(req is r for attr, _ in QUEUES for r in _requests_in(getattr(scheduler, attr, None)))
+    return not any(req is r for attr, _ in QUEUES for r in requests_in(getattr(scheduler, attr, None)))
 
 
 def hunt_machine(release: str, examples: int, steps: int) -> dict[str, Any]:
