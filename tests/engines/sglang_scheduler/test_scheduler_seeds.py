@@ -91,10 +91,49 @@ def test_full_hunt_finds_16067_in_0_5_9() -> None:
 
 
 @pytest.mark.deep
-def test_full_hunt_never_reports_16067_in_0_5_10() -> None:
-    # 0.5.10 is not clean at this budget with 8 Mamba slots for 8 rows: seed 9 ends in SGLang's
-    # "Can not alloc mamba cache" assertion (repros/observed_0_5_10_mamba_alloc.json, in 0.5.9 too,
-    # gone with 16 slots; not yet classified, spec/sglang-scheduler.md). #16067's shape must not appear.
+def test_full_hunt_is_clean_in_0_5_10() -> None:
+    # with SGLang's own pool sizing (3 Mamba slots per row); at 1:1 seed 9 ends in SGLang's "Can not alloc
+    # mamba cache" (test_undersized_mamba_pool_is_classified_by_the_ledger)
     _release_or_skip("0.5.10")
     out = _run("hunt", "--release", "0.5.10", "--seeds", "40", "--ops", "400")
-    assert out["finding"] is None or out["finding"]["kind"] != "sglang-check-wrong", out
+    assert out["finding"] is None and out["ops"] == 40 * 400, out
+
+
+@pytest.mark.parametrize("release", ["0.5.9", "0.5.10"])
+def test_undersized_mamba_pool_is_classified_by_the_ledger(
+    release: str, ci_0_5_9: dict[str, Any], ci_0_5_10: dict[str, Any]
+) -> None:
+    found = {"0.5.9": ci_0_5_9, "0.5.10": ci_0_5_10}[release]["undersized"]["finding"]
+    assert found is not None and found["kind"] == "pool-undersized", found
+    assert "0 free, of 8" in found["message"] and "held by requests" in found["message"]
+    assert all("running request" in who for who in found["owners"].values())
+
+
+@pytest.mark.parametrize("release", ["0.5.9", "0.5.10"])
+def test_attach_identity_adds_up_to_each_pool_size(
+    release: str, ci_0_5_9: dict[str, Any], ci_0_5_10: dict[str, Any]
+) -> None:
+    identity = {"0.5.9": ci_0_5_9, "0.5.10": ci_0_5_10}[release]["attach"]["identity"]
+    assert identity["steps"] >= 1
+    for pool, terms in identity["accounts"].items():
+        assert sum(terms.values()) == identity["sizes"][pool], (pool, terms)
+    assert any(k.startswith("sched.") for k in identity["accounts"]["mamba"]), identity
+
+
+@pytest.mark.parametrize("release", ["0.5.9", "0.5.10"])
+def test_attach_names_a_foreign_free_and_a_leak_and_detaches(
+    release: str, ci_0_5_9: dict[str, Any], ci_0_5_10: dict[str, Any]
+) -> None:
+    attach = {"0.5.9": ci_0_5_9, "0.5.10": ci_0_5_10}[release]["attach"]
+    assert attach["foreign_free"]["caught"] and "owner req#a" in attach["foreign_free"]["message"], attach
+    leak = attach["leak"]
+    assert leak["caught"] and f"mamba [{leak['slot']}]" in leak["message"], leak
+    assert "no live request names them" in leak["message"]
+    assert attach["detach"]["left"] == []
+
+
+def test_attach_audit_reads_no_stale_free_group(ci_0_5_10: dict[str, Any]) -> None:
+    stale = ci_0_5_10["attach"]["stale_free_group"]
+    assert stale["stale"], stale  # SGLang left the list filled after free_group_end
+    assert stale["attach_audit"] == "passed", stale
+    assert "I-PARTITION" in stale["watch_audit"], stale  # what the attach works around

@@ -18,24 +18,25 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from kvledger.engines.sglang.scheduler.controls import attach_controls
 from kvledger.engines.sglang.scheduler.loop import STRICT_IDLE_CHECK
 
 REPROS = Path(__file__).with_name("repros")
 
 
 def _hunt(release: str, seeds: int, n_ops: int) -> dict[str, Any]:
-    from kvledger.engines.sglang.scheduler.build import SchedulerShape, build_scheduler
+    from kvledger.engines.sglang.scheduler.build import SchedulerShape, build_attached
     from kvledger.engines.sglang.scheduler.repro import shrink
     from kvledger.engines.sglang.scheduler.workload import run
 
     cpu, total_ops, requests = time.process_time(), 0, 0
     for seed in range(seeds):
-        report = run(build_scheduler(release, SchedulerShape(seed=seed)), seed, n_ops)
+        report = run(build_attached(release, SchedulerShape(seed=seed)), seed, n_ops)
         total_ops += report.steps
         requests += report.requests
         if report.finding is not None:
             small = shrink(
-                functools.partial(build_scheduler, release, SchedulerShape(seed=seed)),
+                functools.partial(build_attached, release, SchedulerShape(seed=seed)),
                 report.ops[: report.steps],
                 report.finding.kind,
             )
@@ -61,12 +62,12 @@ def _hunt(release: str, seeds: int, n_ops: int) -> dict[str, Any]:
 
 
 def _replay(release: str, path: str) -> dict[str, Any]:
-    from kvledger.engines.sglang.scheduler.build import SchedulerShape, build_scheduler
+    from kvledger.engines.sglang.scheduler.build import SchedulerShape, build_attached
     from kvledger.engines.sglang.scheduler.repro import replay
 
     saved = json.loads(Path(path).read_text())
     found = replay(
-        build_scheduler(release, SchedulerShape(**saved["shape"])), [tuple(o) for o in saved["ops"]]
+        build_attached(release, SchedulerShape(**saved["shape"])), [tuple(o) for o in saved["ops"]]
     )
     return {"release": release, "ops": len(saved["ops"]), "finding": None if found is None else asdict(found)}
 
@@ -98,11 +99,12 @@ def _alias(release: str) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvledger.engines.sglang.scheduler")
-    parser.add_argument("command", choices=["hunt", "replay", "alias", "ci"])
+    parser.add_argument("command", choices=["hunt", "replay", "alias", "ci", "machine"])
     parser.add_argument("file", nargs="?")
     parser.add_argument("--release", required=True)
     parser.add_argument("--seeds", type=int, default=4)
     parser.add_argument("--ops", type=int, default=200)
+    parser.add_argument("--examples", type=int, default=50, help="machine: Hypothesis examples")
     args = parser.parse_args(argv)
     os.environ.setdefault(STRICT_IDLE_CHECK, "1")
     start = time.perf_counter()
@@ -110,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
         out = _hunt(args.release, args.seeds, args.ops)
     elif args.command == "replay":
         out = _replay(args.release, args.file or str(REPROS / "issue16067.json"))
+    elif args.command == "machine":
+        from kvledger.engines.sglang.scheduler.machine import hunt_machine
+
+        out = hunt_machine(args.release, args.examples, args.ops)
     elif args.command == "alias":
         out = _alias(args.release)
     else:  # what CI runs per release, in one process (one import): the repro, a budgeted hunt, the control
@@ -117,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
             "replay": _replay(args.release, str(REPROS / "issue16067.json")),
             "hunt": _hunt(args.release, args.seeds, args.ops),
             "alias": _alias(args.release),
+            "attach": attach_controls(args.release),
+            "undersized": _replay(args.release, str(REPROS / "observed_0_5_10_mamba_alloc.json")),
         }
     out["wall_s"] = round(time.perf_counter() - start, 2)
     sys.stdout.write("KVLEDGER-JSON " + json.dumps(out) + "\n")

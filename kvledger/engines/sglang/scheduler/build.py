@@ -37,7 +37,11 @@ class SchedulerShape:
 
     kv_tokens: int = 64
     rows: int = 8
-    mamba_slots: int = 8
+    # SGLang's runner never builds fewer than 3 Mamba slots per request row with the radix cache on
+    # (``max_num_reqs <= max_mamba_cache_size // MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO``, 3 in
+    # 0.5.9/0.5.10): a running request's slot, the tree node it locks, a waiting request's copy. At 1:1
+    # SGLang's own "Can not alloc mamba cache" assertion fires (repros/observed_0_5_10_mamba_alloc.json).
+    mamba_slots: int = 24
     chunked_prefill_size: int = 16
     context_len: int = 128
     max_new_tokens: int = 8
@@ -176,3 +180,13 @@ def build_scheduler(version: str, shape: SchedulerShape | None = None) -> Any:
         moe_dp_rank=0,
         dp_rank=None,
     )
+
+
+def build_attached(version: str, shape: SchedulerShape | None = None) -> Any:
+    """:func:`build_scheduler` under :func:`~kvledger.engines.sglang.scheduler.ledgers.attach_scheduler`
+    (the attach is ``scheduler.kvledger_watch``)."""
+    from kvledger.engines.sglang.scheduler.ledgers import attach_scheduler
+
+    scheduler = build_scheduler(version, shape)
+    attach_scheduler(scheduler)
+    return scheduler

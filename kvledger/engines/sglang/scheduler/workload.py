@@ -38,42 +38,32 @@ class RunReport:
     ops: list[tuple[Any, ...]]
 
 
-def slot_holders(scheduler: Any) -> dict[int, str]:
-    """Every Mamba slot a live request holds, named by the queue the request is in."""
-    out: dict[int, str] = {}
-
-    def add(req: Any, queue: str) -> None:
-        idx = getattr(req, "mamba_pool_idx", None)
-        if idx is not None:
-            out[int(idx)] = f"{queue} request {req.rid}"
-
-    for req in scheduler.waiting_queue:
-        add(req, "waiting")
-    if scheduler.running_batch is not None:
-        for req in scheduler.running_batch.reqs:
-            add(req, "running")
-    if scheduler.chunked_req is not None:
-        add(scheduler.chunked_req, "chunked")
-    return out
-
-
 def classify(scheduler: Any, at: int, error: BaseException) -> Finding:
-    """SGLang's check named slots as leaked: held by a live request -> SGLang's check is wrong."""
+    """What the first failure is, by LEDGER owner (the scheduler runs under :func:`.ledgers.attach_scheduler`).
+
+    SGLang's own memory check arrives as the attach's verdict (each slot it names classified by who holds
+    it); a ledger violation (double free, leak, a slot handed out twice, a request naming a freed slot)
+    names itself at the bad step; a tag mismatch is the fake worker reading someone else's state."""
+    from kvledger.contracts.errors import ContractViolation
+    from kvledger.engines.sglang.scheduler.ledgers import SchedulerLedgerViolation, SGLangCheckVerdict
     from kvledger.engines.sglang.scheduler.worker import TagMismatch
 
     text = str(error)
     if isinstance(error, TagMismatch):
         return Finding(at, "tag-mismatch", text)
-    match = re.search(r"leaked_mamba_pages=\{([^}]*)\}", text)
-    if match is None:
-        return Finding(at, "crash", f"{type(error).__name__}: {text[:400]}")
-    named = [int(x) for x in match.group(1).split(",") if x.strip()]
-    holders = slot_holders(scheduler)
-    owned = {n: holders[n] for n in named if n in holders}
-    if owned:
-        parts = [f"slot {n} is held by {who}" for n, who in owned.items()]
-        return Finding(at, "sglang-check-wrong", "SGLang's check is wrong: " + "; ".join(parts), owned)
-    return Finding(at, "leak", f"slots {named} have no live owner: a real leak ({text[:200]})")
+    if isinstance(error, SGLangCheckVerdict):
+        return Finding(at, error.kind, text, dict(error.owners))
+    if isinstance(error, SchedulerLedgerViolation):
+        return Finding(at, "ledger-identity", text)
+    if isinstance(error, ContractViolation):
+        return Finding(at, _violation_kind(text), text)
+    return Finding(at, "crash", f"{type(error).__name__}: {text[:400]}")
+
+
+def _violation_kind(text: str) -> str:
+    """A watch violation by the invariant it names (a double free is I-NODUP-FREE)."""
+    match = re.search(r"\((I-[A-Z-]+)\)", text)
+    return "double-free" if match and match.group(1) == "I-NODUP-FREE" else "ledger"
 
 
 def _prompt(rng: random.Random, prefixes: list[list[int]], limit: int) -> list[int]:

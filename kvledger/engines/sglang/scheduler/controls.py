@@ -1,0 +1,78 @@
+"""Controls for :func:`.ledgers.attach_scheduler` on a real scheduler: faults planted OUTSIDE SGLang (calls
+on its live pools, as a buggy caller would make them) that the attach must name, and a clean run whose
+identity must add up. Run per release in one process by ``python -m kvledger.engines.sglang.scheduler ci``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvledger.contracts.errors import ContractViolation
+
+
+def _running_pair(release: str) -> tuple[Any, Any]:
+    from kvledger.engines.sglang.scheduler.build import build_attached
+    from kvledger.engines.sglang.scheduler.loop import arrive, step
+
+    scheduler = build_attached(release)
+    a = arrive(scheduler, "a", list(range(1, 11)), 6)
+    while not (a.req_pool_idx is not None and len(a.output_ids)):
+        step(scheduler)  # until a is prefilled and decoding
+    return scheduler, a
+
+
+def attach_controls(release: str) -> dict[str, Any]:
+    """{"identity": per-pool accounts after a run, "leak": ..., "foreign_free": ..., "detach": ...}."""
+    from kvledger.engines.sglang.scheduler.loop import step
+
+    out: dict[str, Any] = {}
+    scheduler, a = _running_pair(release)
+    sw = scheduler.kvledger_watch
+    sizes = {"kv": sw.watch.kv.size, "req": sw.watch.rows.size, "mamba": sw.watch.slots.size}
+    out["identity"] = {"accounts": sw.accounts(), "sizes": sizes, "steps": sw.steps}
+    # a foreign free: a slot request a holds, freed between steps by a caller that does not hold it
+    try:
+        scheduler.req_to_token_pool.mamba_pool.free(a.mamba_pool_idx.reshape(1))
+        out["foreign_free"] = {"caught": False}
+    except ContractViolation as error:
+        out["foreign_free"] = {"caught": True, "message": str(error)[:1500]}
+    out["stale_free_group"] = _stale_free_group(scheduler)
+    # a leak: a Mamba slot taken off SGLang's free list for nobody (no request names it)
+    scheduler, a = _running_pair(release)
+    taken = scheduler.req_to_token_pool.mamba_pool.alloc(1)
+    try:
+        while not a.finished():
+            step(scheduler)
+        out["leak"] = {"caught": False}
+    except ContractViolation as error:
+        out["leak"] = {"caught": True, "slot": int(taken[0]), "message": str(error)[:1500]}
+    scheduler.kvledger_watch.detach()
+    out["detach"] = {
+        "left": sorted(k for k in vars(scheduler) if k in ("get_next_batch_to_run", "kvledger_watch"))
+    }
+    return out
+
+
+def _stale_free_group(scheduler: Any) -> dict[str, Any]:
+    """SGLang's allocator keeps ``free_group`` filled after ``free_group_end`` (pages freed, list left):
+    the scheduler attach's audit must pass; the bare watch audit is what misreads it."""
+    sw = scheduler.kvledger_watch
+    alloc = scheduler.token_to_kv_pool_allocator
+    page = alloc.alloc(1)
+    alloc.free_group_begin()
+    alloc.free(page)
+    alloc.free_group_end()
+    out: dict[str, Any] = {
+        "stale": [int(x) for x in alloc.free_group[0].tolist()] if alloc.free_group else []
+    }
+    try:
+        sw.audit()
+        out["attach_audit"] = "passed"
+    except ContractViolation as error:
+        out["attach_audit"] = str(error)[:600]
+    try:
+        sw.watch.audit()
+        out["watch_audit"] = "passed"
+    except ContractViolation as error:
+        out["watch_audit"] = str(error)[:300]
+    return out

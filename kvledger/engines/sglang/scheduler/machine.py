@@ -1,0 +1,146 @@
+"""A Hypothesis state machine over SGLang's real scheduler loop, attached (generic rules only).
+
+Rules: arrivals whose prompts may start with one of a few shared prefixes, follow-up turns (a finished
+request's prompt + output + a new tail), one loop step, aborts of a live request from whatever queue it
+is in (SGLang's own ``abort_request``), chunk sizes drawn per example. Pools are the default small shape
+(64 KV tokens, 8 rows, 24 Mamba slots), so admissions fail for lack of room and decodes retract. Nothing
+here is written for one bug: a failure is whatever the attach (:mod:`.ledgers`), SGLang's own strict
+checks or the fake worker's tags raise, classified by :func:`.workload.classify`.
+
+One SGLang release per process: :func:`machine_for` binds the release; :func:`hunt_machine` runs it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from kvledger.engines.sglang.scheduler.loop import STRICT_IDLE_CHECK, arrive, step
+
+TOKENS = st.integers(1, 999)
+
+
+def machine_for(release: str) -> type[RuleBasedStateMachine]:
+    """The machine class over ``release`` (its examples counted in ``examples``)."""
+
+    class SchedulerMachine(RuleBasedStateMachine):
+        examples = 0
+        operations = 0
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.scheduler: Any = None
+            self.prefixes: list[list[int]] = []
+            self.live: list[Any] = []
+            self.finished: list[Any] = []
+            self.n = 0
+            type(self).examples += 1
+
+        @initialize(
+            prefixes=st.lists(st.lists(TOKENS, min_size=4, max_size=20), min_size=1, max_size=3),
+            chunk=st.sampled_from([8, 16, 32]),
+        )
+        def build(self, prefixes: list[list[int]], chunk: int) -> None:
+            from kvledger.engines.sglang.scheduler.build import SchedulerShape, build_attached
+
+            self.prefixes = prefixes
+            self.scheduler = build_attached(release, SchedulerShape(chunked_prefill_size=chunk))
+
+        def _arrive(self, tokens: list[int], max_new: int) -> None:
+            type(self).operations += 1
+            self.n += 1
+            limit = self.scheduler.max_req_input_len
+            # rids end in "." so SGLang's prefix match in abort_request (``startswith``) names one request
+            self.live.append(arrive(self.scheduler, f"r{self.n}.", tokens[: max(1, limit)], max_new))
+
+        @rule(
+            prefix=st.integers(0, 2),
+            shared=st.booleans(),
+            tail=st.lists(TOKENS, min_size=1, max_size=24),
+            max_new=st.integers(1, 12),
+        )
+        def new_request(self, prefix: int, shared: bool, tail: list[int], max_new: int) -> None:
+            base = self.prefixes[prefix % len(self.prefixes)] if shared else []
+            self._arrive(base + tail, max_new)
+
+        @precondition(lambda self: bool(self.finished))
+        @rule(
+            pick=st.integers(0, 1 << 16),
+            tail=st.lists(TOKENS, min_size=1, max_size=6),
+            max_new=st.integers(1, 12),
+        )
+        def follow_up(self, pick: int, tail: list[int], max_new: int) -> None:
+            prev = self.finished[pick % len(self.finished)]
+            self._arrive(list(prev.origin_input_ids) + list(prev.output_ids) + tail, max_new)
+
+        @rule()
+        def loop_step(self) -> None:
+            type(self).operations += 1
+            step(self.scheduler)
+            self.finished += [r for r in self.live if r.finished()]
+            self.live = [r for r in self.live if not r.finished()]
+
+        @precondition(lambda self: bool(self.live))
+        @rule(pick=st.integers(0, 1 << 16))
+        def abort(self, pick: int) -> None:
+            from sglang.srt.managers.io_struct import AbortReq
+
+            type(self).operations += 1
+            req = self.live[pick % len(self.live)]
+            self.scheduler.abort_request(AbortReq(rid=req.rid))
+            if _gone(self.scheduler, req):  # popped from the waiting queue: gone for good
+                self.live = [r for r in self.live if r is not req]
+
+        def teardown(self) -> None:
+            if self.scheduler is not None:
+                self.scheduler.kvledger_watch.detach()
+
+    return SchedulerMachine
+
+
+def _gone(scheduler: Any, req: Any) -> bool:
+    from kvledger.engines.sglang.scheduler.ledgers import QUEUES, requests_in
+
+    return not any(req is r for attr, _ in QUEUES for r in requests_in(getattr(scheduler, attr, None)))
+
+
+def hunt_machine(release: str, examples: int, steps: int) -> dict[str, Any]:
+    """Run the machine (derandomized: the same budget draws the same examples in every release)."""
+    from kvledger.engines.sglang.scheduler.workload import classify
+
+    os.environ.setdefault(STRICT_IDLE_CHECK, "1")
+    cls: Any = machine_for(release)
+    config = settings(
+        max_examples=examples,
+        stateful_step_count=steps,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+        report_multiple_bugs=False,
+    )
+    cpu = time.process_time()
+    finding = None
+    try:
+        run_state_machine_as_test(cls, settings=config)
+    except Exception as error:  # the shrunk failure, re-raised by Hypothesis
+        found = classify(None, -1, error)
+        finding = {"kind": found.kind, "message": found.message[:600], "owners": found.owners}
+    return {
+        "release": release,
+        "examples": cls.examples,
+        "operations": cls.operations,
+        "cpu_s": round(time.process_time() - cpu, 2),
+        "finding": finding,
+    }
