@@ -224,3 +224,18 @@ def test_a_request_handle_naming_a_freed_slot_fires_once_the_release_returns(sgl
     w.untrack(req)
     assert w.check_handles() == 0
     w.detach()
+
+
+def test_a_free_groups_list_left_filled_after_its_end_is_not_read_as_pending(sgl: Any) -> None:
+    """0.5.9 and 0.5.10 free a group's pages at ``free_group_end`` but clear the list only at the next
+    begin; the audit read the stale list as pending pages that were also free (a false I-PARTITION found
+    by the scheduler attach, issue 35). Emulated on the installed release by leaving the list filled."""
+    alloc = build.token_allocator(16, 4)
+    w = watch(allocator=alloc)
+    page = alloc.alloc(4)
+    alloc.free_group_begin()
+    alloc.free(page)
+    alloc.free_group_end()
+    alloc.free_group = [page.clone()]  # what those releases leave behind
+    w.audit()
+    w.check_idle()

@@ -790,11 +790,13 @@ class Watch:
         if self.kv is not None:
             free = shapes.all_free_pages(self.allocator)
             pending: list[int] = []
-            group = getattr(self.allocator, "free_group", None)
-            for part in group or ():
-                pending.extend(_pages(part, self.page_size).tolist())
-            for part in getattr(self.allocator, "free_page_ids_group", None) or ():
-                pending.extend(as_id_array(part).tolist())
+            # Only an open group's lists are pending: some releases (0.5.9, 0.5.10) free the pages at
+            # free_group_end but clear the list at the next begin, and a stale list is not pending.
+            if self._group_open:
+                for part in getattr(self.allocator, "free_group", None) or ():
+                    pending.extend(_pages(part, self.page_size).tolist())
+                for part in getattr(self.allocator, "free_page_ids_group", None) or ():
+                    pending.extend(as_id_array(part).tolist())
             self.kv.audit(free.tolist(), sorted(set(pending)))
         if self.rows is not None:
             self.rows.audit(list(self.req_pool.free_slots))

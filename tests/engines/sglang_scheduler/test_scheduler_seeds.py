@@ -136,4 +136,4 @@ def test_attach_audit_reads_no_stale_free_group(ci_0_5_10: dict[str, Any]) -> No
     stale = ci_0_5_10["attach"]["stale_free_group"]
     assert stale["stale"], stale  # SGLang left the list filled after free_group_end
     assert stale["attach_audit"] == "passed", stale
-    assert "I-PARTITION" in stale["watch_audit"], stale  # what the attach works around
+    assert stale["watch_audit"] == "passed", stale  # the watch reads a group's list only while it is open

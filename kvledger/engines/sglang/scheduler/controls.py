@@ -55,7 +55,7 @@ def attach_controls(release: str) -> dict[str, Any]:
 
 def _stale_free_group(scheduler: Any) -> dict[str, Any]:
     """SGLang's allocator keeps ``free_group`` filled after ``free_group_end`` (pages freed, list left):
-    the scheduler attach's audit must pass; the bare watch audit is what misreads it."""
+    neither the scheduler attach's audit nor the watch's may read the stale list as pending pages."""
     sw = scheduler.kvledger_watch
     alloc = scheduler.token_to_kv_pool_allocator
     page = alloc.alloc(1)

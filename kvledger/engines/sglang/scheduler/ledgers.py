@@ -205,20 +205,9 @@ class SchedulerWatch:
         self.audit()
 
     def audit(self) -> None:
-        """The watch's full audit. SGLang leaves ``free_group`` filled after ``free_group_end`` (it frees
-        the pages but clears the list only at the next begin), and the watch's audit counts that list as
-        pending; outside a group it is hidden for the audit (and put back), so a stale list is not read
-        as pages both free and pending."""
-        alloc = self.watch.allocator
-        stale = alloc is not None and getattr(alloc, "is_not_in_free_group", False) and alloc.free_group
-        if not stale:
-            self.watch.audit()
-            return
-        kept, alloc.free_group = alloc.free_group, []
-        try:
-            self.watch.audit()
-        finally:
-            alloc.free_group = kept
+        """The watch's full audit (a free group's list SGLang leaves filled after ``free_group_end`` is
+        not read as pending: the watch reads the lists only while it saw a group open)."""
+        self.watch.audit()
 
     # ------------------------------------------------------------------ SGLang's own check
     def classify_check(self, error: BaseException) -> SGLangCheckVerdict | None:
