@@ -48,6 +48,7 @@ TRANSITIONS = "transitions.md"
 # Nav order and short titles of the spec pages; a spec file not listed here is appended, titled by its
 # first heading, so a new spec page shows up without editing this hook.
 SPEC_ORDER: tuple[tuple[str, str], ...] = (
+    ("architecture.md", "The architecture"),
     ("model.md", "The model"),
     ("invariants.md", "Invariants"),
     (TRANSITIONS, "Transitions"),
