@@ -34,6 +34,7 @@ class Origin(enum.Enum):
     """Where the invariant comes from."""
 
     SGLANG = "SGLang"  # an identity of SGLang's own memory bookkeeping, stated from its code and bug history
+    VLLM = "vLLM"  # an identity of vLLM v1's block pool (reference counts, free queue, null block)
     KVLEDGER = "kvledger"  # introduced by kvledger (stronger checks, the data plane, the tooling)
 
 
@@ -64,6 +65,7 @@ PARTS = frozenset(
         "mamba-v2",  # Mamba V2 (extra_buffer): tracking slots, captures, donation
         "speculative",  # speculative decoding: draft over-allocation, verify, the rejected tail
         "audit",  # the event log, its recorder and its replay (kvledger audit)
+        "vllm-block-pool",  # vLLM v1's BlockPool and KV cache managers under kvledger.engines.vllm
     }
 )
 """The parts of the system an invariant can concern. A new part (PD queues, Mamba V2) is one line here."""
