@@ -121,7 +121,8 @@ def load(release: str = DEFAULT_RELEASE) -> VLLMModules:
     location = str(Path(vllm.__file__ or "").parent)
     # The stand-ins are bound where vLLM imported them; leaving them in sys.modules would make
     # other code (matplotlib probes, SGLang's optional imports) believe the real packages exist.
-    for name in placed:
+    # vLLM's LazyLoader also registers them under its local aliases (``xgr``): drop every one.
+    for name in [n for n, m in list(sys.modules.items()) if isinstance(m, _StandinModule)]:
         sys.modules.pop(name, None)
     if not location.startswith(str(folder)):
         raise VLLMUnavailable(f"imported vllm from {location}, not from {folder}")
