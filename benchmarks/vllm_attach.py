@@ -33,7 +33,7 @@ def workload(driver: HybridDriver, steps: int, seed: int) -> None:
     for _ in range(steps):
         roll = rng.random()
         if roll < 0.25 or not driver.running:
-            rid = driver.arrive(prefixes[rng.randrange(4)][: rng.randint(8, 64)] + [rng.randrange(9)])
+            rid = driver.arrive([*prefixes[rng.randrange(4)][: rng.randint(8, 64)], rng.randrange(9)])
             driver.admit(rid)
         elif roll < 0.85:
             driver.decode(rng.choice(sorted(driver.running)), rng.randrange(9))

@@ -81,9 +81,7 @@ def build_hybrid(layout: HybridLayout | None = None, release: str = DEFAULT_RELE
         mamba_cache_mode="align",
     )
     groups = [mods.KVCacheGroupSpec(["attn.0"], full), mods.KVCacheGroupSpec(["mamba.0"], mamba)]
-    config = mods.KVCacheConfig(
-        num_blocks=layout.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups
-    )
+    config = mods.KVCacheConfig(num_blocks=layout.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
     mods.init_none_hash(mods.sha256)
     manager = mods.KVCacheManager(
         config,

@@ -87,7 +87,9 @@ def test_leaked_block_is_named(watched: WatchedHybrid) -> None:
     full = watched.built.single_type_managers[0]
     lost = full.req_to_blocks["a"].pop()  # the page table forgets a block: its reference is gone
     lost.ref_cnt -= 1
-    with pytest.raises(SharedOwnershipViolation, match=r"leaked\). holders now: \[\]. last moves: .*release a"):
+    with pytest.raises(
+        SharedOwnershipViolation, match=r"leaked\). holders now: \[\]. last moves: .*release a"
+    ):
         watched.free(a)
     assert pool is watched.built.block_pool
 
