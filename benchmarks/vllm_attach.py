@@ -81,8 +81,7 @@ def main() -> None:
                 "bare_us_per_call": round(1e6 * bare[0] / bare[1], 1),
                 "watched_us_per_call": round(1e6 * watched[0] / watched[1], 1),
                 "slowdown": round(watched[0] / bare[0], 2),
-            },
-            indent=2,
+            }
         )
     )
 
