@@ -28,6 +28,7 @@ class HybridDriver:
     finished: list[str] = field(default_factory=list)
     serial: int = 0
     refused: int = 0
+    hit_tokens: int = 0  # prefix-cache tokens reused by admissions (how much sharing a run saw)
 
     @property
     def block_size(self) -> int:
@@ -54,6 +55,7 @@ class HybridDriver:
             self.refused += 1
             return False
         req.num_computed_tokens = req.num_tokens
+        self.hit_tokens += n_hit
         self.running[rid] = self.waiting.pop(rid)
         return True
 
