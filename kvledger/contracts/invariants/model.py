@@ -34,7 +34,6 @@ class Origin(enum.Enum):
     """Where the invariant comes from."""
 
     SGLANG = "SGLang"  # an identity of SGLang's own memory bookkeeping, stated from its code and bug history
-    VLLM = "vLLM"  # an identity of vLLM v1's block pool (reference counts, free queue, null block)
     KVLEDGER = "kvledger"  # introduced by kvledger (stronger checks, the data plane, the tooling)
 
 

@@ -7,6 +7,8 @@ from kvledger.contracts.invariants.model import Area, Invariant, Origin, Severit
 LEDGER = "kvledger/contracts/shared_owners.py"
 ATTACH = "kvledger/engines/vllm/attach.py"
 PARTS = ("vllm-block-pool",)
+# kvledger states these over vLLM's bookkeeping; the identities themselves are vLLM's own
+UPSTREAM = ("vLLM v1 BlockPool / KVCacheManager (vllm/v1/core), checked against release 0.34.0",)
 MACHINES = ("tests/engines/vllm/test_vllm_machine.py:HybridMachine",)
 
 AREA = Area(
@@ -29,7 +31,8 @@ AREA = Area(
                 " list (any KV cache group) contains it."
             ),
             severity=Severity.BUG,
-            origin=Origin.VLLM,
+            origin=Origin.KVLEDGER,
+            upstream=UPSTREAM,
             parts=PARTS,
             checks=(contract(f"{LEDGER}:SharedLedger._check_counts", "after every attached call"),),
             exercised_by=MACHINES,
@@ -43,7 +46,8 @@ AREA = Area(
                 " block missing from it is a leak."
             ),
             severity=Severity.BUG,
-            origin=Origin.VLLM,
+            origin=Origin.KVLEDGER,
+            upstream=UPSTREAM,
             parts=PARTS,
             checks=(contract(f"{LEDGER}:SharedLedger._check_counts", "after every attached call"),),
             exercised_by=MACHINES,
@@ -57,7 +61,8 @@ AREA = Area(
                 " in one group."
             ),
             severity=Severity.BUG,
-            origin=Origin.VLLM,
+            origin=Origin.KVLEDGER,
+            upstream=UPSTREAM,
             parts=PARTS,
             checks=(contract(f"{LEDGER}:SharedLedger._check_handouts", "after every attached call"),),
             exercised_by=MACHINES,
@@ -67,7 +72,8 @@ AREA = Area(
             title="a freed request holds nothing",
             statement="After `free(request)`, no block (the null block included) lists the request as holder.",
             severity=Severity.BUG,
-            origin=Origin.VLLM,
+            origin=Origin.KVLEDGER,
+            upstream=UPSTREAM,
             parts=PARTS,
             checks=(
                 contract(f"{LEDGER}:SharedLedger._check_released", "after every attached free"),
@@ -84,7 +90,8 @@ AREA = Area(
                 " group's block list."
             ),
             severity=Severity.BUG,
-            origin=Origin.VLLM,
+            origin=Origin.KVLEDGER,
+            upstream=UPSTREAM,
             parts=PARTS,
             checks=(contract(f"{LEDGER}:SharedLedger._check_null", "after every attached call"),),
             exercised_by=MACHINES,
