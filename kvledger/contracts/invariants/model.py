@@ -64,6 +64,7 @@ PARTS = frozenset(
         "mamba-v2",  # Mamba V2 (extra_buffer): tracking slots, captures, donation
         "speculative",  # speculative decoding: draft over-allocation, verify, the rejected tail
         "audit",  # the event log, its recorder and its replay (kvledger audit)
+        "vllm-block-pool",  # vLLM v1's BlockPool and KV cache managers under kvledger.engines.vllm
     }
 )
 """The parts of the system an invariant can concern. A new part (PD queues, Mamba V2) is one line here."""

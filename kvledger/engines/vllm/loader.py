@@ -1,0 +1,130 @@
+"""Put an installed vLLM release on ``sys.path`` and import its v1 KV cache modules on CPU.
+
+Releases live side by side in ``.venv/vllm-X`` (``scripts/setup_vllm.sh``: ``pip install --no-deps
+--target``). Two releases cannot share a process (both are the package ``vllm``): the first
+:func:`load` pins the process to one release, a different one afterwards is a typed error.
+
+``vllm.v1.request`` imports the structured-output back-ends, whose grammar classes appear only in
+annotations; xgrammar and llguidance (GPU-oriented, not installed) get stand-in modules whose every
+attribute is an inert placeholder class. No vLLM code path the attach drives calls them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import time
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvledger.contracts.errors import KVLedgerError
+
+DEFAULT_RELEASE = "0.34.0"
+SUPPORTED_RELEASES: tuple[str, ...] = ("0.34.0",)
+RELEASE_DIR_ENV = "KVLEDGER_VLLM_RELEASE_DIR"
+STANDIN_MODULES: tuple[str, ...] = ("xgrammar", "llguidance", "llguidance.hf", "llguidance.torch")
+
+
+class VLLMUnavailable(KVLedgerError, ImportError):
+    """The requested vLLM release is not installed here, or another release is already imported."""
+
+    invariant = "I-TYPED-INPUT"
+
+
+class _StandinModule(types.ModuleType):
+    """A module whose attributes are placeholder classes: enough for annotations and isinstance."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        placeholder = type(name, (), {"__module__": self.__name__})
+        setattr(self, name, placeholder)
+        return placeholder
+
+
+@dataclass
+class VLLMModules:
+    """The imported vLLM classes the builder and the attach use."""
+
+    version: str
+    location: str
+    import_seconds: float
+    standins: list[str]
+    classes: dict[str, Any] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.__dict__["classes"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+_IMPORTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("vllm.v1.core.kv_cache_manager", ("KVCacheManager", "KVCacheBlocks")),
+    ("vllm.v1.core.block_pool", ("BlockPool",)),
+    ("vllm.v1.core.kv_cache_coordinator", ("HybridKVCacheCoordinator",)),
+    ("vllm.v1.core.single_type_kv_cache_manager", ("FullAttentionManager", "MambaManager")),
+    ("vllm.v1.core.kv_cache_utils", ("get_request_block_hasher", "init_none_hash", "KVCacheBlock")),
+    (
+        "vllm.v1.kv_cache_interface",
+        ("FullAttentionSpec", "MambaSpec", "KVCacheConfig", "KVCacheGroupSpec"),
+    ),
+    ("vllm.v1.request", ("Request",)),
+    ("vllm.sampling_params", ("SamplingParams",)),
+    ("vllm.utils.hashing", ("sha256",)),
+)
+
+_LOADED: VLLMModules | None = None
+
+
+def release_dir(release: str) -> Path:
+    """The side-by-side folder of ``release`` (``KVLEDGER_VLLM_RELEASE_DIR`` overrides it)."""
+    env = os.environ.get(RELEASE_DIR_ENV)
+    if env:
+        return Path(env)
+    return Path(sys.prefix) / f"vllm-{release}"
+
+
+def load(release: str = DEFAULT_RELEASE) -> VLLMModules:
+    """Import ``release``'s v1 KV cache modules once per process.
+
+    Pre: ``release`` is in :data:`SUPPORTED_RELEASES` and installed; no other release imported.
+    Post: the same :class:`VLLMModules` is returned on every later call with the same release.
+    """
+    global _LOADED
+    if _LOADED is not None:
+        if _LOADED.version != release:
+            raise VLLMUnavailable(
+                f"vLLM {_LOADED.version} is already imported in this process; {release} needs its own"
+            )
+        return _LOADED
+    if release not in SUPPORTED_RELEASES:
+        raise VLLMUnavailable(f"vLLM {release!r} is not supported (supported: {SUPPORTED_RELEASES})")
+    folder = release_dir(release)
+    if not (folder / "vllm").is_dir():
+        raise VLLMUnavailable(f"vLLM {release} is not installed in {folder}: run scripts/setup_vllm.sh")
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    placed = [name for name in STANDIN_MODULES if name not in sys.modules]
+    for name in placed:
+        sys.modules[name] = _StandinModule(name)
+    started = time.perf_counter()
+    classes: dict[str, Any] = {}
+    for module_name, names in _IMPORTS:
+        module = importlib.import_module(module_name)
+        for name in names:
+            classes[name] = getattr(module, name)
+    vllm = importlib.import_module("vllm")
+    location = str(Path(vllm.__file__ or "").parent)
+    # The stand-ins are bound where vLLM imported them; leaving them in sys.modules would make
+    # other code (matplotlib probes, SGLang's optional imports) believe the real packages exist.
+    # vLLM's LazyLoader also registers them under its local aliases (``xgr``): drop every one.
+    for name in [n for n, m in list(sys.modules.items()) if isinstance(m, _StandinModule)]:
+        sys.modules.pop(name, None)
+    if not location.startswith(str(folder)):
+        raise VLLMUnavailable(f"imported vllm from {location}, not from {folder}")
+    _LOADED = VLLMModules(release, location, time.perf_counter() - started, placed, classes)
+    return _LOADED

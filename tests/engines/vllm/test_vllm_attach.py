@@ -1,0 +1,145 @@
+"""The attach mirrors vLLM's block moves; each shared-ownership invariant fires on a corrupted pool.
+
+The corruptions are made in the test on vLLM's live objects (a scoped change to one block or one
+request's list), never in vLLM's source: each is the state a known class of bug leaves behind.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kvledger.contracts.shared_owners import SharedOwnershipViolation
+from kvledger.engines.vllm.attach import UnknownRequest, WatchedHybrid
+from kvledger.engines.vllm.build import HybridLayout, build_hybrid
+
+BLOCK = 4
+
+
+def admit(w: WatchedHybrid, rid: str, prompt: list[int]) -> Any:
+    w.new_step()  # each admission in its own scheduler step, so earlier steps' blocks are hittable
+    req = w.built.new_request(rid, prompt)
+    hit, n_hit = w.get_computed_blocks(req)
+    assert w.allocate_slots(req, len(prompt) - n_hit, n_hit, hit) is not None
+    req.num_computed_tokens = len(prompt)
+    return req
+
+
+def decode(w: WatchedHybrid, req: Any, token: int) -> None:
+    req.append_output_token_ids(token)
+    assert w.allocate_slots(req, 1) is not None
+    req.num_computed_tokens += 1
+
+
+@pytest.fixture
+def watched() -> WatchedHybrid:
+    return WatchedHybrid(build_hybrid(HybridLayout(num_blocks=24, block_size=BLOCK)))
+
+
+def test_a_shared_prefix_is_a_hit_held_by_both(watched: WatchedHybrid) -> None:
+    a = admit(watched, "a", list(range(16)))
+    decode(watched, a, 99)
+    b = admit(watched, "b", [*range(16), 99, 5, 6, 7, 8])
+    shared = set(watched.manager.get_block_ids("a")[0]) & set(watched.manager.get_block_ids("b")[0])
+    assert shared, "b's prompt extends a's: its full-attention prefix must be a hit"
+    for block in shared:
+        assert watched.ledger.holders[block] == frozenset({"a", "b"})
+        assert watched.built.block_pool.blocks[block].ref_cnt == 2
+    watched.free(a)
+    watched.free(b)
+    assert watched.num_free_blocks() == 23
+    assert any(m.kind == "release" for m in watched.moves)
+
+
+def test_eviction_is_recorded(watched: WatchedHybrid) -> None:
+    small = WatchedHybrid(build_hybrid(HybridLayout(num_blocks=8, block_size=BLOCK)))
+    a = admit(small, "a", list(range(12)))
+    small.free(a)
+    admit(small, "b", list(range(50, 70)))
+    assert any(m.kind == "evict" for m in small.moves)
+    assert watched.calls == 1
+
+
+@pytest.mark.fires("I-SHARED-REFCOUNT")
+def test_refcount_differs_from_holders(watched: WatchedHybrid) -> None:
+    a = admit(watched, "a", list(range(8)))
+    block = watched.built.block_pool.blocks[watched.manager.get_block_ids("a")[0][0]]
+    block.ref_cnt += 1  # a leaked reference: a touch with no page-table entry behind it
+    with pytest.raises(SharedOwnershipViolation, match=r"I-SHARED-REFCOUNT .*block \d+: ref_cnt=2"):
+        decode(watched, a, 1)
+
+
+@pytest.mark.fires("I-SHARED-FREE-QUEUE")
+def test_held_block_in_free_queue(watched: WatchedHybrid) -> None:
+    a = admit(watched, "a", list(range(8)))
+    pool = watched.built.block_pool
+    block = pool.blocks[watched.manager.get_block_ids("a")[0][0]]
+    pool.free_block_queue.append(block)  # a double free: the block goes back while "a" holds it
+    with pytest.raises(SharedOwnershipViolation, match=r"I-SHARED-FREE-QUEUE.*held by \['a'\]"):
+        decode(watched, a, 1)
+
+
+@pytest.mark.fires("I-SHARED-FREE-QUEUE")
+def test_leaked_block_is_named(watched: WatchedHybrid) -> None:
+    a = admit(watched, "a", list(range(8)))
+    pool = watched.built.block_pool
+    full = watched.built.single_type_managers[0]
+    lost = full.req_to_blocks["a"].pop()  # the page table forgets a block: its reference is gone
+    lost.ref_cnt -= 1
+    with pytest.raises(
+        SharedOwnershipViolation, match=r"leaked\). holders now: \[\]. last moves: .*release a"
+    ):
+        watched.free(a)
+    assert pool is watched.built.block_pool
+
+
+@pytest.mark.fires("I-SHARED-HANDOUT")
+def test_block_handed_to_a_second_request_without_a_hit(watched: WatchedHybrid) -> None:
+    admit(watched, "a", list(range(8)))
+    b = admit(watched, "b", list(range(40, 48)))
+    full = watched.built.single_type_managers[0]
+    stolen = full.req_to_blocks["a"][0]
+    full.req_to_blocks["b"].append(stolen)  # the same physical block in two page tables
+    stolen.ref_cnt += 1
+    with pytest.raises(SharedOwnershipViolation, match=r"I-SHARED-HANDOUT.*not a prefix-cache hit"):
+        decode(watched, b, 1)
+
+
+@pytest.mark.fires("I-SHARED-RELEASED")
+def test_freed_request_keeps_a_holder(watched: WatchedHybrid, monkeypatch: pytest.MonkeyPatch) -> None:
+    a = admit(watched, "a", list(range(8)))
+    full = watched.built.single_type_managers[0]
+    kept = list(full.req_to_blocks["a"])
+    real_free = watched.manager.free
+
+    def free_forgetting_one_list(request: Any) -> None:
+        real_free(request)
+        full.req_to_blocks["a"] = kept[:1]  # the list survives the free (a stale page table)
+        kept[0].ref_cnt += 1
+
+    monkeypatch.setattr(watched.manager, "free", free_forgetting_one_list)
+    with pytest.raises(SharedOwnershipViolation, match=r"I-SHARED-RELEASED.*a was freed"):
+        watched.free(a)
+
+
+@pytest.mark.fires("I-SHARED-NULL")
+def test_null_block_handed_out_or_freed(watched: WatchedHybrid) -> None:
+    a = admit(watched, "a", list(range(8)))
+    pool = watched.built.block_pool
+    pool.free_block_queue.append(pool.null_block)  # the null block freed like a real block
+    with pytest.raises(SharedOwnershipViolation, match=r"I-SHARED-NULL.*null block is in the free queue"):
+        decode(watched, a, 1)
+    other = WatchedHybrid(build_hybrid(HybridLayout(num_blocks=24, block_size=BLOCK)))
+    b = admit(other, "b", list(range(8)))
+    other.built.single_type_managers[0].req_to_blocks["b"].append(other.built.block_pool.null_block)
+    with pytest.raises(SharedOwnershipViolation, match=r"I-SHARED-NULL.*held as a real block by"):
+        decode(other, b, 1)
+
+
+def test_unknown_request_is_a_typed_error(watched: WatchedHybrid) -> None:
+    stranger = watched.built.new_request("x", [1, 2, 3])
+    before = watched.num_free_blocks()
+    with pytest.raises(UnknownRequest):
+        watched.free(stranger)
+    assert watched.num_free_blocks() == before
