@@ -34,13 +34,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 
 from kvledger.audit import events as E
+from kvledger.audit.report import AuditReport as AuditReport  # re-exported: importable from here as before
+from kvledger.audit.report import AuditViolation as AuditViolation
 from kvledger.contracts.arith import MAX_TERMS
 from kvledger.contracts.diagnosis import Census, Dispute, explain_disputes
 from kvledger.contracts.errors import ContractViolation, EventLogError, KVLedgerError
@@ -61,64 +62,6 @@ STANDARD_TERMS = frozenset((FREE.name, PENDING_FREE.name, CACHE_EVICTABLE.name, 
 MAX_HELD_TERMS = MAX_TERMS - len(STANDARD_TERMS)
 """A step's row names at most this many accounts besides the standard four (the identity sums at most
 :data:`~kvledger.contracts.arith.MAX_TERMS` terms)."""
-
-
-class AuditViolation(ContractViolation):
-    """An invariant the log breaks, at event ``event`` (its line number); ``line`` is the event's text."""
-
-    def __init__(self, message: str, event: int, line: str) -> None:
-        super().__init__(message)
-        self.event = event
-        self.line = line
-
-
-@dataclass
-class AuditReport:
-    """What an audit found: the events read, per kind, and why the log is not clean, if it is not.
-
-    ``verdict``: ``clean`` (a complete log that keeps every invariant), ``violation`` (the first event that
-    breaks one, or an end marker saying the engine stopped on one), ``incomplete`` (no end marker: the run
-    was cut off). ``violation`` holds the text of either of the last two, ``violation_event`` the event it
-    is dated by (for an incomplete log, its last event); ``clean`` is true only for ``clean``."""
-
-    path: str
-    events: int = 0
-    by_kind: dict[str, int] = field(default_factory=dict)
-    pools: dict[str, int] = field(default_factory=dict)  # pool -> size in ids
-    steps: int = 0
-    requests: int = 0
-    violation: str | None = None
-    violation_event: int | None = None
-    incomplete: bool = False
-    outcome: str | None = None  # the end marker's: completed, stopped, violation (None: none was read)
-    cpu_s: float = 0.0
-
-    @property
-    def clean(self) -> bool:
-        return self.violation is None and not self.incomplete
-
-    @property
-    def verdict(self) -> str:
-        if self.incomplete:
-            return "incomplete"
-        return "clean" if self.violation is None else "violation"
-
-    def summary(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "clean": self.clean,
-            "verdict": self.verdict,
-            "outcome": self.outcome,
-            "events": self.events,
-            "by_kind": self.by_kind,
-            "pools": self.pools,
-            "steps": self.steps,
-            "requests": self.requests,
-            "violation": self.violation,
-            "violation_event": self.violation_event,
-            "cpu_s": self.cpu_s,
-            "events_per_s": (self.events / self.cpu_s) if self.cpu_s > 0 else None,
-        }
 
 
 class _Node:
