@@ -14,16 +14,10 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from kvledger.contracts.arith import ceil_to_page
-from kvledger.contracts.errors import (
-    BatchNotInFlight,
-    ContractViolation,
-    InvalidArgument,
-    InvalidState,
-)
+from kvledger.contracts.errors import BatchNotInFlight, ContractViolation, InvalidArgument, InvalidState
 from kvledger.contracts.handles import HandleClaim, check_handles_owned
 from kvledger.contracts.ledger import Ledger
 from kvledger.contracts.owners import BATCH_INFLIGHT, REQ_CHUNKED, REQ_WAITING, Account
@@ -31,15 +25,18 @@ from kvledger.contracts.pool_kinds import POOL_KINDS, PoolKind
 from kvledger.contracts.protocols import AnyPrefixCache, KVAllocator, MambaStatePool, ReqRowPool
 from kvledger.contracts.seams import seam
 from kvledger.contracts.switch import ensure, invariant
-from kvledger.reference.pools.validate import check_count, check_positive
+from kvledger.reference.pools.validate import check_positive
 from kvledger.reference.scheduler.accounting import Accounting
 from kvledger.reference.scheduler.adder import AddReqResult, PrefillAdder
 from kvledger.reference.scheduler.batch import ScheduleBatch
 from kvledger.reference.scheduler.config import SchedulerConfig
+from kvledger.reference.scheduler.faults import FAULT_KINDS as FAULT_KINDS
+from kvledger.reference.scheduler.faults import FaultInjector as FaultInjector
 from kvledger.reference.scheduler.memory import ReqMemory
 from kvledger.reference.scheduler.request import Req, ReqState
 from kvledger.reference.scheduler.runner import HashTokenRunner, ModelRunner
 from kvledger.reference.scheduler.speculative import SpecDecoding
+from kvledger.reference.scheduler.stats import SchedulerStats as SchedulerStats
 from kvledger.reference.scheduler.tracking import MambaTracking
 from kvledger.reference.scheduler.validate import (
     UnknownRequest,
@@ -48,63 +45,6 @@ from kvledger.reference.scheduler.validate import (
     check_prompt,
     check_rid,
 )
-
-FAULT_KINDS = ("row", "mamba", "kv")
-
-
-@dataclass
-class SchedulerStats:
-    steps: int = 0
-    prefill_batches: int = 0
-    decode_batches: int = 0
-    idle_steps: int = 0
-    prompt_tokens: int = 0  # every admitted request's whole prompt, counted once
-    cached_prompt_tokens: int = 0  # of those, the tokens served from the cache at first admission
-    generated_tokens: int = 0
-    retractions: int = 0
-    aborts: int = 0
-    rejections: int = 0
-    rollbacks: int = 0
-    busy_checks: int = 0
-    idle_checks: int = 0
-    count_checks: int = 0  # contracts off: steps after which the count identities were checked
-    finished: int = 0  # requests that ended with FINISHED (aborts and rejections are counted above)
-    discarded_tokens: int = 0  # overlap: tokens sampled for requests that had already finished
-    reject_reasons: dict[str, int] = field(default_factory=dict)
-
-
-class FaultInjector:
-    """Makes allocations of a kind (``row``, ``mamba``, ``kv``) fail, for tests and fault soaks.
-
-    ``fail_next(kind, times, after)`` lets the next ``after`` allocations of that kind through, then fails
-    ``times``: with ``after`` > 0 a failure lands in the middle of an admission, after earlier requests of
-    the round (the chunked one first) took their ids, so the rollback has something to undo. The plan
-    of each kind is a queue of outcomes, consumed one allocation at a time; a second ``fail_next`` joins
-    its outcomes to the end."""
-
-    MAX_PLAN = 4096  # outcomes one call may plan: a test's or a soak's schedule, never a pool's worth
-
-    def __init__(self) -> None:
-        self.pending: dict[str, tuple[bool, ...]] = {}  # per kind, the next allocations' outcomes (True: fail)
-        self.fired = 0
-
-    def fail_next(self, what: str, times: int = 1, after: int = 0) -> None:
-        if what not in FAULT_KINDS:
-            raise InvalidArgument(f"fail_next: what must be one of {FAULT_KINDS}, got {what!r}")
-        check_positive(times, "times")
-        check_count(after, "after")
-        if after + times > self.MAX_PLAN:
-            raise InvalidArgument(f"fail_next: after + times is at most {self.MAX_PLAN}, got {after + times}")
-        self.pending[what] = self.pending.get(what, ()) + (False,) * after + (True,) * times
-
-    def __call__(self, what: str) -> bool:
-        plan = self.pending.get(what)
-        if not plan:
-            return False
-        self.pending[what] = plan[1:]
-        if plan[0]:
-            self.fired += 1
-        return plan[0]
 
 
 def _ladders_hold(self: Scheduler) -> bool:
