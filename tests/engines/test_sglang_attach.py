@@ -239,3 +239,21 @@ def test_a_free_groups_list_left_filled_after_its_end_is_not_read_as_pending(sgl
     alloc.free_group = [page.clone()]  # what those releases leave behind
     w.audit()
     w.check_idle()
+
+
+@pytest.mark.fires("I-LOCK-TREE")
+def test_an_extra_unlock_names_the_key_path_the_holders_and_the_last_lock_calls(sgl: Any) -> None:
+    """Issue 37: tree violations named ``node 1267`` and two counters; they now say where the node is (the
+    first tokens of its key path) and what happened to its locks (the last lock and unlock calls)."""
+    alloc, _rows, tree, w = setup("radix-p1")
+    ids = alloc.alloc(6)
+    res = tree.insert(sgl.InsertParams(key=build.radix_key([7, 8, 9, 10, 11, 12]), value=ids))
+    node = res.last_device_node
+    with w.holder("r1"):
+        lock = tree.inc_lock_ref(node)
+        tree.dec_lock_ref(node, lock.to_dec_params())
+    with w.holder("r2"), pytest.raises(ContractViolation, match="I-LOCK-TREE") as err:
+        tree.dec_lock_ref(node, lock.to_dec_params())  # the second release of one lock
+    text = str(err.value)
+    assert "key path [7, 8, 9, 10, 11, 12]" in text and "by req#r2" in text
+    assert "inc_lock_ref by req#r1" in text and "dec_lock_ref by req#r1" in text

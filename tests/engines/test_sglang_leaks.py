@@ -135,7 +135,7 @@ def _evict_a_locked_node(sgl: Any, monkeypatch: pytest.MonkeyPatch, *, planted: 
     with pytest.raises(ContractViolation, match=r"I-EVICT-LOCKED") as err:
         tree.evict(sgl.EvictParams(num_tokens=len(tokens)))
     text = str(err.value)
-    assert "key [5, 6, 7, 8, 9, 10]" in text and "req#r2" in text
+    assert "key path [5, 6, 7, 8, 9, 10]" in text and "req#r2" in text
 
 
 @pytest.mark.fires("I-IDLE-IDENTITY")

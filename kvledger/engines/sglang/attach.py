@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections import Counter
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -112,6 +112,8 @@ class Watch:
         self._evict_guard: np.ndarray | None = (
             None  # the KV pages of locked paths, read at evict's first free
         )
+        # the last lock and unlock calls per node key (bounded), for the tree's violation messages
+        self._lock_calls: OrderedDict[Any, deque[str]] = OrderedDict()
         self._lock_took_state: dict[
             tuple[Any, Owner], list[bool]
         ] = {}  # per (node, holder): took the state lock
@@ -691,8 +693,9 @@ class Watch:
             self.kv.describe(
                 hit.tolist()[:4],
                 f"evict: {op} of page(s) {hit.tolist()[:8]} on the path of locked node {key}"
-                f" (key {shapes.key_tokens(node)}), locked by {holders or 'a holder'}:"
-                f" a locked node was evicted (I-EVICT-LOCKED); live locks: {dict(+self.locks)}",
+                f" (key path {shapes.key_path(node)}), locked by {holders or 'a holder'}:"
+                f" a locked node was evicted (I-EVICT-LOCKED); live locks: {dict(+self.locks)}"
+                f"{self.lock_evidence(key)}",
             )
         )
 
@@ -737,6 +740,7 @@ class Watch:
             key = self._node_key(node)
             self.locks[key] += 1
             self._locked_nodes[key] = node
+            self._note_lock_call(key, f"inc_lock_ref by {self._holder!r} at {shapes.key_path(node)}")
             after = shapes.state_lock_ref(node)
             took = before is not None and after != before
             self._lock_took_state.setdefault((key, self._holder), []).append(took)
@@ -750,14 +754,16 @@ class Watch:
             if self.locks[key] <= 0:
                 self.locks.pop(key, None)
                 raise ContractViolation(
-                    f"dec_lock_ref on node {key}: no live lock taken through inc_lock_ref (I-LOCK-TREE);"
-                    f" live locks: {dict(+self.locks)}"
+                    f"dec_lock_ref on node {key} (key path {shapes.key_path(node)}) by {self._holder!r}: no"
+                    f" live lock taken through inc_lock_ref (I-LOCK-TREE); live locks: {dict(+self.locks)}"
+                    f"{self.lock_evidence(key)}"
                 )
             self.calls += 1
             took = self._took_state(key)
             before = shapes.state_lock_ref(node)
             out = original(node, *args, **kwargs)
             self.locks[key] -= 1
+            self._note_lock_call(key, f"dec_lock_ref by {self._holder!r}")
             if not self.locks[key]:
                 del self.locks[key]
                 self._locked_nodes.pop(key, None)
@@ -772,6 +778,22 @@ class Watch:
             return out
 
         return call
+
+    LOCK_CALLS_KEPT = 8  # per node
+    LOCK_CALL_NODES_KEPT = 4096  # nodes whose calls are remembered (the least recently locked forgotten)
+
+    def _note_lock_call(self, key: Any, text: str) -> None:
+        calls = self._lock_calls.pop(key, None) or deque(maxlen=self.LOCK_CALLS_KEPT)
+        calls.append(text)
+        self._lock_calls[key] = calls  # most recent last
+        if len(self._lock_calls) > self.LOCK_CALL_NODES_KEPT:
+            self._lock_calls.popitem(last=False)
+
+    def lock_evidence(self, key: Any) -> str:
+        """The holders of node ``key``'s live locks and its last lock and unlock calls, for a message."""
+        holders = sorted({repr(h) for (k, h), took in self._lock_took_state.items() if k == key and took})
+        calls = list(self._lock_calls.get(key, ()))
+        return f"; live lock holders {holders or 'none'}; its last lock calls {calls or 'none'}"
 
     def _took_state(self, key: Any) -> bool:
         """Whether the lock being released took the node's state lock: the current holder's latest lock on
@@ -859,9 +881,10 @@ class Watch:
             below = sum(shapes.lock_ref(c) for c in node.children.values())
             own = self.locks.get(self._node_key(node), 0)
             if ref != own + below:
+                key = self._node_key(node)
                 raise ContractViolation(
-                    f"node {self._node_key(node)}: lock_ref {ref} != {own} live lock(s) + {below} from its children"
-                    f" (I-LOCK-TREE)"
+                    f"node {key} (key path {shapes.key_path(node)}): lock_ref {ref} != {own} live lock(s) +"
+                    f" {below} from its children (I-LOCK-TREE){self.lock_evidence(key)}"
                 )
             if ref > 0:
                 protected += shapes.kv_len(node)

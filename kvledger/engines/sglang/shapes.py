@@ -128,14 +128,25 @@ def locked_path_values(nodes: Iterable[Any]) -> np.ndarray:
     return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
 
 
-def key_tokens(node: Any, first: int = 8) -> list[int] | str:
-    """The first tokens of the node's key, for messages (a Rust node id has none to show)."""
-    key = getattr(node, "key", None)
-    tokens: Any = getattr(key, "token_ids", key)
-    try:
-        return [int(t) for t in list(tokens)[:first]]
-    except TypeError:
+def key_path(node: Any, first: int = 8) -> str:
+    """The first tokens on the path from the root to ``node``, for messages: how a reader finds the node
+    in a dump of the tree ("?" for a Rust node id, which carries no key)."""
+    keys: list[Any] = []
+    while getattr(node, "parent", None) is not None:
+        keys.append(getattr(node, "key", None))
+        node = node.parent
+    if not keys:
         return "?"
+    tokens: list[int] = []
+    for key in reversed(keys):
+        ids: Any = getattr(key, "token_ids", key)
+        try:
+            tokens.extend(int(t) for t in list(ids)[: first + 1 - len(tokens)])
+        except TypeError:
+            return "?"
+        if len(tokens) > first:
+            return str(tokens[:first])[:-1] + ", ...]"
+    return str(tokens)
 
 
 def state_lock_ref(node: Any) -> int | None:
