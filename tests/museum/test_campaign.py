@@ -8,12 +8,14 @@ and only replays the database fails the same way. The examples/s figures are mea
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +111,36 @@ def _hypofuzz_keys(client: redis.Redis, suffix: bytes) -> set[bytes]:
     return {k[start : start + 48] for k in client.scan_iter(match=KEY_PREFIX + b"*" + suffix + b"*")}
 
 
+@contextlib.contextmanager
+def _hypofuzz(
+    url: str, machine: str, **env_extra: str
+) -> Iterator[tuple[redis.Redis, subprocess.Popen[bytes]]]:
+    """``hypothesis fuzz`` on one machine's target, into the Redis store at ``url``, for the block's life
+    (HypoFuzz runs until stopped: its process group is killed at the end); yields a client of the store."""
+    env = dict(
+        os.environ, KVLEDGER_CAMPAIGN="1", HYPOTHESIS_PROFILE="fuzz", KVLEDGER_FUZZ_DB=url, **env_extra
+    )
+    cmd = [str(Path(sys.executable).parent / "hypothesis"), "fuzz", "-n", "1", "--no-dashboard", "--"]
+    cmd += ["tests/campaign/test_fuzz_targets.py", "-k", machine, "-p", "no:cacheprovider"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL)
+    client = redis.Redis.from_url(url)
+    try:
+        yield client, proc
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        client.close()
+
+
+def _wait_for(fuzzing: tuple[redis.Redis, subprocess.Popen[bytes]], suffix: bytes) -> None:
+    """Until some test holds a HypoFuzz entry of this kind (900 s only keeps a broken run from hanging)."""
+    client, proc = fuzzing
+    deadline = time.monotonic() + 900
+    while not _hypofuzz_keys(client, suffix) and time.monotonic() < deadline:
+        assert proc.poll() is None, f"hypothesis fuzz exited with {proc.returncode}"
+        time.sleep(1)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_hypofuzz_fuzzes_a_machine_into_the_shared_redis_database() -> None:
@@ -116,26 +148,12 @@ def test_hypofuzz_fuzzes_a_machine_into_the_shared_redis_database() -> None:
     recipe) with its own engine, writing its corpus and reports into the campaign's Redis database, and
     on clean code saves no failure. Stopped as soon as it has recorded examples it ran (the 900-second bound only keeps
     a broken run from hanging CI; nothing about speed is asserted)."""
-    with local_redis_server() as url:
-        env = dict(os.environ, KVLEDGER_CAMPAIGN="1", HYPOTHESIS_PROFILE="fuzz", KVLEDGER_FUZZ_DB=url)
-        cmd = [str(Path(sys.executable).parent / "hypothesis"), "fuzz", "-n", "1", "--no-dashboard", "--"]
-        cmd += ["tests/campaign/test_fuzz_targets.py", "-k", "Cache", "-p", "no:cacheprovider"]
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL)
-        client = redis.Redis.from_url(url)
-        try:
-            deadline = time.monotonic() + 900
-            while not _hypofuzz_keys(client, b".hypofuzz.observations") and time.monotonic() < deadline:
-                assert proc.poll() is None, f"hypothesis fuzz exited with {proc.returncode}"
-                time.sleep(1)
-            reports = _hypofuzz_keys(client, b".hypofuzz.reports")
-            ran = _hypofuzz_keys(client, b".hypofuzz.observations")
-            failures = _hypofuzz_keys(client, b".hypofuzz.failures") | _hypofuzz_keys(
-                client, b".hypofuzz.fatal"
-            )
-        finally:
-            os.killpg(proc.pid, signal.SIGKILL)  # HypoFuzz runs until stopped; its workers are in the group
-            proc.wait()
-            client.close()
+    with local_redis_server() as url, _hypofuzz(url, "Cache") as fuzzing:
+        _wait_for(fuzzing, b".hypofuzz.observations")
+        client = fuzzing[0]
+        reports = _hypofuzz_keys(client, b".hypofuzz.reports")
+        ran = _hypofuzz_keys(client, b".hypofuzz.observations")
+        failures = _hypofuzz_keys(client, b".hypofuzz.failures") | _hypofuzz_keys(client, b".hypofuzz.fatal")
     assert len(reports) == 1 and ran == reports, (reports, ran)  # the one machine: examples run and reported
     assert not failures, failures
 
@@ -150,26 +168,8 @@ def test_a_failure_hypofuzz_finds_is_replayed_by_the_campaign_as_a_repro_script(
     same key, fails naming B1's invariant, and writes a repro script that fails on its own."""
     breaks = exhibit("B1").breaks
     with local_redis_server() as url:
-        env = dict(
-            os.environ,
-            KVLEDGER_CAMPAIGN="1",
-            HYPOTHESIS_PROFILE="fuzz",
-            KVLEDGER_FUZZ_DB=url,
-            KVLEDGER_CAMPAIGN_EXHIBIT="B1",
-        )
-        cmd = [str(Path(sys.executable).parent / "hypothesis"), "fuzz", "-n", "1", "--no-dashboard", "--"]
-        cmd += ["tests/campaign/test_fuzz_targets.py", "-k", "Scheduler", "-p", "no:cacheprovider"]
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL)
-        client = redis.Redis.from_url(url)
-        try:
-            deadline = time.monotonic() + 900
-            while not _hypofuzz_keys(client, b".hypofuzz.failures") and time.monotonic() < deadline:
-                assert proc.poll() is None, f"hypothesis fuzz exited with {proc.returncode}"
-                time.sleep(1)
-        finally:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            client.close()
+        with _hypofuzz(url, "Scheduler", KVLEDGER_CAMPAIGN_EXHIBIT="B1") as fuzzing:
+            _wait_for(fuzzing, b".hypofuzz.failures")
         repros = tmp_path / "repros"
         common = ["--db", url, "--machines", "scheduler", "--exhibit", "B1", "--repros", str(repros)]
         rc, replay = _campaign("--workers", "1", "--shards", "1", "--examples", "1", "--replay-only", *common)
@@ -179,4 +179,6 @@ def test_a_failure_hypofuzz_finds_is_replayed_by_the_campaign_as_a_repro_script(
     script = subprocess.run(
         [sys.executable, failure["repro"]], capture_output=True, text=True, timeout=300, check=False
     )
-    assert script.returncode != 0 and any(i in script.stderr + script.stdout for i in breaks), script.stderr[-2000:]
+    assert script.returncode != 0 and any(i in script.stderr + script.stdout for i in breaks), script.stderr[
+        -2000:
+    ]
