@@ -20,12 +20,13 @@ import os
 import sys
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from kvledger.contracts.errors import KVLedgerError
+from kvledger.engines.modules import EngineModules
 from kvledger.engines.sglang.standins import RELEASE_STANDIN_ROOTS, STANDIN_ROOTS, standins
 
 SUPPORTED_RELEASES: tuple[str, ...] = ("0.5.11", "0.5.12", "0.5.13", "0.5.20", "0.5.23")
@@ -52,20 +53,8 @@ class SGLangUnavailable(KVLedgerError, ImportError):
 
 
 @dataclass
-class SGLangModules:
+class SGLangModules(EngineModules):
     """The imported SGLang modules and classes the builders and the attach use."""
-
-    version: str
-    location: str
-    import_seconds: float
-    standins: list[str]
-    classes: dict[str, Any] = field(default_factory=dict)
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self.__dict__["classes"][name]
-        except KeyError:
-            raise AttributeError(name) from None
 
     @property
     def has_mamba_radix_cache(self) -> bool:

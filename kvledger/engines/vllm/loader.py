@@ -16,11 +16,12 @@ import os
 import sys
 import time
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kvledger.contracts.errors import KVLedgerError
+from kvledger.engines.modules import EngineModules
 
 DEFAULT_RELEASE = "0.34.0"
 SUPPORTED_RELEASES: tuple[str, ...] = ("0.34.0",)
@@ -46,20 +47,8 @@ class _StandinModule(types.ModuleType):
 
 
 @dataclass
-class VLLMModules:
+class VLLMModules(EngineModules):
     """The imported vLLM classes the builder and the attach use."""
-
-    version: str
-    location: str
-    import_seconds: float
-    standins: list[str]
-    classes: dict[str, Any] = field(default_factory=dict)
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self.__dict__["classes"][name]
-        except KeyError:
-            raise AttributeError(name) from None
 
 
 _IMPORTS: tuple[tuple[str, tuple[str, ...]], ...] = (
