@@ -22,8 +22,16 @@ from hypothesis import HealthCheck, settings
 
 from kvledger.campaign import example_database
 
+# Every profile's parent is Hypothesis's own ``default`` profile, never the profile that happens to be
+# loaded: with ``CI`` set, Hypothesis loads its built-in ``ci`` profile before this file runs, and a
+# profile registered without a parent would inherit its ``derandomize=True`` and ``database=None``. The
+# ``fuzz`` profile would then be one HypoFuzz refuses ("No property-based tests were collected"), and
+# ``deep`` would not be randomised, on CI machines only (tests/test_hypothesis_profiles.py).
+_HYPOTHESIS_DEFAULT = settings.get_profile("default")
+
 settings.register_profile(
     "ci",
+    parent=_HYPOTHESIS_DEFAULT,
     max_examples=100,
     stateful_step_count=40,
     deadline=None,
@@ -34,6 +42,7 @@ settings.register_profile(
 )
 settings.register_profile(
     "dev",
+    parent=_HYPOTHESIS_DEFAULT,
     max_examples=40,
     stateful_step_count=30,
     deadline=None,
@@ -41,6 +50,7 @@ settings.register_profile(
 )
 settings.register_profile(
     "deep",
+    parent=_HYPOTHESIS_DEFAULT,
     max_examples=2000,
     stateful_step_count=120,
     deadline=None,
@@ -50,6 +60,7 @@ settings.register_profile(
 )
 settings.register_profile(
     "fuzz",  # HypoFuzz / long campaigns: a shared example database directory (README, spec/museum.md)
+    parent=_HYPOTHESIS_DEFAULT,
     max_examples=10_000,
     stateful_step_count=60,
     deadline=None,
