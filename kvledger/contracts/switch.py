@@ -12,7 +12,7 @@ starts a new process.
   the cost is exactly zero. Because decorators are applied at import, they cannot be toggled inside a
   running process: to run at another level, start a new process.
 * The ledgers are runtime objects. :func:`ledger_level` tells which kind of ledger a pool built *now*
-  gets: none (``release``: the no-op :class:`~kvledger.contracts.ledger.NullLedger`), an owner table
+  gets: none (``release``: the no-op :class:`~kvledger.contracts.null_ledger.NullLedger`), an owner table
   (``owners``) or a ledger with its move history (``ledger``, ``full``). The engine builder sets it from
   ``EngineSpec.checks`` with :func:`building_at`; tests flip it with :func:`override_ledgers` (documented
   test API). It never re-decorates anything.

@@ -17,7 +17,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvledger.contracts.errors import ContractViolation, ForeignSlot, KVLedgerError
-from kvledger.contracts.ledger import Ledger, NullLedger, as_id_list, make_ledger
+from kvledger.contracts.ledger import Ledger, as_id_list
+from kvledger.contracts.ledger_by_level import make_ledger
+from kvledger.contracts.null_ledger import NullLedger
 from kvledger.contracts.owners import (
     CACHE_EVICTABLE,
     CACHE_PROTECTED,

@@ -24,8 +24,10 @@ import pytest
 
 from kvledger.contracts import switch
 from kvledger.contracts.errors import ContractViolation, ForeignSlot, InvalidArgument
-from kvledger.contracts.ledger import Ledger, NullLedger, OwnerTable
+from kvledger.contracts.ledger import Ledger
 from kvledger.contracts.levels import CheckLevel, parse_level
+from kvledger.contracts.null_ledger import NullLedger
+from kvledger.contracts.owner_table import OwnerTable
 from kvledger.contracts.owners import FREE_LIST, REQ_RUNNING, Owner
 from kvledger.reference.engine import EngineSpec, build_engine
 

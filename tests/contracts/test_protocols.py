@@ -12,7 +12,7 @@ import torch
 
 from kvledger.contracts import switch
 from kvledger.contracts.errors import ContractViolation, DoubleFree
-from kvledger.contracts.ledger import AnyLedger, make_ledger
+from kvledger.contracts.ledger_by_level import AnyLedger, make_ledger
 from kvledger.contracts.owners import FREE_LIST, Owner
 from kvledger.contracts.protocols import (
     KVAllocator,

@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 
 from kvledger.contracts import switch
-from kvledger.contracts.ledger import Ledger, NullLedger
+from kvledger.contracts.ledger import Ledger
+from kvledger.contracts.null_ledger import NullLedger
 from kvledger.contracts.switch import ENV_VAR, ledgers_enabled, override_ledgers
 from kvledger.reference.pools import TokenToKVPoolAllocator
 

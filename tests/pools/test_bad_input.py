@@ -30,7 +30,8 @@ from kvledger.contracts.errors import (
     SlotOutOfRange,
     StaleSnapshot,
 )
-from kvledger.contracts.ledger import Ledger, NullLedger
+from kvledger.contracts.ledger import Ledger
+from kvledger.contracts.null_ledger import NullLedger
 from kvledger.contracts.owners import REQ_RUNNING, REQ_WAITING, Owner
 from kvledger.contracts.switch import override_ledgers
 from kvledger.reference.pools import (

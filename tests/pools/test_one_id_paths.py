@@ -18,8 +18,9 @@ import torch
 
 from kvledger.contracts import switch
 from kvledger.contracts.errors import ContractViolation, DoubleFree, ForeignSlot, SlotOutOfRange
-from kvledger.contracts.ledger import Ledger, OwnerTable
+from kvledger.contracts.ledger import Ledger
 from kvledger.contracts.levels import CheckLevel
+from kvledger.contracts.owner_table import OwnerTable
 from kvledger.contracts.owners import FREE, FREE_LIST, REQ_RUNNING, REQ_WAITING, Owner
 from kvledger.reference.pools import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kvledger.contracts.ledger import AnyLedger
+from kvledger.contracts.ledger_by_level import AnyLedger
 from kvledger.reference.config_fields import allocating, check_fits_memory, check_size
 from kvledger.reference.pools.id_free_list import IdFreeList
 from kvledger.reference.pools.validate import check_name, resolve_device

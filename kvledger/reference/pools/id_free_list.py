@@ -37,7 +37,8 @@ from kvledger.contracts.errors import (
     SlotOutOfRange,
     StaleSnapshot,
 )
-from kvledger.contracts.ledger import BYTE_TESTS, HIGH_BYTES, AnyLedger, as_id_array, make_ledger
+from kvledger.contracts.ledger import BYTE_TESTS, HIGH_BYTES, as_id_array
+from kvledger.contracts.ledger_by_level import AnyLedger, make_ledger
 from kvledger.contracts.owners import FREE_LIST, Owner
 
 HELD, FREE, PENDING, RESERVED = 0, 1, 2, 3
