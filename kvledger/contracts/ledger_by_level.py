@@ -11,15 +11,13 @@ from kvledger.contracts.ledger import Ledger
 from kvledger.contracts.levels import CheckLevel
 from kvledger.contracts.null_ledger import NullLedger
 from kvledger.contracts.owner_table import OwnerTable
-from kvledger.contracts.switch import ledger_level
 
 AnyLedger = Ledger | NullLedger
 
 
-def make_ledger(pool: str, domain: range, *, unit: int = 1) -> AnyLedger:
-    """The ledger of the level pools are built at now (:func:`~kvledger.contracts.switch.ledger_level`):
-    a :class:`Ledger` (``ledger``, ``full``), an :class:`OwnerTable` (``owners``) or the no-op one."""
-    level = ledger_level()
+def make_ledger(pool: str, domain: range, *, level: CheckLevel, unit: int = 1) -> AnyLedger:
+    """The ledger of a pool built at ``level`` (handed down by whoever builds the pool): a :class:`Ledger`
+    (``ledger``, ``full``), an :class:`OwnerTable` (``owners``) or the no-op one (``release``)."""
     if level >= CheckLevel.LEDGER:
         return Ledger(pool, domain, unit=unit, debug=level.contracts)
     if level is CheckLevel.OWNERS:

@@ -69,7 +69,7 @@ class ListAllocator:
     def __init__(self, size: int, lose_every: int = 0) -> None:
         self.size = size
         self.device = torch.device("cpu")
-        self.ledger: AnyLedger = make_ledger("kv", range(1, size + 1))
+        self.ledger: AnyLedger = make_ledger("kv", range(1, size + 1), level=switch.LEVEL)
         self._free = list(range(1, size + 1))
         self._frees = 0
         self.lose_every = lose_every
