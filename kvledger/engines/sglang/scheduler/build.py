@@ -87,7 +87,7 @@ class _Sink:
         self.send_pyobj(obj)
 
 
-def _server_args(module: Any, shape: SchedulerShape) -> Any:
+def _server_args(module: Any, shape: SchedulerShape, **extra: Any) -> Any:
     from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
     args = ServerArgs(
@@ -101,6 +101,7 @@ def _server_args(module: Any, shape: SchedulerShape) -> Any:
         page_size=1,
         max_running_requests=shape.rows,
         random_seed=shape.seed,
+        **extra,  # e.g. the PD mode: ServerArgs' own post-init derives the PD fields from it
     )
     args._mamba_cache_chunk_size = 64
     if getattr(args, "pp_max_micro_batch_size", None) is None:
