@@ -162,7 +162,14 @@ def scheduler_class(version: str) -> Any:
 
 
 def build_scheduler(version: str, shape: SchedulerShape | None = None) -> Any:
-    """A real SGLang ``Scheduler`` of ``version`` on CPU (see the module docstring for what stands in)."""
+    """A real SGLang ``Scheduler`` of ``version`` on CPU (see the module docstring for what stands in).
+
+    0.5.5.x (monolithic ``__init__``) is built by :func:`.build05.build_scheduler_05` as the prefill side
+    of PD disaggregation (where #12432 lives), with the ``fake`` transfer backend."""
+    if version.startswith("0.5.5"):
+        from kvledger.engines.sglang.scheduler.build05 import build_scheduler_05
+
+        return build_scheduler_05(version, shape)
     shape = shape or SchedulerShape()
     cls = scheduler_class(version)
     module = __import__("sglang.srt.managers.scheduler", fromlist=["Scheduler"])

@@ -156,7 +156,9 @@ def build_scheduler_05(version: str, shape: SchedulerShape | None = None, *, pd:
     cls = scheduler_class_05(version)
     module = __import__("sglang.srt.managers.scheduler", fromlist=["Scheduler"])
     pd_args = (
-        {"disaggregation_mode": "prefill", "disaggregation_transfer_backend": "fake"} if pd == PD_PREFILL else {}
+        {"disaggregation_mode": "prefill", "disaggregation_transfer_backend": "fake"}
+        if pd == PD_PREFILL
+        else {}
     )
     args = _server_args(module, shape, **pd_args)
     if pd == PD_PREFILL:
@@ -170,4 +172,3 @@ def build_scheduler_05(version: str, shape: SchedulerShape | None = None, *, pd:
     port_args = SimpleNamespace(nccl_port=0)
     with _stand_ins(module, shape):
         return cls(args, port_args, gpu_id=0, tp_rank=0, moe_ep_rank=0, pp_rank=0, dp_rank=None)
-
