@@ -18,7 +18,9 @@ import pytest
 
 from tests.engines.sglang_scheduler.test_scheduler_seeds import _release_or_skip, _run
 
-REPRO = Path(__file__).resolve().parents[3] / "kvledger/engines/sglang/scheduler/repros/issue12432.json"
+REPROS = Path(__file__).resolve().parents[3] / "kvledger/engines/sglang/scheduler/repros"
+REPRO = REPROS / "issue12432.json"
+MACHINE_REPRO = REPROS / "issue12432_machine.json"  # the Hypothesis machine's shrunk failure
 NAMED = "names mamba [0] in its mamba_pool_idx, which are free (used after its free) (I-HANDLE-OWNED)"
 ANY_SLOT = re.compile(r"names mamba \[\d+\] in its mamba_pool_idx, which are free \(used after its free\)")
 
@@ -51,6 +53,16 @@ def test_12432_repro_fails_in_post1_naming_the_invariant(ci_post1: dict[str, Any
     assert NAMED in found["message"]
     # the evidence: the slot's history ends with the scheduler freeing it while the request names it
     assert found["message"].rstrip().endswith("mamba free: caller[req.running] -> free_list[free]")
+
+
+def test_machine_repro_fails_in_post1_and_is_clean_in_post2(
+    ci_post1: dict[str, Any], ci_post2: dict[str, Any]
+) -> None:
+    saved = json.loads(MACHINE_REPRO.read_text())
+    found = ci_post1["replay_machine"]["finding"]
+    assert found is not None and found["message"].splitlines()[0] == saved["expected"], found
+    assert ANY_SLOT.search(found["message"])
+    assert ci_post2["replay_machine"]["finding"] is None, ci_post2["replay_machine"]
 
 
 def test_budgeted_hunt_finds_12432_in_post1(ci_post1: dict[str, Any]) -> None:

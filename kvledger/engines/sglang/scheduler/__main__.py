@@ -65,20 +65,27 @@ ISSUES = {"0.5.9": ("#16067", "0.5.10"), "0.5.5.post1": ("#12432", "0.5.5.post2"
 
 
 def _save(out: dict[str, Any], path: str, argv: list[str]) -> None:
-    """Write a hunt's shrunk finding as a repro file (the shape of ``repros/issue16067.json``)."""
+    """Write a hunt's or the machine's shrunk finding as a repro file (the shape of
+    ``repros/issue16067.json``; ``replay`` reads both)."""
     if out.get("finding") is None:
-        raise SystemExit(f"nothing to save: the hunt on {out['release']} found nothing")
+        raise SystemExit(f"nothing to save: {argv[0]} on {out['release']} found nothing")
     issue, fixed = ISSUES.get(out["release"], ("", ""))
     finding = out["repro_finding"] or out["finding"]
+    command = f"python -m kvledger.engines.sglang.scheduler {' '.join(argv)}"
+    if "seed" in out:
+        how = f"seed {out['seed']}, op {out['finding']['step']}, shrunk greedily from {out['ops']} ops"
+        shape: dict[str, Any] = {"seed": out["seed"]}
+    else:
+        how = f"Hypothesis's shrunk example, {out['examples']} machine runs, {out['operations']} ops"
+        shape = out["repro_shape"]
     saved = {
         "issue": issue,
         "release_with_bug": out["release"],
         "fixed_in": fixed,
-        "found_by": f"python -m kvledger.engines.sglang.scheduler {' '.join(argv)} (seed {out['seed']},"
-        f" op {out['finding']['step']}, shrunk greedily from {out['ops']} ops to {out['repro_ops']})",
+        "found_by": f"{command} ({how}; {out['repro_ops']} ops kept)",
         "expected_kind": finding["kind"],
         "expected": finding["message"].splitlines()[0],
-        "shape": {"seed": out["seed"]},
+        "shape": shape,
         "ops": out["repro"],
     }
     Path(path).write_text(json.dumps(saved, indent=1) + "\n")
@@ -141,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=4)
     parser.add_argument("--ops", type=int, default=200)
     parser.add_argument("--examples", type=int, default=50, help="machine: Hypothesis examples")
-    parser.add_argument("--save", help="hunt: write the shrunk finding to this repro file")
+    parser.add_argument("--save", help="hunt, machine: write the shrunk finding to this repro file")
     args = parser.parse_args(argv)
     os.environ.setdefault(STRICT_IDLE_CHECK, "1")
     start = time.perf_counter()
@@ -159,11 +166,23 @@ def main(argv: list[str] | None = None) -> int:
         from kvledger.engines.sglang.scheduler.machine import hunt_machine
 
         out = hunt_machine(args.release, args.examples, args.ops)
+        if args.save:
+            argv_ = [
+                "machine",
+                "--release",
+                args.release,
+                "--examples",
+                str(args.examples),
+                "--ops",
+                str(args.ops),
+            ]
+            _save(out, args.save, argv_)
     elif args.command == "alias":
         out = _alias(args.release)
     elif args.release.startswith("0.5.5"):  # CI for the PD prefill seed, one process per release
         out = {
             "replay": _replay(args.release, str(REPROS / "issue12432.json")),
+            "replay_machine": _replay(args.release, str(REPROS / "issue12432_machine.json")),
             "hunt": _hunt(args.release, args.seeds, args.ops),
             "put_back": _replay_put_back(args.release, str(REPROS / "issue12432.json")),
         }
