@@ -101,3 +101,26 @@ def test_deep_machine_finds_12432_in_post1_and_post2_is_clean_at_the_same_budget
     assert bad["finding"] is not None and ANY_SLOT.search(bad["finding"]["message"]), bad
     good = _run("machine", "--release", "0.5.5.post2", "--examples", "50", "--ops", "40")
     assert good["finding"] is None, good
+
+
+@pytest.mark.parametrize("release", ["post1", "post2"])
+def test_pd_attach_controls_name_planted_faults(
+    release: str, ci_post1: dict[str, Any], ci_post2: dict[str, Any]
+) -> None:
+    controls = (ci_post1 if release == "post1" else ci_post2)["attach"]
+    accounts = controls["identity"]["accounts"]
+    for pool in ("kv", "req", "mamba"):  # the chunked request's ids sit in its queue's account
+        assert accounts[pool].get("sched.chunked", 0) >= 1, accounts
+    for name in ("foreign_mamba_free", "foreign_row_free"):
+        fault = controls[name]
+        assert fault["caught"] and "owner req#a[sched.chunked]" in fault["message"], fault
+        assert "(I-NODUP-FREE / I-EXCLUSIVE)" in fault["message"]
+    leak = controls["leak"]
+    if release == "post1":  # the next step continues the chunked request: #12432 fires before the step ends
+        assert leak["caught"] and ANY_SLOT.search(leak["message"]), leak
+    else:
+        assert (
+            leak["caught"]
+            and f"mamba [{leak['slot']}] were handed out and no live request" in leak["message"]
+        )
+    assert controls["detach"] == {"left": [], "pool_wrapped": []}

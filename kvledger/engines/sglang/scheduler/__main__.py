@@ -18,7 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from kvledger.engines.sglang.scheduler.controls import attach_controls
+from kvledger.engines.sglang.scheduler.controls import attach_controls, pd_attach_controls
 from kvledger.engines.sglang.scheduler.loop import STRICT_IDLE_CHECK
 
 REPROS = Path(__file__).with_name("repros")
@@ -185,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             "replay_machine": _replay(args.release, str(REPROS / "issue12432_machine.json")),
             "hunt": _hunt(args.release, args.seeds, args.ops),
             "put_back": _replay_put_back(args.release, str(REPROS / "issue12432.json")),
+            "attach": pd_attach_controls(args.release),
         }
     else:  # what CI runs per release, in one process (one import): the repro, a budgeted hunt, the control
         out = {
