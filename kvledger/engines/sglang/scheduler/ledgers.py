@@ -18,7 +18,11 @@ outside the tree raises at the bad call). This module adds what a scheduler need
 * SGLang's own memory check (``self_check_during_idle`` / ``check_memory``) classified by LEDGER owner:
   every slot it names that a live request holds -> "SGLang's check is wrong: slot N is held by waiting
   request R"; held by no one but SGLang's books -> a real leak (:class:`SGLangCheckVerdict`).
-* id domains per release: request rows are numbered from 0 before 0.5.11 (the watch's ledger starts at 1).
+* a batch about to run (the step's batch choice returned it): none of its requests names a free row or
+  Mamba slot, none is named by two of them (:meth:`SchedulerWatch.check_batch`, before the forward).
+* id domains per release: request rows are numbered from 0 before 0.5.11 (the watch's ledger starts at 1);
+  0.5.5.x's row API and old tree insert go through :mod:`.watch05`; its PD prefill loop's step is
+  ``get_next_disagg_prefill_batch_to_run`` ... ``process_disagg_prefill_inflight_queue``.
 
 Not checked here: which request a free acts for (the scheduler frees for all of them), KV locations a
 request names beyond its row's committed length, and contents (the fake worker's data tags check those).
