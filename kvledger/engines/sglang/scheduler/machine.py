@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -37,6 +37,10 @@ def machine_for(release: str) -> type[RuleBasedStateMachine]:
     class SchedulerMachine(RuleBasedStateMachine):
         examples = 0
         operations = 0
+        # the operations of the latest example, as repro ops (Hypothesis runs the shrunk failing example
+        # last, so after a failure these are its operations) and the shape it was built with
+        last_ops: ClassVar[list[tuple[Any, ...]]] = []
+        last_shape: ClassVar[dict[str, Any]] = {}
 
         def __init__(self) -> None:
             super().__init__()
@@ -45,7 +49,9 @@ def machine_for(release: str) -> type[RuleBasedStateMachine]:
             self.live: list[Any] = []
             self.finished: list[Any] = []
             self.n = 0
+            self.ops: list[tuple[Any, ...]] = []
             type(self).examples += 1
+            type(self).last_ops = self.ops
 
         @initialize(
             prefixes=st.lists(st.lists(TOKENS, min_size=4, max_size=20), min_size=1, max_size=3),
@@ -55,6 +61,7 @@ def machine_for(release: str) -> type[RuleBasedStateMachine]:
             from kvledger.engines.sglang.scheduler.build import SchedulerShape, build_attached
 
             self.prefixes = prefixes
+            type(self).last_shape = {"chunked_prefill_size": chunk}
             self.scheduler = build_attached(release, SchedulerShape(chunked_prefill_size=chunk))
 
         def _arrive(self, tokens: list[int], max_new: int) -> None:
@@ -62,7 +69,9 @@ def machine_for(release: str) -> type[RuleBasedStateMachine]:
             self.n += 1
             limit = self.scheduler.max_req_input_len
             # rids end in "." so SGLang's prefix match in abort_request (``startswith``) names one request
-            self.live.append(arrive(self.scheduler, f"r{self.n}.", tokens[: max(1, limit)], max_new))
+            rid, tokens = f"r{self.n}.", tokens[: max(1, limit)]
+            self.ops.append(("arrive", rid, list(tokens), max_new))
+            self.live.append(arrive(self.scheduler, rid, tokens, max_new))
 
         @rule(
             prefix=st.integers(0, 2),
@@ -87,6 +96,7 @@ def machine_for(release: str) -> type[RuleBasedStateMachine]:
         @rule()
         def loop_step(self) -> None:
             type(self).operations += 1
+            self.ops.append(("step",))
             step(self.scheduler)
             self.finished += [r for r in self.live if r.finished()]
             self.live = [r for r in self.live if not r.finished()]
@@ -98,6 +108,7 @@ def machine_for(release: str) -> type[RuleBasedStateMachine]:
 
             type(self).operations += 1
             req = self.live[pick % len(self.live)]
+            self.ops.append(("abort", req.rid))
             self.scheduler.abort_request(AbortReq(rid=req.rid))
             if _gone(self.scheduler, req):  # popped from the waiting queue: gone for good
                 self.live = [r for r in self.live if r is not req]
@@ -137,10 +148,29 @@ def hunt_machine(release: str, examples: int, steps: int) -> dict[str, Any]:
     except Exception as error:  # the shrunk failure, re-raised by Hypothesis
         found = classify(None, -1, error)
         finding = {"kind": found.kind, "message": found.message[:600], "owners": found.owners}
-    return {
+    out: dict[str, Any] = {
         "release": release,
         "examples": cls.examples,
         "operations": cls.operations,
         "cpu_s": round(time.process_time() - cpu, 2),
         "finding": finding,
+    }
+    if finding is not None:
+        out.update(_shrunk_repro(release, list(cls.last_ops), dict(cls.last_shape)))
+    return out
+
+
+def _shrunk_repro(release: str, ops: list[tuple[Any, ...]], shape: dict[str, Any]) -> dict[str, Any]:
+    """The shrunk example's operations, replayed on a fresh scheduler (they must fail the same way)."""
+    from dataclasses import asdict
+
+    from kvledger.engines.sglang.scheduler.build import SchedulerShape, build_attached
+    from kvledger.engines.sglang.scheduler.repro import replay
+
+    again = replay(build_attached(release, SchedulerShape(**shape)), ops)
+    return {
+        "repro_ops": len(ops),
+        "repro_shape": shape,
+        "repro_finding": None if again is None else asdict(again),
+        "repro": ops,
     }
