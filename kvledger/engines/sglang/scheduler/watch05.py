@@ -72,6 +72,14 @@ class RowApiWatch(Watch):
         w.wrap("alloc", alloc)
         w.wrap("free", free)
 
+    def attach_parts(self, allocator: Any, req_pool: Any, tree: Any) -> None:
+        """Watch 0.5.5.x's parts: the KV allocator, the hybrid request pool (its rows, and its Mamba pool
+        as both the Mamba allocator and the state pool) and the tree."""
+        self._attach_allocator(allocator)
+        self._attach_req_pool(req_pool)
+        self._attach_mamba(req_pool.mamba_pool, req_pool.mamba_pool)
+        self._attach_tree(tree)
+
     def _attach_mamba(self, mamba_allocator: Any, mamba_pool: Any) -> None:
         super()._attach_mamba(mamba_allocator, mamba_pool)
         self.slots = Ledger("mamba", range(0, int(mamba_allocator.size)))
@@ -110,8 +118,5 @@ def _as_result(raw: Any) -> SimpleNamespace:
 def watch_row_api(*, allocator: Any, req_pool: Any, tree: Any, audit_each: bool = False) -> Watch:
     """The watch over 0.5.5.x's KV allocator, hybrid request pool (rows and Mamba slots) and tree."""
     w = RowApiWatch(audit_each=audit_each)
-    w._attach_allocator(allocator)
-    w._attach_req_pool(req_pool)
-    w._attach_mamba(req_pool.mamba_pool, req_pool.mamba_pool)
-    w._attach_tree(tree)
+    w.attach_parts(allocator, req_pool, tree)
     return w
