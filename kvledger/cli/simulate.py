@@ -95,7 +95,15 @@ def add_parser(sub: Any) -> None:
     s = sub.add_parser(NAME, help=HELP, description=DESCRIPTION)
     g = s.add_argument_group("workload (after bench_serving --dataset generated-shared-prefix)")
     _add_sizes(g, WORKLOAD_SIZES)
+    _add_memory_options(s)
+    _add_speculative_options(s)
+    _add_fault_options(s)
+    _add_pd_options(s)
+    _add_run_options(s)
 
+
+def _add_memory_options(s: Any) -> None:
+    """``simulate``'s options for the pools, the cache and the model."""
     m = s.add_argument_group("memory and scheduling")
     _add_sizes(m, MEMORY_SIZES)
     m.add_argument("--overlap", action="store_true", help="process results one step late (overlap scheduler)")
@@ -121,6 +129,9 @@ def add_parser(sub: Any) -> None:
         ),
     )
 
+
+def _add_speculative_options(s: Any) -> None:
+    """``simulate``'s options for EAGLE/MTP drafts and their acceptance."""
     sp = s.add_argument_group("speculative decoding (EAGLE/MTP, spec/speculative.md)")
     sp.add_argument(
         "--speculative", metavar="K", type=int_in(0, 64), default=0,
@@ -142,6 +153,9 @@ def add_parser(sub: Any) -> None:
         ),
     )  # fmt: skip
 
+
+def _add_fault_options(s: Any) -> None:
+    """``simulate``'s options for the fault soak."""
     f = s.add_argument_group("fault soak (kvledger/sim/faults.py; seeded by --seed)")
     f.add_argument(
         "--alloc-fault-rate", metavar="P", type=probability, default=0.0,
@@ -156,6 +170,9 @@ def add_parser(sub: Any) -> None:
         help="probability per step that one live request is aborted (--pd: --pd-abort-rate) (default: %(default)s)",
     )  # fmt: skip
 
+
+def _add_pd_options(s: Any) -> None:
+    """``simulate``'s options for prefill/decode disaggregation."""
     d = s.add_argument_group("prefill/decode disaggregation")
     d.add_argument(
         "--pd",
@@ -184,6 +201,9 @@ def add_parser(sub: Any) -> None:
     )
     _add_sizes(d, PD_SIZES)
 
+
+def _add_run_options(s: Any) -> None:
+    """``simulate``'s options for the level, the seed and the outputs."""
     o = s.add_argument_group("run")
     o.add_argument(
         "--contracts",

@@ -177,6 +177,21 @@ def run_pd_simulation(
     if recorder is not None:
         recorder.close("violation" if violation is not None else None)
     wall = time.perf_counter() - start
+    return _pd_result(opts, system, faults, wall=wall, peaks=peaks, timelines=timelines, violation=violation)
+
+
+def _pd_result(
+    opts: PDSimOptions,
+    system: PDSystem,
+    faults: Any,
+    *,
+    wall: float,
+    peaks: dict[str, dict[str, float]],
+    timelines: dict[str, Timeline],
+    violation: str | None,
+) -> PDSimResult:
+    """The summary of a finished (or stopped) PD run: both instances, the channel, what the checks found."""
+    total = opts.base.workload.total
     decode_states = [d.state.value for _, d in system.pairs.values()]
     p_stats = system.prefill.stats
     ch = system.channel.stats

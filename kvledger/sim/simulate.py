@@ -263,6 +263,25 @@ def run_simulation(
     if failed_at is not None:
         _last_snapshot(timeline, sched)
     wall = time.perf_counter() - start
+    return _sim_result(
+        opts, sched, faults, wall=wall, peak=peak, timeline=timeline, violation=violation,
+        identity_failure=identity_failure, failed_at=failed_at,
+    )  # fmt: skip
+
+
+def _sim_result(
+    opts: SimOptions,
+    sched: Any,
+    faults: FaultDriver,
+    *,
+    wall: float,
+    peak: dict[str, float],
+    timeline: Timeline,
+    violation: str | None,
+    identity_failure: str | None,
+    failed_at: int | None,
+) -> SimResult:
+    """The summary of a finished (or stopped) run: the scheduler's counters and what the checks found."""
     st = sched.stats
     level = switch.LEVEL if opts.checks is None else opts.checks
     return SimResult(
@@ -272,7 +291,7 @@ def run_simulation(
         steps=sched.step_no,
         wall_s=round(wall, 3),
         steps_per_s=round(sched.step_no / wall, 1) if wall > 0 else 0.0,
-        requests=total,
+        requests=opts.workload.total,
         finished=st.finished,
         aborted=st.aborts,
         rejected=st.rejections,
