@@ -480,8 +480,7 @@ def hunt(
                 failure = primary_failure(exc, exhibit.breaks if exhibit else ())
                 if failure is not exc:
                     report.clear()  # the printed examples are of every failure; the chosen one's are its notes
-    end = time.monotonic()
-    end_cpu = time.process_time()
+    end, end_cpu = time.monotonic(), time.process_time()
     label = exhibit.id if exhibit else "(clean)"
     if failure is not None and clock.first_failure is None and isinstance(failure, HypothesisException):
         failure = None  # Hypothesis's own complaint (the deadline's rejections mid-batch), not a finding
@@ -516,12 +515,25 @@ def hunt(
         cpu_seconds=first_cpu - clock.cpu_start,
     )
     if out_dir is not None and steps:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        slug = re.sub(r"[^A-Za-z0-9]+", "_", label).strip("_") or "clean"
-        path = out_dir / f"repro_{slug}.py"
-        write_repro(path, result, exhibit)
-        result.repro = str(path)
-        if verify:
-            on_phase(PHASE_VERIFYING)
-            result.repro_verified = verify_repro(path, inv)
+        _save_repro(result, inv, exhibit, out_dir, verify, on_phase)
     return result
+
+
+def _save_repro(
+    result: HuntResult,
+    invariant: str,
+    exhibit: Exhibit | None,
+    out_dir: Path,
+    verify: bool,
+    on_phase: Callable[[str], None],
+) -> None:
+    """Write the found failure's repro script into ``out_dir`` (``result.repro``) and, with ``verify``, run
+    it on its own to see it fail naming the same invariant (``result.repro_verified``)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    slug = re.sub(r"[^A-Za-z0-9]+", "_", result.exhibit).strip("_") or "clean"
+    path = out_dir / f"repro_{slug}.py"
+    write_repro(path, result, exhibit)
+    result.repro = str(path)
+    if verify:
+        on_phase(PHASE_VERIFYING)
+        result.repro_verified = verify_repro(path, invariant)
