@@ -3,7 +3,7 @@
     python -m kvledger.engines.vllm.hunt --release 0.29.0 [--examples N] [--steps N] [--seed S]
 
 One release per process (both are the package ``vllm``), so comparing a release pair is two runs;
-:func:`hunt_in_subprocess` does that for tests. Shrinking is off: the figures are the examples and CPU
+:func:`hunt_in_subprocesses` does that for tests. Shrinking is off: the figures are the examples and CPU
 seconds to the *first* failure, the cost of finding the bug, not of minimising it. A clean run reports
 ``found: null`` with the whole budget spent.
 """
@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import hypothesis.core
@@ -78,14 +78,23 @@ def _seeded_run(machine: type[HybridMachine], budget: settings, seed: int) -> No
         hypothesis.core.global_force_seed = before
 
 
-def hunt_in_subprocess(release: str, examples: int, steps: int = 40, seed: int = 0, timeout: float = 600) -> HuntResult:
-    """:func:`hunt` in a fresh interpreter (another release may be imported here already)."""
-    argv = [sys.executable, "-m", "kvledger.engines.vllm.hunt", "--release", release]
-    argv += ["--examples", str(examples), "--steps", str(steps), "--seed", str(seed)]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=dict(os.environ), check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"hunt on vLLM {release} exited {done.returncode}: {done.stderr[-2000:]}")
-    return HuntResult(**json.loads(done.stdout.strip().splitlines()[-1]))
+def hunt_in_subprocesses(
+    releases: Sequence[str], examples: int, steps: int = 40, seed: int = 0, timeout: float = 600
+) -> list[HuntResult]:
+    """:func:`hunt` on each release, each in a fresh interpreter (one vLLM per process), all at once:
+    most of a short hunt is vLLM's import, which the processes then overlap."""
+    procs = []
+    for release in releases:
+        argv = [sys.executable, "-m", "kvledger.engines.vllm.hunt", "--release", release]
+        argv += ["--examples", str(examples), "--steps", str(steps), "--seed", str(seed)]
+        procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results = []
+    for release, proc in zip(releases, procs, strict=True):
+        out, err = proc.communicate(timeout=timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"hunt on vLLM {release} exited {proc.returncode}: {err[-2000:]}")
+        results.append(HuntResult(**json.loads(out.strip().splitlines()[-1])))
+    return results
 
 
 def main() -> None:

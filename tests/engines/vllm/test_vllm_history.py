@@ -18,7 +18,7 @@ from kvledger.contracts.shared_owners import SharedOwnershipViolation
 from kvledger.engines.vllm.attach import WatchedHybrid
 from kvledger.engines.vllm.build import HybridLayout, build_hybrid
 from kvledger.engines.vllm.drive import HybridDriver
-from kvledger.engines.vllm.hunt import hunt_in_subprocess
+from kvledger.engines.vllm.hunt import hunt_in_subprocesses
 
 BUGGY, FIXED = "0.29.0", "0.30.0"
 # the CI replay: a seed and budget where the buggy release fails early (see spec/vllm-attach.md)
@@ -61,10 +61,9 @@ def test_states_never_retired_are_named(monkeypatch: pytest.MonkeyPatch, audit_e
 
 
 def test_pr55450_found_in_the_release_that_had_it_and_clean_in_its_fix() -> None:
-    buggy = hunt_in_subprocess(BUGGY, EXAMPLES, seed=SEED)
+    buggy, fixed = hunt_in_subprocesses([BUGGY, FIXED], EXAMPLES, seed=SEED)
     assert buggy.found == "I-SHARED-MAMBA-RETAINED", buggy
     assert "state blocks" in buggy.error and "at most" in buggy.error
-    fixed = hunt_in_subprocess(FIXED, EXAMPLES, seed=SEED)
     assert fixed.found is None, fixed
     assert fixed.examples >= EXAMPLES
 
@@ -72,7 +71,6 @@ def test_pr55450_found_in_the_release_that_had_it_and_clean_in_its_fix() -> None
 @pytest.mark.deep
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_pr55450_hunt_deep(seed: int) -> None:
-    buggy = hunt_in_subprocess(BUGGY, 1000, seed=seed)
+    buggy, fixed = hunt_in_subprocesses([BUGGY, FIXED], 1000, seed=seed)
     assert buggy.found == "I-SHARED-MAMBA-RETAINED", buggy
-    fixed = hunt_in_subprocess(FIXED, 1000, seed=seed)
     assert fixed.found is None, fixed
