@@ -101,7 +101,9 @@ class SharedLedger:
         returned and kept in the history; a broken identity raises :class:`SharedOwnershipViolation`.
         """
         self.step += 1
-        before = self.holders
+        # what the scoped blocks were held by (the whole map for a full view): _merge updates in place
+        scope = view.scope
+        before = self.holders if scope is None else {b: self.holders[b] for b in scope if b in self.holders}
         moves = self._diff(op, before, view)
         for move in moves:
             self.history[move.block].append(move)
@@ -120,17 +122,16 @@ class SharedLedger:
             self.hashed = dict(view.hashed)
             self.held = _invert(self.holders)
             return
-        holders = dict(self.holders)
         for block in view.scope:
-            for request in holders.pop(block, frozenset()):
+            for request in self.holders.pop(block, frozenset()):
                 self.held.get(request, set()).discard(block)
             now = view.holders.get(block, frozenset())
             if now:
-                holders[block] = now
+                self.holders[block] = now
             for request in now:
                 self.held.setdefault(request, set()).add(block)
-        self.holders = holders
-        self.held = {r: b for r, b in self.held.items() if b}
+        for request in [r for r, blocks in self.held.items() if not blocks]:
+            del self.held[request]
         self.hashed.update(view.hashed)
 
     def _diff(self, op: str, before: Mapping[int, frozenset[str]], view: EngineView) -> list[Move]:
@@ -211,7 +212,7 @@ class SharedLedger:
         queued twice, or one lost outside the scope read, shows here before the next full audit."""
         if view.free_count is None:
             return
-        unheld = self.num_blocks - 1 - sum(1 for b in self.holders if b != view.null_block)
+        unheld = self.num_blocks - 1 - len(self.holders) + (view.null_block in self.holders)
         if view.free_count != unheld:
             touched = sorted(view.scope or ()) or [view.null_block]
             self.fail(
