@@ -107,7 +107,7 @@ class SharedLedger:
         moves = self._diff(op, before, view)
         for move in moves:
             self.history[move.block].append(move)
-        self._merge(view)
+        self._merge(view, moves)
         self._check_handouts(before, view, may_share or {})
         self._check_released(view, released_by)
         self._check_null(view)
@@ -115,30 +115,37 @@ class SharedLedger:
         self._check_retained(view)
         return moves
 
-    def _merge(self, view: EngineView) -> None:
-        """Take the engine's holders and hashes: all of them, or those of ``view.scope`` only."""
+    def _merge(self, view: EngineView, moves: list[Move]) -> None:
+        """Take the engine's holders and hashes (all of them, or those of ``view.scope`` only); the
+        per-request index follows the call's acquire and release moves."""
         if view.scope is None:
             self.holders = {b: h for b, h in view.holders.items() if h}
             self.hashed = dict(view.hashed)
-            self.held = _invert(self.holders)
-            return
-        for block in view.scope:
-            for request in self.holders.pop(block, frozenset()):
-                self.held.get(request, set()).discard(block)
-            now = view.holders.get(block, frozenset())
-            if now:
-                self.holders[block] = now
-            for request in now:
-                self.held.setdefault(request, set()).add(block)
-        for request in [r for r, blocks in self.held.items() if not blocks]:
-            del self.held[request]
-        self.hashed.update(view.hashed)
+        else:
+            for block in view.scope:
+                now = view.holders.get(block, frozenset())
+                if now:
+                    self.holders[block] = now
+                else:
+                    self.holders.pop(block, None)
+            self.hashed.update(view.hashed)
+        for move in moves:
+            if move.kind == "acquire":
+                self.held.setdefault(move.holder, set()).add(move.block)
+            elif move.kind == "release":
+                blocks = self.held.get(move.holder, set())
+                blocks.discard(move.block)
+                if not blocks:
+                    self.held.pop(move.holder, None)
 
     def _diff(self, op: str, before: Mapping[int, frozenset[str]], view: EngineView) -> list[Move]:
         moves: list[Move] = []
         blocks = set(before) | set(view.holders) if view.scope is None else view.scope
+        empty: frozenset[str] = frozenset()
         for block in sorted(blocks):
-            old, new = before.get(block, frozenset()), view.holders.get(block, frozenset())
+            old, new = before.get(block, empty), view.holders.get(block, empty)
+            if old == new:
+                continue
             moves += [Move(self.step, op, "acquire", block, r) for r in sorted(new - old)]
             moves += [Move(self.step, op, "release", block, r) for r in sorted(old - new)]
         # hashes are compared by value: a block evicted and re-filled within one call changes hash
@@ -238,14 +245,6 @@ class SharedLedger:
         raise SharedOwnershipViolation(
             f"{invariant} [{self.name}] block {block}: {what}. holders now: {holders}. last moves: {last}"
         )
-
-
-def _invert(holders: Mapping[int, frozenset[str]]) -> dict[str, set[int]]:
-    held: dict[str, set[int]] = {}
-    for block, requests in holders.items():
-        for request in requests:
-            held.setdefault(request, set()).add(block)
-    return held
 
 
 def _new_history() -> deque[Move]:

@@ -47,7 +47,7 @@ def live_states(manager: Any, request: Any) -> int:
     retired) and the spec's speculative and prefill-checkpoint blocks.
     """
     spec = manager.kv_cache_spec
-    in_flight = getattr(request, "num_in_flight_tokens", 0)
+    in_flight = getattr(request, "num_in_flight_tokens", 0) if request is not None else 0
     extra = getattr(spec, "num_speculative_blocks", 0) + getattr(spec, "num_prefill_checkpoint_blocks", 0)
     return 2 + extra + -(-in_flight // manager.block_size)
 
@@ -61,12 +61,15 @@ def retained_states(
     for manager in built.single_type_managers:
         if getattr(manager, "mamba_cache_mode", None) != "align":
             continue
-        for request_id in manager.req_to_blocks if only is None else only:
+        table = manager.req_to_blocks
+        fixed = live_states(manager, None)  # the part of the bound that is the same for every request
+        for request_id in table if only is None else [r for r in only if r in table]:
             request = requests.get(request_id)
-            if request is None or request_id not in manager.req_to_blocks:
+            if request is None:
                 continue
-            kept = tuple(b.block_id for b in manager.req_to_blocks[request_id] if not b.is_null)
-            out[request_id] = (live_states(manager, request), kept)
+            kept = tuple(b.block_id for b in table[request_id] if not b.is_null)
+            if len(kept) > fixed:  # only then can the bound matter: compute it
+                out[request_id] = (live_states(manager, request), kept)
     return out
 
 
