@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -23,7 +24,7 @@ import hypothesis.core
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from kvledger.engines.vllm.loader import load
+from kvledger.engines.vllm.loader import RELEASE_DIR_ENV, load
 from kvledger.engines.vllm.machine import HybridMachine, machine_for
 
 INVARIANT = re.compile(r"\bI-[A-Z]+(?:-[A-Z]+)*\b")
@@ -87,7 +88,9 @@ def hunt_in_subprocesses(
     for release in releases:
         argv = [sys.executable, "-m", "kvledger.engines.vllm.hunt", "--release", release]
         argv += ["--examples", str(examples), "--steps", str(steps), "--seed", str(seed)]
-        procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        # each release from its own side-by-side folder: a folder override would give all the same one
+        env = {k: v for k, v in os.environ.items() if k != RELEASE_DIR_ENV}
+        procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
     results = []
     for release, proc in zip(releases, procs, strict=True):
         out, err = proc.communicate(timeout=timeout)
