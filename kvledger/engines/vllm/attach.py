@@ -142,7 +142,7 @@ def read_touched(
         now = (ledger.holders.get(block, frozenset()) - leaving) | lists.holders.get(block, set())
         if now:
             holders[block] = frozenset(now)
-    blocks = [pool.blocks[b] for b in scope]
+    blocks = [pool.blocks[b] for b in sorted(scope)]  # block order, as the full read-back
     return EngineView(
         holders=holders,
         ref_cnt={b.block_id: b.ref_cnt for b in blocks},

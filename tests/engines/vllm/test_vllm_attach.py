@@ -7,6 +7,7 @@ Each test runs with the full read-back after every call and with the incremental
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ import pytest
 from kvledger.contracts.shared_owners import SharedOwnershipViolation
 from kvledger.engines.vllm.attach import BadAuditCadence, UnknownRequest, WatchedHybrid
 from kvledger.engines.vllm.build import HybridLayout, build_hybrid
+from kvledger.engines.vllm.drive import HybridDriver
 
 BLOCK = 4
 
@@ -157,3 +159,31 @@ def test_audit_cadence_is_checked_and_counted(watched: WatchedHybrid) -> None:
     full = watched.audit_every == 1
     assert watched.audits == (watched.calls if full else 1)
     assert watched.ledger.held == {}
+
+
+def test_incremental_read_back_sees_the_same_moves_as_the_full_one() -> None:
+    """One random scheduler-shaped run (chunked, asynchronous, with evictions in a small pool) under
+    both modes: the incremental read-back derives exactly the moves and holders the full one does."""
+    runs = []
+    for audit_every in (1, 1000):
+        layout = HybridLayout(num_blocks=20, block_size=BLOCK, max_model_len=48)
+        driver = HybridDriver(WatchedHybrid(build_hybrid(layout), audit_every), chunk=8, async_depth=1)
+        rng = random.Random(5)
+        for _ in range(150):
+            roll = rng.random()
+            if roll < 0.3 or not driver.running:
+                base = 100 * rng.randrange(3)  # three shared prefixes: hits, shared blocks
+                driver.admit(driver.arrive(list(range(base, base + rng.randint(4, 24)))))
+            elif roll < 0.8:
+                driver.decode(rng.choice(sorted(driver.running)), rng.randrange(9))
+            elif roll < 0.9:
+                driver.preempt(rng.choice(sorted(driver.running)))
+            else:
+                driver.finish(rng.choice(sorted(driver.running)))
+        runs.append(driver.watched)
+    full, incremental = runs
+    assert incremental.audits == 1 and full.audits == full.calls
+    assert incremental.moves == full.moves  # same blocks, holders, kinds, in the same order
+    assert any(m.kind == "evict" for m in full.moves) and any(m.kind == "release" for m in full.moves)
+    assert incremental.ledger.holders == full.ledger.holders
+    assert incremental.ledger.held == full.ledger.held
