@@ -3,7 +3,7 @@
     python -m kvledger.engines.vllm.hunt --release 0.29.0 [--examples N] [--steps N] [--seed S]
 
 One release per process (both are the package ``vllm``), so comparing a release pair is two runs;
-:func:`hunt_in_subprocesses` does that for tests. Shrinking is off: the figures are the examples and CPU
+:func:`hunt_in_subprocesses` does that for tests. Shrinking is off: the figures are the managers built and CPU
 seconds to the *first* failure, the cost of finding the bug, not of minimising it. A clean run reports
 ``found: null`` with the whole budget spent.
 """
@@ -32,11 +32,13 @@ INVARIANT = re.compile(r"\bI-[A-Z]+(?:-[A-Z]+)*\b")
 
 @dataclass(frozen=True)
 class HuntResult:
-    """``found`` is the first invariant ID named by the failure (None when clean); ``error`` its message."""
+    """``found`` is the first invariant ID named by the failure (None when clean); ``error`` its message.
+    ``managers_built`` counts the machine's runs that got as far as building a manager (Hypothesis also
+    counts runs it discards, so it can exceed ``budget_examples`` on a clean hunt)."""
 
     release: str
     found: str | None
-    examples: int
+    managers_built: int
     cpu_s: float
     budget_examples: int
     steps: int
