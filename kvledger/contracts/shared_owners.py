@@ -57,6 +57,14 @@ class EngineView:
     null_block: int
     null_holds: Mapping[str, int] = field(default_factory=dict)
     duplicates: tuple[tuple[str, int], ...] = ()
+    # request -> (most state blocks it may keep, the real blocks it keeps) for state groups that
+    # retire old states (Mamba "align" mode); the engine's adapter computes the bound
+    retained: Mapping[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
+    # None: the whole pool was read. Otherwise only these blocks (the ones the call could touch):
+    # ``holders``, ``ref_cnt``, ``hashed`` and ``free_queue`` then cover ``scope`` alone, and
+    # ``free_count`` (the engine's own count of free blocks) stands for the rest of the queue.
+    scope: frozenset[int] | None = None
+    free_count: int | None = None
 
 
 @dataclass
@@ -65,7 +73,8 @@ class SharedLedger:
 
     Invariant (after every :meth:`observe`): for every block but the null block, the engine's
     reference count equals ``len(holders)``; the free queue holds exactly the blocks nobody holds,
-    each once; the null block is never in the free queue and never held where a real block is due.
+    each once; the null block is never in the free queue and never held where a real block is due;
+    no request keeps more retiring state blocks than ``view.retained`` allows.
     """
 
     name: str
@@ -74,6 +83,7 @@ class SharedLedger:
     holders: dict[int, frozenset[str]] = field(default_factory=dict)
     hashed: dict[int, object] = field(default_factory=dict)
     history: dict[int, deque[Move]] = field(default_factory=lambda: defaultdict(_new_history))
+    held: dict[str, set[int]] = field(default_factory=dict)  # request -> its blocks (holders inverted)
 
     def observe(
         self,
@@ -84,28 +94,58 @@ class SharedLedger:
     ) -> list[Move]:
         """Mirror one engine call and check the identities.
 
-        Pre: ``view`` describes the pool right after ``op``. ``may_share[r]`` are the blocks request
-        ``r`` was allowed to take while others held them (its prefix-cache hit); ``released_by`` are
-        requests the call freed. Post: ``self.holders == view.holders``; the moves are returned and
-        kept in the history; a broken identity raises :class:`SharedOwnershipViolation`.
+        Pre: ``view`` describes the pool right after ``op`` (all of it, or every block the call could
+        have changed: ``view.scope``). ``may_share[r]`` are the blocks request ``r`` was allowed to take
+        while others held them (its prefix-cache hit); ``released_by`` are requests the call freed.
+        Post: ``self.holders`` equals ``view.holders`` (on ``view.scope`` when given); the moves are
+        returned and kept in the history; a broken identity raises :class:`SharedOwnershipViolation`.
         """
         self.step += 1
-        before = self.holders
+        # what the scoped blocks were held by (the whole map for a full view): _merge updates in place
+        scope = view.scope
+        before = self.holders if scope is None else {b: self.holders[b] for b in scope if b in self.holders}
         moves = self._diff(op, before, view)
         for move in moves:
             self.history[move.block].append(move)
-        self.holders = {b: h for b, h in view.holders.items() if h}
-        self.hashed = dict(view.hashed)
+        self._merge(view, moves)
         self._check_handouts(before, view, may_share or {})
         self._check_released(view, released_by)
         self._check_null(view)
         self._check_counts(view)
+        self._check_retained(view)
         return moves
+
+    def _merge(self, view: EngineView, moves: list[Move]) -> None:
+        """Take the engine's holders and hashes (all of them, or those of ``view.scope`` only); the
+        per-request index follows the call's acquire and release moves."""
+        if view.scope is None:
+            self.holders = {b: h for b, h in view.holders.items() if h}
+            self.hashed = dict(view.hashed)
+        else:
+            for block in view.scope:
+                now = view.holders.get(block, frozenset())
+                if now:
+                    self.holders[block] = now
+                else:
+                    self.holders.pop(block, None)
+            self.hashed.update(view.hashed)
+        for move in moves:
+            if move.kind == "acquire":
+                self.held.setdefault(move.holder, set()).add(move.block)
+            elif move.kind == "release":
+                blocks = self.held.get(move.holder, set())
+                blocks.discard(move.block)
+                if not blocks:
+                    self.held.pop(move.holder, None)
 
     def _diff(self, op: str, before: Mapping[int, frozenset[str]], view: EngineView) -> list[Move]:
         moves: list[Move] = []
-        for block in sorted(set(before) | set(view.holders)):
-            old, new = before.get(block, frozenset()), view.holders.get(block, frozenset())
+        blocks = set(before) | set(view.holders) if view.scope is None else view.scope
+        empty: frozenset[str] = frozenset()
+        for block in sorted(blocks):
+            old, new = before.get(block, empty), view.holders.get(block, empty)
+            if old == new:
+                continue
             moves += [Move(self.step, op, "acquire", block, r) for r in sorted(new - old)]
             moves += [Move(self.step, op, "release", block, r) for r in sorted(old - new)]
         # hashes are compared by value: a block evicted and re-filled within one call changes hash
@@ -159,7 +199,7 @@ class SharedLedger:
             twice = sorted({b for b in queue if queue.count(b) > 1})
             self.fail("I-SHARED-FREE-QUEUE", twice[0], f"blocks {twice} are in the free queue twice")
         queued = set(queue)
-        for block in range(self.num_blocks):
+        for block in range(self.num_blocks) if view.scope is None else sorted(view.scope):
             if block == view.null_block:
                 continue
             held = view.holders.get(block, frozenset())
@@ -172,6 +212,31 @@ class SharedLedger:
                 self.fail("I-SHARED-FREE-QUEUE", block, f"in the free queue while held by {sorted(held)}")
             if not held and block not in queued:
                 self.fail("I-SHARED-FREE-QUEUE", block, "held by nobody but not in the free queue (leaked)")
+        self._check_free_count(view)  # after the per-block checks, which name the block when they can
+
+    def _check_free_count(self, view: EngineView) -> None:
+        """The engine's free count is every block but the null block and the held ones: a block
+        queued twice, or one lost outside the scope read, shows here before the next full audit."""
+        if view.free_count is None:
+            return
+        unheld = self.num_blocks - 1 - len(self.holders) + (view.null_block in self.holders)
+        if view.free_count != unheld:
+            touched = sorted(view.scope or ()) or [view.null_block]
+            self.fail(
+                "I-SHARED-FREE-QUEUE",
+                touched[-1],
+                f"the engine counts {view.free_count} free blocks but {unheld} are held by nobody"
+                f" (blocks read this call: {touched})",
+            )
+
+    def _check_retained(self, view: EngineView) -> None:
+        for request, (bound, kept) in sorted(view.retained.items()):
+            if len(kept) > bound:
+                self.fail(
+                    "I-SHARED-MAMBA-RETAINED",
+                    kept[0],
+                    f"{request} keeps {len(kept)} state blocks {list(kept)}, at most {bound} are live",
+                )
 
     def fail(self, invariant: str, block: int, what: str) -> None:
         """Raise the violation with the block's holders and last moves as evidence."""

@@ -6,12 +6,19 @@ Releases live side by side in ``.venv/vllm-X`` (``scripts/setup_vllm.sh``: ``pip
 
 ``vllm.v1.request`` imports the structured-output back-ends, whose grammar classes appear only in
 annotations; xgrammar and llguidance (GPU-oriented, not installed) get stand-in modules whose every
-attribute is an inert placeholder class. No vLLM code path the attach drives calls them.
+attribute is an inert placeholder class (any submodule too: 0.30.0's parser imports
+``xgrammar.structural_tag`` and builds one placeholder at module level). No vLLM code path the attach
+drives calls them.
+
+Releases: 0.34.0 (the default) and the pair of vLLM PR #55450 (align-mode Mamba retirement across null
+gaps): 0.29.0 has the bug, 0.30.0 the fix (spec/vllm-attach.md, "Historical bugs").
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.machinery
 import os
 import sys
 import time
@@ -24,9 +31,9 @@ from kvledger.contracts.errors import KVLedgerError
 from kvledger.engines.modules import EngineModules
 
 DEFAULT_RELEASE = "0.34.0"
-SUPPORTED_RELEASES: tuple[str, ...] = ("0.34.0",)
+SUPPORTED_RELEASES: tuple[str, ...] = ("0.29.0", "0.30.0", "0.34.0")
 RELEASE_DIR_ENV = "KVLEDGER_VLLM_RELEASE_DIR"
-STANDIN_MODULES: tuple[str, ...] = ("xgrammar", "llguidance", "llguidance.hf", "llguidance.torch")
+STANDIN_MODULES: tuple[str, ...] = ("xgrammar", "llguidance")  # with every submodule
 
 
 class VLLMUnavailable(KVLedgerError, ImportError):
@@ -35,15 +42,40 @@ class VLLMUnavailable(KVLedgerError, ImportError):
     invariant = "I-TYPED-INPUT"
 
 
+def _accept_anything(self: object, *args: object, **kwargs: object) -> None:
+    del self, args, kwargs
+
+
 class _StandinModule(types.ModuleType):
-    """A module whose attributes are placeholder classes: enough for annotations and isinstance."""
+    """A package whose attributes are placeholder classes: enough for annotations, isinstance and a
+    module-level construction (the placeholder ignores its arguments)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.__path__: list[str] = []  # a package: ``import xgrammar.structural_tag`` reaches the finder
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
-        placeholder = type(name, (), {"__module__": self.__name__})
+        placeholder = type(name, (), {"__module__": self.__name__, "__init__": _accept_anything})
         setattr(self, name, placeholder)
         return placeholder
+
+
+class _StandinFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves a stand-in for any submodule of :data:`STANDIN_MODULES`, only while :func:`load` imports."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        # only under a root that is itself a stand-in (a real xgrammar, if installed, is left alone)
+        if isinstance(sys.modules.get(fullname.split(".")[0]), _StandinModule):
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec: Any) -> types.ModuleType:
+        return _StandinModule(spec.name)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        del module
 
 
 @dataclass
@@ -100,12 +132,17 @@ def load(release: str = DEFAULT_RELEASE) -> VLLMModules:
     placed = [name for name in STANDIN_MODULES if name not in sys.modules]
     for name in placed:
         sys.modules[name] = _StandinModule(name)
+    finder = _StandinFinder()
+    sys.meta_path.insert(0, finder)
     started = time.perf_counter()
     classes: dict[str, Any] = {}
-    for module_name, names in _IMPORTS:
-        module = importlib.import_module(module_name)
-        for name in names:
-            classes[name] = getattr(module, name)
+    try:
+        for module_name, names in _IMPORTS:
+            module = importlib.import_module(module_name)
+            for name in names:
+                classes[name] = getattr(module, name)
+    finally:
+        sys.meta_path.remove(finder)
     vllm = importlib.import_module("vllm")
     location = str(Path(vllm.__file__ or "").parent)
     # The stand-ins are bound where vLLM imported them; leaving them in sys.modules would make

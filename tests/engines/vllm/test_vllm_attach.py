@@ -2,17 +2,20 @@
 
 The corruptions are made in the test on vLLM's live objects (a scoped change to one block or one
 request's list), never in vLLM's source: each is the state a known class of bug leaves behind.
+Each test runs with the full read-back after every call and with the incremental one.
 """
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
 
 from kvledger.contracts.shared_owners import SharedOwnershipViolation
-from kvledger.engines.vllm.attach import UnknownRequest, WatchedHybrid
+from kvledger.engines.vllm.attach import BadAuditCadence, UnknownRequest, WatchedHybrid
 from kvledger.engines.vllm.build import HybridLayout, build_hybrid
+from kvledger.engines.vllm.drive import HybridDriver
 
 BLOCK = 4
 
@@ -32,9 +35,11 @@ def decode(w: WatchedHybrid, req: Any, token: int) -> None:
     req.num_computed_tokens += 1
 
 
-@pytest.fixture
-def watched() -> WatchedHybrid:
-    return WatchedHybrid(build_hybrid(HybridLayout(num_blocks=24, block_size=BLOCK)))
+# every test runs with a full read-back after each call, and incremental (only the touched blocks;
+# the one full audit is at build), so each invariant is shown to fire in both modes
+@pytest.fixture(params=[1, 1000], ids=["full", "incremental"])
+def watched(request: pytest.FixtureRequest) -> WatchedHybrid:
+    return WatchedHybrid(build_hybrid(HybridLayout(num_blocks=24, block_size=BLOCK)), audit_every=request.param)
 
 
 def test_a_shared_prefix_is_a_hit_held_by_both(watched: WatchedHybrid) -> None:
@@ -130,7 +135,7 @@ def test_null_block_handed_out_or_freed(watched: WatchedHybrid) -> None:
     pool.free_block_queue.append(pool.null_block)  # the null block freed like a real block
     with pytest.raises(SharedOwnershipViolation, match=r"I-SHARED-NULL.*null block is in the free queue"):
         decode(watched, a, 1)
-    other = WatchedHybrid(build_hybrid(HybridLayout(num_blocks=24, block_size=BLOCK)))
+    other = WatchedHybrid(build_hybrid(HybridLayout(num_blocks=24, block_size=BLOCK)), watched.audit_every)
     b = admit(other, "b", list(range(8)))
     other.built.single_type_managers[0].req_to_blocks["b"].append(other.built.block_pool.null_block)
     with pytest.raises(SharedOwnershipViolation, match=r"I-SHARED-NULL.*held as a real block by"):
@@ -143,3 +148,42 @@ def test_unknown_request_is_a_typed_error(watched: WatchedHybrid) -> None:
     with pytest.raises(UnknownRequest):
         watched.free(stranger)
     assert watched.num_free_blocks() == before
+
+
+def test_audit_cadence_is_checked_and_counted(watched: WatchedHybrid) -> None:
+    with pytest.raises(BadAuditCadence):
+        WatchedHybrid(watched.built, audit_every=0)
+    a = admit(watched, "a", list(range(8)))
+    decode(watched, a, 1)
+    watched.free(a)
+    full = watched.audit_every == 1
+    assert watched.audits == (watched.calls if full else 1)
+    assert watched.ledger.held == {}
+
+
+def test_incremental_read_back_sees_the_same_moves_as_the_full_one() -> None:
+    """One random scheduler-shaped run (chunked, asynchronous, with evictions in a small pool) under
+    both modes: the incremental read-back derives exactly the moves and holders the full one does."""
+    runs = []
+    for audit_every in (1, 1000):
+        layout = HybridLayout(num_blocks=20, block_size=BLOCK, max_model_len=48)
+        driver = HybridDriver(WatchedHybrid(build_hybrid(layout), audit_every), chunk=8, async_depth=1)
+        rng = random.Random(5)
+        for _ in range(150):
+            roll = rng.random()
+            if roll < 0.3 or not driver.running:
+                base = 100 * rng.randrange(3)  # three shared prefixes: hits, shared blocks
+                driver.admit(driver.arrive(list(range(base, base + rng.randint(4, 24)))))
+            elif roll < 0.8:
+                driver.decode(rng.choice(sorted(driver.running)), rng.randrange(9))
+            elif roll < 0.9:
+                driver.preempt(rng.choice(sorted(driver.running)))
+            else:
+                driver.finish(rng.choice(sorted(driver.running)))
+        runs.append(driver.watched)
+    full, incremental = runs
+    assert incremental.audits == 1 and full.audits == full.calls
+    assert incremental.moves == full.moves  # same blocks, holders, kinds, in the same order
+    assert any(m.kind == "evict" for m in full.moves) and any(m.kind == "release" for m in full.moves)
+    assert incremental.ledger.holders == full.ledger.holders
+    assert incremental.ledger.held == full.ledger.held

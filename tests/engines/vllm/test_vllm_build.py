@@ -43,6 +43,7 @@ def test_no_stand_in_is_left_in_sys_modules() -> None:
 
     left = [n for n, m in sys.modules.items() if isinstance(m, _StandinModule)]
     assert left == [] and STANDIN_MODULES
+    assert not any(type(f).__name__ == "_StandinFinder" for f in sys.meta_path)
 
 
 def test_bad_layout_and_other_release_are_typed_errors() -> None:

@@ -9,7 +9,8 @@ ATTACH = "kvledger/engines/vllm/attach.py"
 PARTS = ("vllm-block-pool",)
 # kvledger states these over vLLM's bookkeeping; the identities themselves are vLLM's own
 UPSTREAM = ("vLLM v1 BlockPool / KVCacheManager (vllm/v1/core), checked against release 0.34.0",)
-MACHINES = ("tests/engines/vllm/test_vllm_machine.py:HybridMachine",)
+MACHINES = ("kvledger/engines/vllm/machine.py:HybridMachine",)
+HUNT = "kvledger/engines/vllm/hunt.py"
 
 AREA = Area(
     key="shared",
@@ -95,6 +96,33 @@ AREA = Area(
             parts=PARTS,
             checks=(contract(f"{LEDGER}:SharedLedger._check_null", "after every attached call"),),
             exercised_by=MACHINES,
+        ),
+        Invariant(
+            id="I-SHARED-MAMBA-RETAINED",
+            title="a request keeps only its live Mamba states",
+            statement=(
+                "In a Mamba group in `align` mode a request keeps at most 2 + its speculative and"
+                " prefill-checkpoint blocks + ceil(in-flight tokens / block size) real state blocks: the"
+                " state after its last processed token, the block being written and the one copied from,"
+                " and the states of steps whose output has not come back. An older state is retired"
+                " (freed, its slot replaced by the null block)."
+            ),
+            severity=Severity.BUG,
+            origin=Origin.KVLEDGER,
+            upstream=(
+                *UPSTREAM,
+                "vLLM PR #55450 (retirement stopped at null gaps; in 0.29.0, fixed in 0.30.0)",
+            ),
+            parts=PARTS,
+            checks=(
+                contract(f"{LEDGER}:SharedLedger._check_retained", "after every attached call"),
+                contract(f"{ATTACH}:live_states", "the bound, from vLLM's request and spec"),
+            ),
+            exercised_by=(*MACHINES, f"{HUNT}:hunt"),
+            notes=(
+                "Found by the generic machine in vLLM 0.29.0 (chunked prefill with an asynchronous"
+                " scheduler), clean in 0.30.0 at the same budget: tests/engines/vllm/test_vllm_history.py."
+            ),
         ),
     ),
 )
