@@ -27,6 +27,6 @@ step "installing kvledger (editable) and its test and docs tools (about a minute
 .venv/bin/pip install --quiet -e ".[dev]" --config-settings editable_mode=compat 2> >(grep -v "is ignored" >&2)
 step "installing SGLang's memory components for kvledger.engines.sglang (0.5.23; 0.5.20, 0.5.13, 0.5.12, 0.5.11, 0.5.10, 0.5.9 and 0.5.5.post1/post2 beside it; about 6 min the first time)"
 bash scripts/setup_sglang.sh
-step "installing vLLM's v1 KV cache manager for kvledger.engines.vllm (0.34.0 in .venv/vllm-0.34.0; about 30 s the first time)"
+step "installing vLLM's v1 KV cache manager for kvledger.engines.vllm (0.34.0, and 0.29.0/0.30.0 for PR #55450, in .venv/vllm-*; about 30 s each the first time)"
 bash scripts/setup_vllm.sh
 step "done: $(.venv/bin/kvledger --version)"
