@@ -21,31 +21,13 @@ gloo group (``file://`` rendezvous), as SGLang's CPU backend uses.
 
 from __future__ import annotations
 
-import os
-import tempfile
-from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+from kvledger.engines.sglang.scheduler.build_common import SchedulerShape as SchedulerShape
+from kvledger.engines.sglang.scheduler.build_common import Sink, process_group, server_args
 from kvledger.engines.sglang.scheduler.release import import_scheduler
 from kvledger.engines.sglang.scheduler.worker import FakeWorker, WorkerShape
-
-
-@dataclass(frozen=True)
-class SchedulerShape:
-    """Sizes of a built scheduler (small on purpose: no-room admissions and retractions happen)."""
-
-    kv_tokens: int = 64
-    rows: int = 8
-    # SGLang's runner never builds fewer than 3 Mamba slots per request row with the radix cache on
-    # (``max_num_reqs <= max_mamba_cache_size // MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO``, 3 in
-    # 0.5.9/0.5.10): a running request's slot, the tree node it locks, a waiting request's copy. At 1:1
-    # SGLang's own "Can not alloc mamba cache" assertion fires (repros/observed_0_5_10_mamba_alloc.json).
-    mamba_slots: int = 24
-    chunked_prefill_size: int = 16
-    context_len: int = 128
-    max_new_tokens: int = 8
-    seed: int = 0
 
 
 def model_config(shape: SchedulerShape) -> SimpleNamespace:
@@ -73,61 +55,6 @@ def model_config(shape: SchedulerShape) -> SimpleNamespace:
     )
 
 
-class _Sink:
-    """Stands for a zmq socket the scheduler sends on; keeps the last outputs for inspection."""
-
-    def __init__(self) -> None:
-        self.sent: list[Any] = []
-
-    def send_pyobj(self, obj: Any) -> None:
-        self.sent.append(obj)
-        del self.sent[:-64]  # keep memory bounded over long hunts
-
-    def send_output(self, obj: Any, *_: Any, **__: Any) -> None:
-        self.send_pyobj(obj)
-
-
-def _server_args(module: Any, shape: SchedulerShape, **extra: Any) -> Any:
-    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
-
-    args = ServerArgs(
-        model_path="dummy",
-        device="cpu",
-        attention_backend="torch_native",  # otherwise write_cache_indices launches a Triton kernel
-        sampling_backend="pytorch",
-        disable_overlap_schedule=True,
-        skip_tokenizer_init=True,
-        chunked_prefill_size=shape.chunked_prefill_size,
-        page_size=1,
-        max_running_requests=shape.rows,
-        random_seed=shape.seed,
-        **extra,  # e.g. the PD mode: ServerArgs' own post-init derives the PD fields from it
-    )
-    args._mamba_cache_chunk_size = 64
-    if getattr(args, "pp_max_micro_batch_size", None) is None:
-        args.pp_max_micro_batch_size = shape.rows  # init_model_worker derives it on a launched server
-    set_global_server_args_for_scheduler(args)
-    return args
-
-
-_GROUP_READY = False
-
-
-def _process_group() -> None:
-    """One-process gloo group and SGLang's parallel state (TP/PP/attention groups of size 1)."""
-    global _GROUP_READY
-    if _GROUP_READY:
-        return
-    from sglang.srt.distributed import parallel_state as ps
-
-    rendezvous = os.path.join(tempfile.mkdtemp(prefix="kvledger-gloo-"), "rendezvous")
-    ps.init_distributed_environment(
-        world_size=1, rank=0, distributed_init_method=f"file://{rendezvous}", local_rank=0, backend="gloo"
-    )
-    ps.initialize_model_parallel(1, 1, 1, backend="gloo")
-    _GROUP_READY = True
-
-
 def scheduler_class(version: str) -> Any:
     """SGLang's ``Scheduler`` of ``version`` with the three overrides (subclass; nothing patched)."""
     module, _ = import_scheduler(version)
@@ -148,8 +75,8 @@ def scheduler_class(version: str) -> Any:
             self.idle_sleeper = None
             self.recv_from_tokenizer = None
             self.recv_from_rpc = None
-            self.send_to_tokenizer = _Sink()
-            self.send_to_detokenizer = _Sink()
+            self.send_to_tokenizer = Sink()
+            self.send_to_detokenizer = Sink()
 
         def init_tp_model_worker(self) -> None:
             s = self.kv_shape
@@ -173,8 +100,8 @@ def build_scheduler(version: str, shape: SchedulerShape | None = None) -> Any:
     shape = shape or SchedulerShape()
     cls = scheduler_class(version)
     module = __import__("sglang.srt.managers.scheduler", fromlist=["Scheduler"])
-    args = _server_args(module, shape)
-    _process_group()
+    args = server_args(module, shape)
+    process_group()
     cls.kv_shape = shape
     port_args = SimpleNamespace(nccl_port=0)
     return cls(

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from kvledger.engines.sglang.scheduler.build import SchedulerShape, _process_group, _server_args, _Sink
+from kvledger.engines.sglang.scheduler.build_common import SchedulerShape, Sink, process_group, server_args
 from kvledger.engines.sglang.scheduler.release import import_scheduler
 from kvledger.engines.sglang.scheduler.worker import FakeWorker, WorkerShape
 
@@ -140,8 +140,8 @@ def scheduler_class_05(version: str) -> Any:
             self.idle_sleeper = None
             self.recv_from_tokenizer = None
             self.recv_from_rpc = None
-            self.send_to_tokenizer = _Sink()
-            self.send_to_detokenizer = _Sink()
+            self.send_to_tokenizer = Sink()
+            self.send_to_detokenizer = Sink()
 
         def watchdog_thread(self) -> None:
             return None
@@ -160,7 +160,7 @@ def build_scheduler_05(version: str, shape: SchedulerShape | None = None, *, pd:
         if pd == PD_PREFILL
         else {}
     )
-    args = _server_args(module, shape, **pd_args)
+    args = server_args(module, shape, **pd_args)
     if pd == PD_PREFILL:
         # ServerArgs skips its whole post-init for model_path "dummy"; its own PD step derives the decode
         # side's TP/DP (1 here) and the prefill PP size
@@ -168,7 +168,7 @@ def build_scheduler_05(version: str, shape: SchedulerShape | None = None, *, pd:
     # what ServerArgs' environment step sets on a launched server (the pool reads it); float32 keeps the
     # worker's data tags exact
     os.environ.setdefault("SGLANG_MAMBA_SSM_DTYPE", "float32")
-    _process_group()
+    process_group()
     port_args = SimpleNamespace(nccl_port=0)
     with _stand_ins(module, shape):
         return cls(args, port_args, gpu_id=0, tp_rank=0, moe_ep_rank=0, pp_rank=0, dp_rank=None)
