@@ -87,7 +87,9 @@ class DecodeScheduler(PDScheduler):
             self.pd_tracking = DecodeTrackingSlots(
                 self.mamba_pool, self.tracking_slots, self.memory.counters, self.tree
             )
-            self.memory.holdings_of.add(self.pd_tracking, first=True)  # taken first, given back last
+            # Taken first (a rollback gives them back last); released by ``_free_tracking``, before the
+            # scheduler's release path (retraction, release_now), as before the coordinator.
+            self.memory.holdings_of.add(self.pd_tracking, first=True, released_here=False)
         self.note_kv_written = note_kv_written
         check_decode_sizing(
             rows=self.req_to_token_pool.size,

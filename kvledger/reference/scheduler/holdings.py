@@ -364,24 +364,26 @@ def _row(req: Req) -> int:
 class HoldingsCoordinator:
     """The managers of one scheduler, in admission order (``row, mamba, path, kv``, then added kinds).
 
-    Invariant: every manager appears once; admission takes in :attr:`admit_order`, release frees in
-    :attr:`release_order` (KV, Mamba working slot, path, added kinds, row)."""
+    Invariant: every manager appears once in :attr:`admit_order` (what admission takes, in order) and at
+    most once in :attr:`release_order` (KV, Mamba working slot, path, added kinds, row)."""
 
     def __init__(self, row: RowHoldings, mamba: MambaSlotHoldings, path: PathHoldings, kv: KVHoldings) -> None:
         self.row, self.mamba, self.path, self.kv = row, mamba, path, kv
         self.admit_order: list[HoldingsManager] = [row, mamba, path, kv]
         self.release_order: list[HoldingsManager] = [kv, mamba, path, row]
 
-    def add(self, manager: HoldingsManager, *, first: bool = False) -> None:
-        """A new kind's manager. Admission takes it after the others (``first``: before them) and release
-        frees it before the row. Pre: no manager of that name yet."""
+    def add(self, manager: HoldingsManager, *, first: bool = False, released_here: bool = True) -> None:
+        """A new kind's manager. Admission takes it after the others (``first``: before them) and
+        :meth:`release` frees it before the row (``released_here=False``: the scheduler that added it calls
+        the manager's release itself, where its own release path needs it). Pre: no manager of that name."""
         if any(m.name == manager.name for m in self.admit_order):
             raise ValueError(f"a holdings manager for {manager.name!r} is already registered")
         if first:
             self.admit_order.insert(0, manager)
         else:
             self.admit_order.append(manager)
-        self.release_order.insert(len(self.release_order) - 1, manager)
+        if released_here:
+            self.release_order.insert(len(self.release_order) - 1, manager)
 
     def manager(self, name: str) -> HoldingsManager:
         """The manager of kind ``name`` (KeyError: none)."""
