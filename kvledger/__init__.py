@@ -60,8 +60,8 @@ _EXPORTS: dict[str, str] = {
     "MetadataBufferPool": "kvledger.reference.pools",
     # ownership
     "Ledger": "kvledger.contracts.ledger",
-    "NullLedger": "kvledger.contracts.ledger",
-    "make_ledger": "kvledger.contracts.ledger",
+    "NullLedger": "kvledger.contracts.null_ledger",
+    "make_ledger": "kvledger.contracts.ledger_by_level",
     "Owner": "kvledger.contracts.owners",
     "Account": "kvledger.contracts.owners",
     "FREE_LIST": "kvledger.contracts.owners",
@@ -142,8 +142,8 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see
     from kvledger.contracts.errors import IdentityFailure as IdentityFailure
     from kvledger.contracts.errors import KVLedgerError as KVLedgerError
     from kvledger.contracts.ledger import Ledger as Ledger
-    from kvledger.contracts.ledger import NullLedger as NullLedger
-    from kvledger.contracts.ledger import make_ledger as make_ledger
+    from kvledger.contracts.ledger_by_level import make_ledger as make_ledger
+    from kvledger.contracts.null_ledger import NullLedger as NullLedger
     from kvledger.contracts.owners import BATCH_INFLIGHT as BATCH_INFLIGHT
     from kvledger.contracts.owners import CACHE_EVICTABLE as CACHE_EVICTABLE
     from kvledger.contracts.owners import CACHE_PROTECTED as CACHE_PROTECTED

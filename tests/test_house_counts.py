@@ -24,10 +24,11 @@ def test_the_counters_see_what_they_count() -> None:
     tree = ast.parse(
         "from typing import Any\nimport typing\n"
         "def f(x: Any, y: typing.Any) -> None:\n"
-        "    self._a = x._b\n    cls._c = 1\n    y.__dict__\n    z._d()\n"
+        "    self._a = x._b\n    cls._c = 1\n    y.__dict__\n    z._d()\n    super()._e()\n    sup()._f\n"
     )
     assert house.any_names(tree) == 2
-    assert house.private_reach_through(tree) == 2  # x._b and z._d; self, cls and dunders are not
+    # x._b, z._d and sup()._f; self, cls, super() (the object's own base) and dunders are not
+    assert house.private_reach_through(tree) == 3
     body = "\n".join(["    pass"] * house.MAX_FUNCTION_LINES)
     assert house.long_functions(ast.parse(f"def long():\n{body}\n"), "m.py") == ["m.py::long"]
     assert house.long_functions(ast.parse("def short():\n    pass\n"), "m.py") == []

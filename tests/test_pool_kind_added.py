@@ -23,6 +23,7 @@ import torch
 from kvledger.audit.record import Recorder
 from kvledger.contracts import switch
 from kvledger.contracts.errors import ContractViolation
+from kvledger.contracts.levels import CheckLevel
 from kvledger.contracts.owners import Owner
 from kvledger.contracts.pool_kinds import POOL_KINDS, PoolKind
 from kvledger.reference.pools import ReqToTokenPool, TokenToKVPoolAllocator
@@ -38,9 +39,9 @@ needs_contracts = pytest.mark.skipif(not switch.ENABLED, reason="the ledger cros
 class HostSlotPool(IdPool):
     """Host-memory slots ``1..size`` (slot 0 padding), one owner each."""
 
-    def __init__(self, size: int, *, name: str = "host") -> None:
+    def __init__(self, size: int, *, name: str = "host", checks: CheckLevel | None = None) -> None:
         self.size = size
-        self._init_pool(name, "cpu", 1, size, reuse="fifo")
+        self._init_pool(name, "cpu", 1, size, reuse="fifo", checks=checks)
 
     def alloc(self, owner: Owner) -> int | None:
         ids = self.free_list.alloc(1, owner)
@@ -128,12 +129,12 @@ class HostTierScheduler(Scheduler):
         return HostReq(rid, prompt, max_new_tokens, arrival_step=self.step_no)
 
 
-def _engine(host_slots: int = 4) -> HostTierScheduler:
+def _engine(host_slots: int = 4, checks: CheckLevel | None = None) -> HostTierScheduler:
     return HostTierScheduler(
         SchedulerConfig(max_context_len=64),
-        host_pool=HostSlotPool(host_slots),
-        kv_allocator=TokenToKVPoolAllocator(256),
-        req_to_token_pool=ReqToTokenPool(4, 64),
+        host_pool=HostSlotPool(host_slots, checks=checks),
+        kv_allocator=TokenToKVPoolAllocator(256, checks=checks),
+        req_to_token_pool=ReqToTokenPool(4, 64, checks=checks),
     )
 
 
@@ -215,8 +216,7 @@ def test_a_leak_of_the_new_kind_is_reported_with_its_slot() -> None:
 
 
 def test_the_event_log_records_the_new_kind() -> None:
-    with switch.override_ledgers(True):
-        s = _engine()
+    s = _engine(checks=max(switch.LEVEL, CheckLevel.LEDGER))  # the recorder reads real ledgers
     out = io.StringIO()
     with Recorder(s, out, source="tests"):
         req = _running(s)

@@ -15,7 +15,7 @@ What kvledger's reference engine would emit from a debug build, gathered without
 An event whose consequences happen inside the same call is written first (``insert`` before the leaf
 adopts its KV, ``split`` before the new node takes its part, ``unlock`` before the tombstones it prunes
 are evicted); ``evict`` is written after the node's KV and state were freed. The ledgers must be real
-(``override_ledgers(True)`` when contracts are off): the recorder observes them.
+(at the level ``ledger`` or above, whatever the process runs at): the recorder observes them.
 
 :meth:`Recorder.close` writes the ``end`` marker (the count of lines before it and how the run ended) and
 undoes every hook; :meth:`Recorder.detach` undoes the hooks without it, for a run that was cut off (an
@@ -70,7 +70,7 @@ class Recorder:
             ledger = pool.ledger
             if not getattr(ledger, "enabled", False):
                 raise ValueError(
-                    "recording needs the pools' ledgers: build the engine under override_ledgers(True)"
+                    "recording needs the pools' ledgers: build the engine at checks=CheckLevel.LEDGER or above"
                 )
             if ledger.observer is not None:
                 raise ValueError(f"pool {name!r} already has a ledger observer")
@@ -357,7 +357,7 @@ def _check_recordable(scheduler: Any, out: Any, source: Any) -> None:
             continue
         if not getattr(pool.ledger, "enabled", False):
             raise InvalidArgument(
-                "recording needs the pools' ledgers: build the engine under override_ledgers(True)"
+                "recording needs the pools' ledgers: build the engine at checks=CheckLevel.LEDGER or above"
             )
         if pool.ledger.observer is not None:
             raise InvalidArgument(f"pool {name!r} already has a ledger observer")

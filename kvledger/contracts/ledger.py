@@ -26,83 +26,38 @@ How it stays cheap enough to leave on (issue 12):
 
 The ledger never looks at tensors' contents; it is told about moves by the pool and recounts the pool's
 own structures only in :meth:`Ledger.audit`. Ids may be given as a numpy array, a torch tensor (any
-device; moved to the host), a sequence of ints or one int.
+device; moved to the host), a sequence of ints or one int (:mod:`kvledger.contracts.id_arrays`).
+
+The ledger's relatives live beside it: the move log (:mod:`~kvledger.contracts.move_log`), the
+``owners`` level's :class:`~kvledger.contracts.owner_table.OwnerTable`, the ``release`` level's
+:class:`~kvledger.contracts.null_ledger.NullLedger`, and the choice among them by level
+(:func:`~kvledger.contracts.ledger_by_level.make_ledger`).
 """
 
 from __future__ import annotations
 
-import os
 import sys
-from collections import Counter, defaultdict, deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
 from kvledger.contracts.errors import ContractViolation, DuplicateIds, ForeignSlot
-from kvledger.contracts.levels import CheckLevel
+from kvledger.contracts.id_arrays import BYTE_TESTS as BYTE_TESTS
+from kvledger.contracts.id_arrays import HIGH_BYTES as HIGH_BYTES
+from kvledger.contracts.id_arrays import SMALL_MOVE as SMALL_MOVE
+from kvledger.contracts.id_arrays import as_id_array as as_id_array
+from kvledger.contracts.id_arrays import as_id_list as as_id_list
+from kvledger.contracts.id_arrays import message_ids
+from kvledger.contracts.move_log import DEFAULT_HISTORY as DEFAULT_HISTORY
+from kvledger.contracts.move_log import MOVES_PER_SLOT_IN_REPORT as MOVES_PER_SLOT_IN_REPORT
+from kvledger.contracts.move_log import Move as Move
+from kvledger.contracts.move_log import MoveLog
 from kvledger.contracts.owners import FREE, FREE_LIST, PENDING_FREE, Account, Owner
-from kvledger.contracts.switch import ensure, ledger_level
-
-
-def _history_setting() -> int:
-    raw = os.environ.get("KVLEDGER_LEDGER_HISTORY")
-    if raw is None:
-        return 16384
-    value = int(raw)
-    if value < 1:
-        raise ValueError(f"KVLEDGER_LEDGER_HISTORY must be >= 1, got {raw!r}")
-    return value
-
-
-DEFAULT_HISTORY = _history_setting()
-"""Log entries kept in each ledger's ring (default 16,384; ``KVLEDGER_LEDGER_HISTORY`` overrides it).
-
-An entry is one move, one retag or one batched hand-out. Violations report the last moves of a slot
-found in this window (on the default ``kvledger simulate`` run, the KV ledger's window spans about
-1,500 scheduler steps); older moves are forgotten, which is what keeps a long run's memory flat. An
-entry costs about 150 bytes, plus 4 bytes per id for moves of several ids."""
-
-MOVES_PER_SLOT_IN_REPORT = 6
+from kvledger.contracts.switch import ensure
 
 NO_OWNER, FREE_CODE, PENDING_CODE = 0, 1, 2  # codes every ledger reserves
-
-SMALL_MOVE = 16
-
-BYTE_TESTS = 512
-"""Up to this many ids, a move's sign test reads each id's high byte (a bytes slice), not a reduction."""
-
-HIGH_BYTES = slice(7, None, 8) if sys.byteorder == "little" else slice(0, None, 8)
-"""The most significant byte of each int64 in a ``tobytes()`` copy (zero for ids in ``[0, 2**56)``)."""
-"""Moves of at most this many ids take the owner table's Python path (:class:`OwnerTable`)."""
-
-
-@dataclass(frozen=True)
-class Move:
-    """One ledger event. ``ids`` is None for a retag (the owner changed account, its ids did not move).
-
-    Owners are recorded by name and serial (see :attr:`Owner.serial`), so the log keeps no owner alive.
-    """
-
-    step: int
-    op: str
-    ids: tuple[int, ...] | None
-    src: str
-    dst: str
-    src_account: Account
-    dst_account: Account
-    src_serial: int = 0
-    dst_serial: int = 0
-    epoch: int | None = None  # the owner of the ledger's clock at the move (a scheduler step, an event)
-
-    def describe(self, clock: str = "step") -> str:
-        """One line, dated by :attr:`epoch` under the name ``clock`` when the ledger's owner set one
-        (``scheduler step 12``, ``event 340``), else by the ledger's own move counter (``step 7``)."""
-        when = f"step {self.step}" if self.epoch is None else f"{clock} {self.epoch}"
-        if self.ids is None:
-            return f"{when}: {self.op}: {self.src} {self.src_account.name} -> {self.dst_account.name}"
-        return f"{when}: {self.op}: {self.src}[{self.src_account.name}] -> {self.dst}[{self.dst_account.name}]"
 
 
 class MoveObserver(Protocol):
@@ -113,117 +68,11 @@ class MoveObserver(Protocol):
     (:mod:`kvledger.audit.record`) is one; None (the default) costs one attribute test per move.
     """
 
-    def moved(self, ledger: Ledger, ids: np.ndarray, src: Owner, dst: Owner | list[Owner], op: str) -> None: ...
+    def moved(
+        self, ledger: Ledger, ids: np.ndarray, src: Owner, dst: Owner | list[Owner], op: str
+    ) -> None: ...
 
     def retagged(self, ledger: Ledger, owner: Owner, old: Account, new: Account, op: str) -> None: ...
-
-
-class MoveLog:
-    """The bounded ring of moves: compact tuples inside, :class:`Move` objects when read.
-
-    An entry is one move, one retag, or one batched hand-out (``Ledger.transfer_each``: one id to each of
-    several owners, the destinations stored as parallel tuples; it stands for one move per id, with
-    consecutive steps). ``size`` counts entries.
-    """
-
-    __slots__ = ("_entries",)
-
-    def __init__(self, size: int) -> None:
-        # (step, op, ids (an int32 array, a tuple of ints, or None), src serial, kind, key, account name,
-        #  dst serial, kind, key, account name): names are formatted only when a move is read. Only
-        #  ints, strings and arrays, so the garbage collector untracks the entries once and never
-        #  traverses the (long) log again.
-        self._entries: deque[tuple[Any, ...]] = deque(maxlen=size)
-
-    @property
-    def size(self) -> int:
-        return self._entries.maxlen or 0
-
-    def append(self, entry: tuple[Any, ...]) -> None:
-        self._entries.append(entry)
-
-    def entries_append(self) -> Callable[[tuple[Any, ...]], None]:
-        """The ring's own ``append`` (a ledger binds it once: its moves skip :meth:`append`'s call)."""
-        return self._entries.append
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    @staticmethod
-    def _is_batch(e: tuple[Any, ...]) -> bool:
-        return type(e[7]) is tuple
-
-    @staticmethod
-    def _one(e: tuple[Any, ...], i: int) -> tuple[Any, ...]:
-        """The ``i``-th move of a batch entry, as a plain entry."""
-        return (e[0] + i, e[1], (int(e[2][i]),), e[3], e[4], e[5], e[6], e[7][i], e[8][i], e[9][i], e[10][i], e[11])
-
-    @staticmethod
-    def _move(e: tuple[Any, ...]) -> Move:
-        if MoveLog._is_batch(e):
-            e = MoveLog._one(e, len(e[7]) - 1)
-        step, op, ids, s_serial, s_kind, s_key, s_acct, d_serial, d_kind, d_key, d_acct, epoch = e
-        return Move(
-            step,
-            op,
-            None if ids is None else ids if isinstance(ids, tuple) else tuple(ids.tolist()),
-            _name(s_kind, s_key),
-            _name(d_kind, d_key),
-            Account(s_acct),
-            Account(d_acct),
-            s_serial,
-            d_serial,
-            epoch,
-        )
-
-    def __getitem__(self, index: int) -> Move:
-        return self._move(self._entries[index])
-
-    def __iter__(self) -> Iterator[Move]:
-        return (self._move(e) for e in self._entries)
-
-    def raw_reversed(self) -> Iterator[tuple[Any, ...]]:
-        out: Iterator[tuple[Any, ...]] = reversed(self._entries)
-        return out
-
-
-def _name(kind: str, key: Any) -> str:
-    """:attr:`Owner.name` from its parts."""
-    return kind if key is None else f"{kind}#{key}"
-
-
-def as_id_list(ids: Any) -> list[int]:
-    """Ids as a list of Python ints, from a tensor, an array, a sequence or a single int."""
-    if isinstance(ids, int):
-        return [ids]
-    tolist = getattr(ids, "tolist", None)
-    if tolist is not None:
-        out = tolist()
-        return [out] if isinstance(out, int) else list(out)
-    return [int(i) for i in ids]
-
-
-def as_id_array(ids: Any) -> np.ndarray:
-    """Ids as a 1-D int64 numpy array on the host (zero-copy for CPU tensors and int64 arrays)."""
-    if isinstance(ids, np.ndarray):
-        a = ids
-    elif isinstance(ids, int):
-        return np.array((ids,), dtype=np.int64)
-    elif hasattr(ids, "is_cpu"):  # a torch tensor: host it first (a no-op on CPU)
-        a = ids.numpy() if ids.is_cpu else ids.cpu().numpy()
-    else:
-        try:
-            a = np.asarray(ids, dtype=np.int64)
-        except OverflowError:  # an int beyond int64 is certainly not an id: keep it visible, as objects
-            return np.asarray(list(ids), dtype=object)
-    if a.dtype != np.int64:
-        a = a.astype(np.int64)
-    return a.reshape(-1)
-
-
-def _plain(ids: Any) -> list[int]:
-    """Ids for a message: Python ints (works for object arrays holding huge ints too)."""
-    return [int(i) for i in as_id_list(ids)]
 
 
 class Ledger:
@@ -244,7 +93,9 @@ class Ledger:
         self.domain = domain
         self.size = len(domain)
         self.unit = unit
-        self.id_noun = "page" if unit > 1 else "slot"  # what an id names in reports (a paged pool's are pages)
+        self.id_noun = (
+            "page" if unit > 1 else "slot"
+        )  # what an id names in reports (a paged pool's are pages)
         # The data checks ride on this flag: the pool poisons freed slots and zeroes handed-out ones, the
         # tiny model checks what its reads see (the level ``full``; a pool's ledger gets it from
         # make_ledger).
@@ -444,7 +295,7 @@ class Ledger:
     def _not_held_by(self, a: np.ndarray, code: int | None) -> list[int]:
         """The ids of ``a`` that are not held by ``code`` (out of range, reserved or someone else's)."""
         if a.dtype != np.int64:  # huge ints: certainly not ids
-            return _plain(a)
+            return message_ids(a)
         n_own = len(self._own)
         inside = (a >= 0) & (a < n_own)
         wrong = ~inside
@@ -737,9 +588,13 @@ class Ledger:
     def _small_held(self, lst: list[int], code: int) -> bool:
         """Every id of a short list of ints is held by ``code``, none repeated."""
         mv, top = self._mv, len(self._mv)
-        return all(0 <= i < top and mv[i] == code for i in lst) and (len(lst) == 1 or len(set(lst)) == len(lst))
+        return all(0 <= i < top and mv[i] == code for i in lst) and (
+            len(lst) == 1 or len(set(lst)) == len(lst)
+        )
 
-    def _check_move(self, a: np.ndarray, src_code: int | None, src: Owner, dst: Owner | None, op: str) -> None:
+    def _check_move(
+        self, a: np.ndarray, src_code: int | None, src: Owner, dst: Owner | None, op: str
+    ) -> None:
         """Every id held by ``src``, none repeated; else ContractViolation with the evidence."""
         n = a.size
         if 1 < n <= SMALL_MOVE and src_code is not None and a.dtype == np.int64:
@@ -761,7 +616,9 @@ class Ledger:
             )
         if self._has_duplicates(a):
             dups = sorted(i for i, c in Counter(a.tolist()).items() if c > 1)
-            raise ContractViolation(self.describe(dups, f"{op}: ids repeated within one transfer: {dups[:8]}"))
+            raise ContractViolation(
+                self.describe(dups, f"{op}: ids repeated within one transfer: {dups[:8]}")
+            )
 
     def _settle(self, src: Owner, src_code: int, n: int) -> None:
         """The source gives up ``n`` ids; an owner left with none leaves the registry."""
@@ -865,7 +722,9 @@ class Ledger:
                     f"{self._owners[c]!r}: the table gives it ids {ids[:8]}{'...' if len(ids) > 8 else ''}"
                     f" ({len(ids)}), its count says {self._held[c]}"
                 )
-            raise ContractViolation(self.describe(shown, "owner table and holdings disagree for " + "; ".join(parts)))
+            raise ContractViolation(
+                self.describe(shown, "owner table and holdings disagree for " + "; ".join(parts))
+            )
         self._compare("free list", set(free_list.tolist()), FREE_LIST)
         self._compare("free group", set(as_id_array(list(pending_ids)).tolist()), self.pending_owner)
         by_account: Counter[Account] = Counter()
@@ -895,342 +754,3 @@ class Ledger:
 
     def __repr__(self) -> str:
         return f"Ledger({self.pool}, size={self.size}, {self.account_sizes()})"
-
-
-class OwnerTable(Ledger):
-    """The ledger of the ``owners`` level: who holds every id, checked on every move, and nothing else.
-
-    The same owner codes, registry, counts and checks as :class:`Ledger` (so every foreign free, foreign
-    insert or adopted slot is refused the same way, with the same typed errors), without what makes a
-    ledger a debugging tool: no move log (a report names the id and its owner, not its last moves), no
-    I-COUNT check at each move (the scheduler's count identities check the counts after every step).
-
-    Moves of a few ids (a decode step's: one id per request) stay in Python ints, read and written through
-    a memoryview of the owner table: a handful of numpy calls on a tiny array cost more than the loop.
-    An allocation (a move out of the free list, ids as the pool's own numpy array) is recorded without
-    re-checking that the ids were free: the pool's free list took them, and its state bytes refuse a
-    double free at every level. So this table is for a pool's own bookkeeping; a ledger that watches
-    another implementation's allocator (``kvledger.engines.sglang``, the audit's replay) is a
-    :class:`Ledger`, which checks every move.
-    """
-
-    def __init__(self, pool: str, domain: range, *, unit: int = 1) -> None:
-        super().__init__(pool, domain, unit=unit, history=1, debug=False)
-
-    def _small(self, ids: Any) -> list[int] | None:
-        """``ids`` as a short list of in-range ints, or None (many ids, odd types or out of range)."""
-        if type(ids) is list:
-            lst = ids
-        else:
-            n = ids.size if isinstance(ids, np.ndarray) else ids.numel() if hasattr(ids, "numel") else None
-            if n is None or n > SMALL_MOVE:
-                return None
-            lst = ids.tolist()
-            if type(lst) is not list:
-                return None
-        if len(lst) > SMALL_MOVE:
-            return None
-        top = len(self._own)
-        for i in lst:
-            if type(i) is not int or not 0 <= i < top:
-                return None
-        return lst
-
-    def transfer(self, ids: Any, src: Owner, dst: Owner, op: str) -> None:
-        codes = self._codes
-        if src is FREE_LIST and type(ids) is np.ndarray and dst is not src:
-            # An allocation: ids the pool took off its own free list (see transfer_each).
-            n = ids.size
-            if n:
-                dst_code = codes.get(dst) or self._register(dst)
-                if n <= SMALL_MOVE:
-                    mv = self._mv
-                    for i in ids.tolist():
-                        mv[i] = dst_code
-                else:
-                    self._own[ids] = dst_code
-                self._moved(FREE_LIST, FREE_CODE, dst, dst_code, n)
-                if self.observer is not None:
-                    self.observer.moved(self, ids, src, dst, op)
-            return
-        src_code = codes.get(src)
-        lst = self._small(ids)
-        if lst is not None and src_code is not None:
-            mv = self._mv
-            n = len(lst)
-            if n == 0:
-                return
-            ok = True
-            for i in lst:
-                if mv[i] != src_code:
-                    ok = False
-                    break
-            if ok and (n == 1 or len(set(lst)) == n):
-                if dst is not src:
-                    dst_code = codes.get(dst) or self._register(dst)
-                    for i in lst:
-                        mv[i] = dst_code
-                    self._moved(src, src_code, dst, dst_code, n)
-                if self.observer is not None:
-                    self.observer.moved(self, np.asarray(lst, dtype=np.int64), src, dst, op)
-                return
-        a = as_id_array(ids)
-        n = a.size
-        if n == 0:
-            return
-        self._check_move(a, src_code, src, dst, op)  # the general path: raises with the evidence
-        if dst is not src:
-            dst_code = codes.get(dst) or self._register(dst)
-            self._own[a] = dst_code
-            self._moved(src, src_code, dst, dst_code, n)  # type: ignore[arg-type]  # checked: registered
-        if self.observer is not None:
-            self.observer.moved(self, a, src, dst, op)
-
-    def give_back(self, ids: list[int], owner: Owner, dst: Owner, op: str) -> None:
-        # One pass: ``transfer``'s check of a few ints is require_held_by's; any doubt (the check fails,
-        # or the ids are not a short list of in-range ints) re-runs require_held_by for ForeignSlot.
-        codes = self._codes
-        code = codes.get(owner)
-        if code is not None and type(ids) is list and 0 < len(ids) <= SMALL_MOVE:
-            mv, top = self._mv, len(self._mv)
-            if all(type(i) is int and 0 <= i < top and mv[i] == code for i in ids) and (
-                len(ids) == 1 or len(set(ids)) == len(ids)
-            ):
-                if dst is not owner:
-                    dst_code = codes.get(dst) or self._register(dst)
-                    for i in ids:
-                        mv[i] = dst_code
-                    self._moved(owner, code, dst, dst_code, len(ids))
-                if self.observer is not None:
-                    self.observer.moved(self, np.asarray(ids, dtype=np.int64), owner, dst, op)
-                return
-        self.require_held_by(ids, owner, op)
-        self.transfer(ids, owner, dst, op)
-
-    def move_one(self, i: int, src: Owner, dst: Owner, op: str) -> bool:
-        # One id, checked whatever the source (one comparison; a free naming the free list as its owner
-        # must not pass as an allocation): False, nothing changed, when ``src`` does not hold it.
-        codes = self._codes
-        src_code = codes.get(src)
-        mv = self._mv
-        if src_code is None or type(i) is not int or not 0 <= i < len(mv) or mv[i] != src_code:
-            return False
-        if dst is not src:
-            dst_code = codes.get(dst) or self._register(dst)
-            mv[i] = dst_code
-            self._moved(src, src_code, dst, dst_code, 1)
-        if self.observer is not None:
-            self.observer.moved(self, np.array((i,), dtype=np.int64), src, dst, op)
-        return True
-
-    def move_held(self, ids: Any, owner: Owner, dst: Owner, op: str) -> None:
-        # require_held_by passed in this same call (and the pool refused repeats): only record the move.
-        code = self._codes.get(owner)
-        if code is None or dst is owner:
-            self.transfer(ids, owner, dst, op)
-            return
-        if type(ids) is list:
-            n = len(ids)
-            if n == 0:
-                return
-            dst_code = self._codes.get(dst) or self._register(dst)
-            mv = self._mv
-            for i in ids:
-                mv[i] = dst_code
-        else:
-            a = as_id_array(ids)
-            n = a.size
-            if n == 0:
-                return
-            dst_code = self._codes.get(dst) or self._register(dst)
-            self._own[a] = dst_code
-        self._moved(owner, code, dst, dst_code, n)
-        if self.observer is not None:
-            self.observer.moved(self, as_id_array(ids), owner, dst, op)
-
-    def _moved(self, src: Owner, src_code: int, dst: Owner, dst_code: int, n: int) -> None:
-        held = self._held
-        held[dst_code] += n
-        held[src_code] -= n
-        count = self._count
-        count[dst.account] += n
-        count[src.account] -= n
-        if not held[src_code] and src_code > PENDING_CODE:
-            self._release_code(src_code)
-        if src.giver is not None:
-            src.giver(src)
-
-    def transfer_each(self, ids: Any, src: Owner, dsts: Sequence[Owner], op: str) -> None:
-        if src is FREE_LIST and type(ids) is np.ndarray and ids.size == len(dsts):
-            # A hand-out from the free list (a decode step's allocation): the pool took these ids off its
-            # own free list, whose state bytes already refuse a double free, so the owner table only
-            # records the new owners (the ``ledger`` level checks this move too).
-            self._hand_out(ids, dsts)
-            if self.observer is not None:
-                self.observer.moved(self, ids, src, list(dsts), op)
-            return
-        a = as_id_array(ids)
-        n = a.size
-        if not self._batch_shape_ok(n, src, dsts, op):
-            return
-        src_code = self._codes.get(src)
-        lst = self._small(a) if n <= SMALL_MOVE else None
-        mv = self._mv
-        if lst is None or src_code is None or any(mv[i] != src_code for i in lst) or len(set(lst)) != n:
-            self._check_move(a, src_code, src, dsts[0] if n == 1 else None, op)
-            lst = a.tolist()
-        get = self._codes.get
-        held = self._held
-        for i, d in zip(lst, dsts, strict=True):
-            c = get(d) or self._code_of(d)
-            mv[i] = c
-            held[c] += 1
-        count = self._count
-        for d in dsts:
-            count[d._account] += 1
-        self._settle(src, src_code, n)  # type: ignore[arg-type]
-        if self.observer is not None:
-            self.observer.moved(self, a, src, list(dsts), op)
-
-    def _hand_out(self, a: np.ndarray, dsts: Sequence[Owner]) -> None:
-        get = self._codes.get
-        found = list(map(get, dsts))
-        codes: list[int] = (
-            [c if c is not None else self._code_of(d) for c, d in zip(found, dsts, strict=True)]
-            if None in found  # an owner's first id in this pool: register it
-            else found  # type: ignore[assignment]  # no None in it
-        )
-        mv, held, count = self._mv, self._held, self._count
-        for i, c in zip(a.tolist(), codes, strict=True):
-            mv[i] = c
-            held[c] += 1
-        account = dsts[0]._account
-        n = len(dsts)
-        if all(d._account is account for d in dsts):  # a decode batch: every request running
-            count[account] += n
-        else:
-            for d in dsts:
-                count[d._account] += 1
-        held[FREE_CODE] -= n
-        count[FREE] -= n
-
-    def require_held_by(self, ids: Any, owner: Owner, op: str, *, distinct: bool = False) -> None:
-        lst = self._small(ids)
-        code = self._codes.get(owner)
-        if lst is not None and code is not None:
-            mv = self._mv
-            if all(mv[i] == code for i in lst) and (not distinct or len(set(lst)) == len(lst)):
-                return
-        super().require_held_by(ids, owner, op, distinct=distinct)
-
-    def _on_retag(self, owner: Owner, old: Account, new: Account, op: str) -> None:
-        code = self._codes.get(owner)
-        n = 0 if code is None else self._held[code]
-        if n:
-            self._count[old] -= n
-            self._count[new] += n
-        if self.observer is not None:
-            self.observer.retagged(self, owner, old, new, op)
-
-    def history_of(self, slot: int, limit: int = MOVES_PER_SLOT_IN_REPORT) -> list[Move]:
-        return []
-
-    def describe_slots(self, slots: Iterable[int], claims: Mapping[int, str] | None = None) -> list[str]:
-        lines = []
-        for slot in list(slots)[:8]:
-            claim = None if claims is None else claims.get(slot)
-            lines.append(f"  slot {slot}: owner {self.owner_of(slot)!r}" + ("" if claim is None else f"; {claim}"))
-        lines.append("    (checking level owners: no move history; run at the level ledger for the last moves)")
-        return lines
-
-    def __repr__(self) -> str:
-        return f"OwnerTable({self.pool}, size={self.size}, {self.account_sizes()})"
-
-
-class NullLedger:
-    """The ledger of the ``release`` level: every method is a no-op, every query answers 'unknown'."""
-
-    enabled = False
-    debug = False
-
-    def __init__(self, pool: str, domain: range, *, unit: int = 1) -> None:
-        self.pool = pool
-        self.domain = domain
-        self.size = len(domain)
-        self.unit = unit
-        self.pending_owner = Owner("free_group", pool, PENDING_FREE)
-
-    def transfer(self, ids: Any, src: Owner, dst: Owner, op: str) -> None:
-        return None
-
-    def transfer_each(self, ids: Any, src: Owner, dsts: Sequence[Owner], op: str) -> None:
-        return None
-
-    def return_to_free_list(self, ids: Any, op: str) -> None:
-        return None
-
-    def give_back(self, ids: list[int], owner: Owner, dst: Owner, op: str) -> None:
-        return None
-
-    def move_one(self, i: int, src: Owner, dst: Owner, op: str) -> bool:
-        return True
-
-    def move_held(self, ids: Any, owner: Owner, dst: Owner, op: str) -> None:
-        return None
-
-    def require_held_by(self, ids: Any, owner: Owner, op: str, *, distinct: bool = False) -> None:
-        return None
-
-    def require_held_each(self, ids: Any, owners: Sequence[Owner], op: str) -> None:
-        return None
-
-    def audit(self, free_ids: Iterable[int], pending_ids: Iterable[int] = ()) -> None:
-        return None
-
-    def owner_of(self, slot: int) -> Owner | None:
-        return None
-
-    def held_mask(self, ids: np.ndarray, owner: Owner) -> np.ndarray:
-        return np.zeros(ids.shape, dtype=bool)
-
-    # Queries answer "nothing recorded": callers check ``enabled`` before trusting them.
-    def count(self, account: Account) -> int:
-        return 0
-
-    def account_sizes(self) -> dict[str, int]:
-        return {}
-
-    def holdings(self, owner: Owner) -> frozenset[int]:
-        return frozenset()
-
-    def held_count(self, owner: Owner) -> int:
-        return 0
-
-    def registered_owners(self) -> int:
-        return 0
-
-    def registered(self) -> list[Owner]:
-        return []
-
-    def describe(self, slots: Iterable[int], headline: str, claims: Mapping[int, str] | None = None) -> str:
-        return f"[{self.pool}] {headline} (no ledger: checking level release)"
-
-    def describe_slots(self, slots: Iterable[int], claims: Mapping[int, str] | None = None) -> list[str]:
-        return []
-
-    def __repr__(self) -> str:
-        return f"NullLedger({self.pool})"
-
-
-AnyLedger = Ledger | NullLedger
-
-
-def make_ledger(pool: str, domain: range, *, unit: int = 1) -> AnyLedger:
-    """The ledger of the level pools are built at now (:func:`~kvledger.contracts.switch.ledger_level`):
-    a :class:`Ledger` (``ledger``, ``full``), an :class:`OwnerTable` (``owners``) or the no-op one."""
-    level = ledger_level()
-    if level >= CheckLevel.LEDGER:
-        return Ledger(pool, domain, unit=unit, debug=level.contracts)
-    if level is CheckLevel.OWNERS:
-        return OwnerTable(pool, domain, unit=unit)
-    return NullLedger(pool, domain, unit=unit)

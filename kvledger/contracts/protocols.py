@@ -5,7 +5,7 @@ prefix cache; the caches from an allocator (and a Mamba pool). They are typed wi
 with kvledger's classes, so another engine's component can stand in through a small adapter and be held
 to the same checks: the scheduler's identities read only what is listed here, and every id an adapter
 hands out or takes back goes through its ``ledger`` (a :class:`~kvledger.contracts.ledger.Ledger`, or the
-no-op :class:`~kvledger.contracts.ledger.NullLedger` when contracts are off).
+no-op :class:`~kvledger.contracts.null_ledger.NullLedger` when contracts are off).
 
 Conventions (SGLang's): ids are int64 tensors on the component's ``device``; ``alloc`` is all or nothing
 and returns None when short; ``free`` takes an owner and refuses, with a typed
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from kvledger.contracts.ledger import AnyLedger
+from kvledger.contracts.ledger_by_level import AnyLedger
 from kvledger.contracts.owners import Owner
 
 if TYPE_CHECKING:  # pragma: no cover

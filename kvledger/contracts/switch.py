@@ -11,21 +11,21 @@ starts a new process.
   ``enabled=ENABLED`` (the level is ``full``); when off, icontract returns the undecorated function, so
   the cost is exactly zero. Because decorators are applied at import, they cannot be toggled inside a
   running process: to run at another level, start a new process.
-* The ledgers are runtime objects. :func:`ledger_level` tells which kind of ledger a pool built *now*
-  gets: none (``release``: the no-op :class:`~kvledger.contracts.ledger.NullLedger`), an owner table
-  (``owners``) or a ledger with its move history (``ledger``, ``full``). The engine builder sets it from
-  ``EngineSpec.checks`` with :func:`building_at`; tests flip it with :func:`override_ledgers` (documented
-  test API). It never re-decorates anything.
+* The ledgers are runtime objects, and the level that picks them is handed to each object when it is
+  built (issue 36): a pool takes ``checks=`` (a :class:`~kvledger.contracts.levels.CheckLevel`) and gets
+  no ledger (``release``: the no-op :class:`~kvledger.contracts.null_ledger.NullLedger`), an owner table
+  (``owners``) or a ledger with its move history (``ledger``, ``full``); the engine builder hands
+  ``EngineSpec.checks`` to every pool it builds. An object handed no level is built at the process's
+  (:func:`building_level`). Nothing reads a mutable module global when an object is built, and nothing
+  re-decorates anything: only ``full`` (icontract's conditions) needs a process started at it.
 
 This module is torch-free and import-light on purpose: CrossHair imports it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
-from collections.abc import Iterator
 
 import icontract
 
@@ -62,51 +62,17 @@ ensure = functools.partial(icontract.ensure, enabled=ENABLED, error=ContractViol
 invariant = functools.partial(icontract.invariant, enabled=ENABLED, error=ContractViolation)
 snapshot = functools.partial(icontract.snapshot, enabled=ENABLED)
 
-_ledger_level: CheckLevel = LEVEL
-
-
-def ledger_level() -> CheckLevel:
-    """The level a pool or cache constructed now is built at (which ledger it gets)."""
-    return _ledger_level
-
-
-def ledgers_enabled() -> bool:
-    """Whether a pool or cache constructed now records ownership in a real ledger (``owners`` or more)."""
-    return _ledger_level.tracks_owners
-
-
-@contextlib.contextmanager
-def building_at(level: CheckLevel | None) -> Iterator[None]:
-    """Construct pools at ``level`` (None: as now). ``full`` needs a process at ``full`` (import-time)."""
-    global _ledger_level
-    if level is None:
-        yield
-        return
-    if level.contracts and not ENABLED:
+def building_level(checks: CheckLevel | None) -> CheckLevel:
+    """The level an object handed ``checks`` is built at: ``checks`` itself, or the process's level when it
+    was handed none (an object built on its own, outside an engine). ``full`` needs a process started at
+    ``full``: icontract's decorators were applied, or not, when this process imported kvledger."""
+    if checks is None:
+        return LEVEL
+    if not isinstance(checks, CheckLevel):
+        raise InvalidArgument(f"checks: expected a CheckLevel, got {type(checks).__name__}")
+    if checks.contracts and not ENABLED:
         raise InvalidArgument(
             f"checking level full needs a process started at full ({LEVEL_ENV_VAR}=full): this one runs"
             f" at {LEVEL.label}, and icontract's decorators were applied when it imported kvledger"
         )
-    previous = _ledger_level
-    _ledger_level = level
-    try:
-        yield
-    finally:
-        _ledger_level = previous
-
-
-@contextlib.contextmanager
-def override_ledgers(enabled: bool) -> Iterator[None]:
-    """Test API: construct pools with (or without) a ledger, whatever the level says.
-
-    Only affects objects built inside the ``with`` block. The icontract decorators keep the state
-    they got at import; ``enabled=True`` in a process below ``full`` therefore gives ledger checks
-    (with history) without pre/postconditions.
-    """
-    global _ledger_level
-    previous = _ledger_level
-    _ledger_level = max(_ledger_level, CheckLevel.LEDGER) if enabled else CheckLevel.RELEASE
-    try:
-        yield
-    finally:
-        _ledger_level = previous
+    return checks

@@ -208,7 +208,7 @@ def build_parts(spec: EngineSpec) -> EngineParts:
     with allocating(
         f"engine {spec.name_prefix or ''}(kv_tokens={spec.kv_tokens}, rows={spec.rows},"
         f" max_context_len={spec.max_context_len}, mamba_slots={spec.mamba_slots})"
-    ), switch.building_at(spec.checks):  # the level picks each pool's ledger
+    ):
         return _build_parts(spec, config)
 
 
@@ -216,11 +216,14 @@ def _build_parts(spec: EngineSpec, config: SchedulerConfig) -> EngineParts:
     kv: Any
     prefix = spec.name_prefix
     if spec.page_size == 1:
-        kv = TokenToKVPoolAllocator(spec.kv_tokens, name=f"{prefix}kv")
+        kv = TokenToKVPoolAllocator(spec.kv_tokens, name=f"{prefix}kv", checks=spec.checks)
     else:
-        kv = PagedTokenToKVPoolAllocator(spec.kv_tokens, spec.page_size, name=f"{prefix}kv")
+        kv = PagedTokenToKVPoolAllocator(
+            spec.kv_tokens, spec.page_size, name=f"{prefix}kv", checks=spec.checks
+        )
     rows = ReqToTokenPool(  # as wide as the context plus the speculative over-allocation (I-SPEC-ROW)
-        spec.rows, config.max_allocated_len, name=f"{prefix}req", reserved_rows=spec.reserved_rows
+        spec.rows, config.max_allocated_len, name=f"{prefix}req", reserved_rows=spec.reserved_rows,
+        checks=spec.checks,
     )
     rows.attach_kv_owners(kv)  # debug builds: I-ROW-WRITE on every row write
     model = model_weights(spec.vocab_size) if spec.model == "tiny-hybrid" else None
@@ -235,6 +238,7 @@ def _build_parts(spec: EngineSpec, config: SchedulerConfig) -> EngineParts:
             conv_state_shape=conv,
             temporal_state_shape=temporal,
             name=f"{prefix}mamba",
+            checks=spec.checks,
         )
     tree: Any = None
     if spec.tree == "mamba_radix":

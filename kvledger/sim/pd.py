@@ -22,7 +22,7 @@ from kvledger.audit.pd_record import PDRecorder
 from kvledger.contracts import switch
 from kvledger.contracts.errors import ContractViolation
 from kvledger.reference.disagg import DECODE, PREFILL, ChannelConfig, PDScheduler, PDSpec, PDSystem, build_pd
-from kvledger.sim.simulate import SimOptions, Timeline, _options_dict, _update_peak
+from kvledger.sim.simulate import SimOptions, Timeline, _options_dict, _update_peak, recordable
 
 
 @dataclass(frozen=True)
@@ -137,8 +137,8 @@ def run_pd_simulation(
     if record is None:
         system = build_pd(opts.spec())
     else:
-        with switch.override_ledgers(True):
-            system = build_pd(opts.spec())
+        spec = opts.spec()
+        system = build_pd(replace(spec, prefill=recordable(spec.prefill), decode=recordable(spec.decode)))
         recorder = PDRecorder(system, record, source=f"kvledger simulate --pd {_options_dict(opts.base)}")
     arrivals = opts.base.workload.stream()
     total = opts.base.workload.total

@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import IO, Any
 
 from kvledger.audit.record import Recorder
@@ -197,6 +197,12 @@ class SimResult:
         return out
 
 
+def recordable(spec: EngineSpec) -> EngineSpec:
+    """``spec`` with pools a recorder can observe: real ledgers, so at least the level ``ledger`` (a
+    recorded run reads every move from them; below it the pools keep no moves to read)."""
+    return replace(spec, checks=max(switch.building_level(spec.checks), CheckLevel.LEDGER))
+
+
 def run_simulation(
     opts: SimOptions,
     progress: Callable[[int, int], None] | None = None,
@@ -212,8 +218,7 @@ def run_simulation(
         sched = build_engine(opts.engine_spec())
         recorder = None
     else:
-        with switch.override_ledgers(True):
-            sched = build_engine(opts.engine_spec())
+        sched = build_engine(recordable(opts.engine_spec()))
         recorder = Recorder(sched, record, source=f"kvledger simulate {_options_dict(opts)}")
     arrivals = opts.workload.stream()  # built lazily: a long run does not hold every prompt
     total = opts.workload.total

@@ -7,8 +7,7 @@ import json
 from typing import Any
 
 from kvledger.audit import Auditor, Recorder
-from kvledger.contracts.switch import override_ledgers
-from tests.scheduler.harness import Setup, build
+from tests.scheduler.harness import Setup, build, ledgers
 
 MAMBA = Setup(
     tree="mamba_radix", kv_tokens=256, rows=3, mamba_slots=6, chunk=8, mamba_strategy="no_buffer"
@@ -22,8 +21,7 @@ def record(
     spec: Setup, prompts: dict[int, list[int]] = PROMPTS, max_new: int = 5, abort: int | None = None
 ) -> list[str]:
     """The event log of ``prompts`` run to quiescence on ``spec`` (one line per event)."""
-    with override_ledgers(True):
-        sched = build(spec)
+    sched = build(ledgers(spec))
     out = io.StringIO()
     with Recorder(sched, out, source="tests"):
         for rid, prompt in prompts.items():

@@ -16,9 +16,8 @@ import pytest
 
 from kvledger.audit import EventLogError, Recorder, audit_file, audit_lines
 from kvledger.contracts.errors import ContractViolation, InvalidArgument
-from kvledger.contracts.switch import override_ledgers
 from tests.audit._logs import PLAIN, PROMPTS, events, record
-from tests.scheduler.harness import build
+from tests.scheduler.harness import build, ledgers
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +26,7 @@ def plain_log() -> list[str]:
 
 
 def _recorder() -> tuple[object, io.StringIO, Recorder]:
-    with override_ledgers(True):
-        sched = build(PLAIN)
+    sched = build(ledgers(PLAIN))
     out = io.StringIO()
     return sched, out, Recorder(sched, out, source="tests")
 

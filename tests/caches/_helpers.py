@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from kvledger.contracts.errors import KVLedgerError
+from kvledger.contracts.levels import CheckLevel
 from kvledger.contracts.switch import ENABLED
 from kvledger.museum.machines.cache_support import (  # noqa: F401 (re-exported for the cache tests)
     audit_all,
@@ -35,12 +36,14 @@ needs_contracts = pytest.mark.skipif(
 )
 
 
-def make_plain(page_size: int = 1, pages: int = 64) -> RadixCache:
-    return RadixCache(make_allocator(page_size, pages))
+def make_plain(page_size: int = 1, pages: int = 64, checks: CheckLevel | None = None) -> RadixCache:
+    return RadixCache(make_allocator(page_size, pages, checks))
 
 
-def make_mamba(page_size: int = 1, pages: int = 64, slots: int = 16) -> MambaRadixCache:
-    return MambaRadixCache(make_allocator(page_size, pages), make_mamba_pool(slots))
+def make_mamba(
+    page_size: int = 1, pages: int = 64, slots: int = 16, checks: CheckLevel | None = None
+) -> MambaRadixCache:
+    return MambaRadixCache(make_allocator(page_size, pages, checks), make_mamba_pool(slots, checks))
 
 
 def assert_rejected(

@@ -14,9 +14,9 @@ import torch
 
 from kvledger.contracts import tree_checks
 from kvledger.contracts.errors import ContractViolation
-from kvledger.contracts.switch import override_ledgers
 from kvledger.museum import exhibit
 from kvledger.reference.radix import MambaRadixCache, RadixCache
+from tests.levels import debug_level
 
 from ._helpers import insert_fresh, make_mamba, make_plain, needs_contracts, new_owner, nodes_of
 
@@ -24,8 +24,7 @@ pytestmark = needs_contracts
 
 
 def _no_ledger(factory: Any, **kw: Any) -> Any:
-    with override_ledgers(False):
-        return factory(**kw)
+    return factory(**kw, checks=debug_level(False))
 
 
 def _two_leaves(cache: Any) -> Any:
@@ -152,8 +151,7 @@ def test_keys_fires_for_a_child_under_a_stale_key_36696(monkeypatch: pytest.Monk
 @pytest.mark.parametrize("ledger", [True, False])
 @pytest.mark.fires("I-NO-TREE-ALIAS")
 def test_no_tree_alias_fires_when_two_nodes_share_ids(ledger: bool) -> None:
-    with override_ledgers(ledger):
-        cache = make_plain()
+    cache = make_plain(checks=debug_level(ledger))
     _two_leaves(cache)
     a = cache.match_prefix([1, 2, 3, 4]).last_node
     b = cache.match_prefix([1, 2, 5, 6]).last_node

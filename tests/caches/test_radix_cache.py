@@ -15,8 +15,8 @@ from kvledger.contracts.errors import (
     PrefixMismatch,
 )
 from kvledger.contracts.owners import CACHE_EVICTABLE, CACHE_PROTECTED, FREE_LIST
-from kvledger.contracts.switch import override_ledgers
 from kvledger.reference.radix import LockRef, RadixCache
+from tests.levels import debug_level
 
 from ._helpers import (
     assert_rejected,
@@ -296,8 +296,7 @@ def test_locking_an_evicted_node_is_refused(populated: RadixCache) -> None:
 
 
 def test_works_without_a_ledger() -> None:
-    with override_ledgers(False):
-        cache = make_plain(page_size=2, pages=16)
+    cache = make_plain(page_size=2, pages=16, checks=debug_level(False))
     insert_fresh(cache, [1, 2, 3, 4])
     insert_fresh(cache, [1, 2, 5, 6])
     lock = cache.inc_lock_ref(cache.match_prefix([1, 2, 5, 6]).last_node)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from kvledger.contracts.diagnosis import Census, diagnose, find_disputes, free_list_report
-from kvledger.contracts.ledger import Ledger, NullLedger
+from kvledger.contracts.ledger import Ledger
+from kvledger.contracts.null_ledger import NullLedger
 from kvledger.contracts.owners import FREE_LIST, REQ_RUNNING, Owner
 
 

@@ -17,7 +17,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvledger.contracts.errors import ContractViolation, ForeignSlot, KVLedgerError
-from kvledger.contracts.ledger import Ledger, NullLedger, as_id_list, make_ledger
+from kvledger.contracts.ledger import Ledger, as_id_list
+from kvledger.contracts.ledger_by_level import make_ledger
+from kvledger.contracts.null_ledger import NullLedger
 from kvledger.contracts.owners import (
     CACHE_EVICTABLE,
     CACHE_PROTECTED,
@@ -29,7 +31,7 @@ from kvledger.contracts.owners import (
     Account,
     Owner,
 )
-from kvledger.contracts.switch import override_ledgers
+from tests.levels import debug_level
 
 
 def state(ledger: Ledger) -> tuple[object, ...]:
@@ -339,9 +341,8 @@ def test_null_ledger_is_a_no_op() -> None:
 
 
 @pytest.mark.parametrize("enabled", [True, False])
-def test_make_ledger_follows_override(enabled: bool) -> None:
-    with override_ledgers(enabled):
-        ledger = make_ledger("kv", range(1, 5), unit=4)
+def test_make_ledger_follows_the_level_it_is_handed(enabled: bool) -> None:
+    ledger = make_ledger("kv", range(1, 5), unit=4, level=debug_level(enabled))
     assert isinstance(ledger, Ledger if enabled else NullLedger)
     assert ledger.unit == 4 and ledger.size == 4
 

@@ -12,7 +12,7 @@ import torch
 
 from kvledger.contracts import switch
 from kvledger.contracts.errors import ContractViolation, DoubleFree
-from kvledger.contracts.ledger import AnyLedger, make_ledger
+from kvledger.contracts.ledger_by_level import AnyLedger, make_ledger
 from kvledger.contracts.owners import FREE_LIST, Owner
 from kvledger.contracts.protocols import (
     KVAllocator,
@@ -69,7 +69,7 @@ class ListAllocator:
     def __init__(self, size: int, lose_every: int = 0) -> None:
         self.size = size
         self.device = torch.device("cpu")
-        self.ledger: AnyLedger = make_ledger("kv", range(1, size + 1))
+        self.ledger: AnyLedger = make_ledger("kv", range(1, size + 1), level=switch.LEVEL)
         self._free = list(range(1, size + 1))
         self._frees = 0
         self.lose_every = lose_every

@@ -1,4 +1,4 @@
-"""The contracts switch: ``KVLEDGER_CONTRACTS`` read once at import; ``override_ledgers`` for tests.
+"""The contracts switch: ``KVLEDGER_CONTRACTS`` read once at import; a pool's ledger from the level it is handed.
 
 The decorators cannot be toggled inside a process, so the on/off checks run fresh interpreters. How
 icontract marks what it decorated (checked against icontract 2.7.3): a checked function is a wrapper
@@ -8,7 +8,7 @@ argument unchanged, so none of these attributes exist.
 
 The ledger is the exception by design (issue 12): its I-COUNT invariant is checked by the ledger itself
 at every transfer and retag (not by icontract around every per-id query), so it is live whenever a real
-ledger exists, including one forced with ``override_ledgers(True)`` under ``KVLEDGER_CONTRACTS=0``.
+ledger exists, including one built with ``checks=CheckLevel.LEDGER`` under ``KVLEDGER_CONTRACTS=0``.
 """
 
 from __future__ import annotations
@@ -24,8 +24,12 @@ from typing import Any
 import pytest
 
 from kvledger.contracts import switch
-from kvledger.contracts.ledger import Ledger, NullLedger
-from kvledger.contracts.switch import ENV_VAR, ledgers_enabled, override_ledgers
+from kvledger.contracts.errors import InvalidArgument
+from kvledger.contracts.ledger import Ledger
+from kvledger.contracts.levels import CheckLevel
+from kvledger.contracts.null_ledger import NullLedger
+from kvledger.contracts.owner_table import OwnerTable
+from kvledger.contracts.switch import ENV_VAR
 from kvledger.reference.pools import TokenToKVPoolAllocator
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,8 +68,8 @@ PROBE = textwrap.dedent(
         "req": ReqToTokenPool(2, 4),
         "mamba": mamba,
     }
-    with switch.override_ledgers(True):
-        forced = TokenToKVPoolAllocator(4)
+    from kvledger.contracts.levels import CheckLevel
+    forced = TokenToKVPoolAllocator(4, checks=CheckLevel.LEDGER)
     ids = forced.alloc(2, owner)
 
     def miscounted_transfer():
@@ -75,7 +79,7 @@ PROBE = textwrap.dedent(
 
     print(json.dumps({
         "enabled": switch.ENABLED,
-        "ledgers_enabled": switch.ledgers_enabled(),
+        "ledgers_enabled": switch.LEVEL.tracks_owners,
         "marks": {
             "arith.pages_needed": marks(arith.pages_needed),
             "arith.matched_prefix_len": marks(arith.matched_prefix_len),
@@ -158,7 +162,7 @@ def test_contracts_off() -> None:
     assert set(result["ledgers"].values()) == {"NullLedger"}
     assert result["precondition_fires"] is False  # pages_needed(-1, 4) just computes
     assert result["postcondition_fires"] is False  # the dirty slot is handed out unnoticed
-    # override_ledgers(True) still gives a real ledger, and the ledger checks transfers by itself
+    # checks=CheckLevel.LEDGER still gives a real ledger, and the ledger checks transfers by itself
     assert result["forced_ledger"] == "Ledger"
     assert result["ledger_check_fires"] is True
     assert result["ledger_invariant_fires"] is True  # the ledger checks I-COUNT by itself
@@ -201,28 +205,35 @@ def test_read_env_refuses_anything_else(value: str) -> None:
         switch._read_env(value)
 
 
-# ---------------------------------------------------------------------- override_ledgers, in process
-def test_override_ledgers_applies_to_pools_built_inside() -> None:
-    outside = ledgers_enabled()
-    with override_ledgers(False):
-        assert ledgers_enabled() is False
-        off = TokenToKVPoolAllocator(4)
-        with override_ledgers(True):
-            on = TokenToKVPoolAllocator(4)
-        assert ledgers_enabled() is False
-    assert ledgers_enabled() is outside
-    assert isinstance(off.ledger, NullLedger) and isinstance(on.ledger, Ledger)
-    assert isinstance(TokenToKVPoolAllocator(4).ledger, Ledger if outside else NullLedger)
+# ------------------------------------------------------------- the level handed to a pool, in process
+@pytest.mark.parametrize(
+    ("level", "ledger_type"),
+    [(CheckLevel.RELEASE, NullLedger), (CheckLevel.OWNERS, OwnerTable), (CheckLevel.LEDGER, Ledger)],
+)
+def test_a_pool_gets_the_ledger_of_the_level_it_is_handed(level: CheckLevel, ledger_type: type) -> None:
+    pool = TokenToKVPoolAllocator(4, checks=level)
+    assert type(pool.ledger) is ledger_type
 
 
-def test_override_ledgers_restores_after_an_exception() -> None:
-    outside = ledgers_enabled()
-    with pytest.raises(RuntimeError), override_ledgers(not outside):
-        raise RuntimeError("boom")
-    assert ledgers_enabled() is outside
+def test_a_pool_handed_no_level_is_built_at_the_processs() -> None:
+    expected = Ledger if switch.LEVEL >= CheckLevel.LEDGER else OwnerTable if switch.LEVEL.tracks_owners else NullLedger
+    assert type(TokenToKVPoolAllocator(4).ledger) is expected
 
 
-def test_override_ledgers_does_not_redecorate() -> None:
-    """The decorators keep the state they got at import, whatever the override says."""
-    with override_ledgers(not switch.ENABLED):
-        assert hasattr(TokenToKVPoolAllocator.alloc, "__postconditions__") is switch.ENABLED
+def test_full_in_a_process_below_full_is_a_typed_error_and_builds_nothing() -> None:
+    if switch.ENABLED:
+        assert switch.building_level(CheckLevel.FULL) is CheckLevel.FULL
+        return
+    with pytest.raises(InvalidArgument, match="full needs a process started at full"):
+        TokenToKVPoolAllocator(4, checks=CheckLevel.FULL)
+
+
+def test_a_level_that_is_not_a_checklevel_is_a_typed_error() -> None:
+    with pytest.raises(InvalidArgument, match="expected a CheckLevel"):
+        TokenToKVPoolAllocator(4, checks="ledger")  # type: ignore[arg-type]
+
+
+def test_a_level_handed_down_does_not_redecorate() -> None:
+    """The decorators keep the state they got at import, whatever level a pool is built at."""
+    TokenToKVPoolAllocator(4, checks=CheckLevel.RELEASE if switch.ENABLED else CheckLevel.LEDGER)
+    assert hasattr(TokenToKVPoolAllocator.alloc, "__postconditions__") is switch.ENABLED

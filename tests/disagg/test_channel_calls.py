@@ -9,13 +9,13 @@ import torch
 
 from kvledger.contracts.errors import InvalidArgument, InvalidState, UnknownRoom
 from kvledger.contracts.owners import REQ_RUNNING, Owner
-from kvledger.contracts.switch import override_ledgers
 from kvledger.kernels import poison_value
 from kvledger.reference.config_fields import MAX_SIZE
 from kvledger.reference.disagg import DECODE, PREFILL, Component, Fault, PDSystem, Poll
 from kvledger.reference.disagg.landing import copy_metadata
 from kvledger.reference.pools import MetadataBufferPool
 from tests.disagg.harness import build, expected
+from tests.levels import debug_level
 from tests.sweep import snapshot
 
 
@@ -77,8 +77,8 @@ def test_check_quiescent_while_busy_is_the_callers_error() -> None:
 def test_a_landing_copies_the_raw_metadata(source: str) -> None:
     """The landing path is a raw copy through the kernels, not the checked ``store``: a room 0 (nothing
     written) or a poisoned slot (freed too early) lands as it is, for the decode's commit to refuse."""
-    with override_ledgers(True):  # debug build: a freed slot is poisoned
-        src, dst = MetadataBufferPool(2, name="p.meta"), MetadataBufferPool(2, name="d.meta")
+    debug = debug_level(True)  # debug build: a freed slot is poisoned
+    src, dst = MetadataBufferPool(2, name="p.meta", checks=debug), MetadataBufferPool(2, name="d.meta", checks=debug)
     owner = Owner("req", 1, REQ_RUNNING)
     slot = src.alloc(owner)
     assert slot is not None

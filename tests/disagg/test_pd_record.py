@@ -16,10 +16,10 @@ import pytest
 
 from kvledger.audit import PDRecorder, audit_lines
 from kvledger.contracts.errors import InvalidArgument
-from kvledger.contracts.switch import override_ledgers
 from kvledger.reference.disagg import DECODE, PREFILL, Component, Fault
 from tests.audit._logs import events, first
 from tests.disagg.harness import build, pd_spec
+from tests.levels import ledgers
 
 PROMPTS = {rid: [5, 5, 5, 5, 5, 5, 5, 5, rid % 3, rid, rid + 1, *range(rid)] for rid in range(8)}
 V1 = {"page_size": 1}
@@ -30,8 +30,7 @@ CACHE = {"page_size": 1, "decode_radix_cache": True}  # the decode radix cache (
 def record_pd(setup: dict[str, object], *, faults: bool = True) -> dict[str, list[str]]:
     """Both instances' logs of a small PD run with a hung KV message, a decode abort mid-transfer (a
     lease), a prefill abort and a dropped state message, run to quiescence."""
-    with override_ledgers(True):
-        system = build(pd_spec(chunk=16, decode_running=2, **setup))  # type: ignore[arg-type]
+    system = build(ledgers(pd_spec(chunk=16, decode_running=2, **setup)))  # type: ignore[arg-type]
     outs = {PREFILL: io.StringIO(), DECODE: io.StringIO()}
     with PDRecorder(system, outs, source="tests"):
         for rid, prompt in PROMPTS.items():
@@ -180,8 +179,7 @@ def test_a_planted_tracking_slot_leak_on_the_v2_decode_side_is_named() -> None:
 
 
 def test_pd_recorder_refuses_bad_outputs_and_installs_nothing() -> None:
-    with override_ledgers(True):
-        system = build(pd_spec())
+    system = build(ledgers(pd_spec()))
     with pytest.raises(InvalidArgument):
         PDRecorder(system, {PREFILL: io.StringIO()})
     with pytest.raises(InvalidArgument):

@@ -16,10 +16,9 @@ from typing import Any
 
 from kvledger.contracts.errors import ContractViolation, KVLedgerError
 from kvledger.contracts.oracle import check_output_oracle
-from kvledger.contracts.switch import override_ledgers
 from kvledger.reference.radix import MambaRadixCache
 from kvledger.reference.scheduler import ReqState, Scheduler
-from tests.scheduler.harness import Setup, build, model_expected_output
+from tests.scheduler.harness import Setup, build, ledgers, model_expected_output
 
 FAULTS = ("none", "skip_cow_copy", "stale_tombstone_state", "read_poisoned_slot")
 PREFIX = list(range(10, 30))
@@ -64,19 +63,21 @@ def _matches_alone(req: Any) -> bool:
 
 
 def run_fault(fault: str, *, check_integrity: bool = True) -> dict[str, Any]:
-    with override_ledgers(True), injected(fault):  # ledgers on: debug builds poison freed slots
+    with injected(fault):  # ledgers on: debug builds poison freed slots
         sched = build(
-            Setup(
-                tree="mamba_radix",
-                hybrid=True,
-                model="tiny-hybrid",
-                kv_tokens=160,
-                rows=4,
-                mamba_slots=6,
-                chunk=8,
-                max_prefill=32,
-                max_context_len=96,
-                mamba_strategy="no_buffer",  # Mamba V1 (EngineSpec's default is V2)
+            ledgers(
+                Setup(
+                    tree="mamba_radix",
+                    hybrid=True,
+                    model="tiny-hybrid",
+                    kv_tokens=160,
+                    rows=4,
+                    mamba_slots=6,
+                    chunk=8,
+                    max_prefill=32,
+                    max_context_len=96,
+                    mamba_strategy="no_buffer",  # Mamba V1 (EngineSpec's default is V2)
+                )
             )
         )
         sched.runner.check_integrity = check_integrity  # type: ignore[attr-defined]

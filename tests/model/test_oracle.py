@@ -28,6 +28,7 @@ from kvledger.reference.engine import TreeKind, model_weights
 from kvledger.reference.model import generate_alone
 from tests.model.faults import run_fault
 from tests.scheduler.harness import Setup, build, long_fuzz_settings, model_expected_output
+from tests.scheduler.harness import ledgers as with_ledgers
 
 ROOT = Path(__file__).resolve().parents[2]
 TEST_VOCAB = 128  # the machine's prompts use ids < 100; a small vocabulary keeps the model cheap
@@ -202,10 +203,8 @@ def test_row_pointing_at_the_same_token_at_another_position_is_caught_at_the_rea
 
 @pytest.mark.parametrize("ledgers", [False, True])
 def test_the_read_checks_run_exactly_when_the_pools_keep_a_ledger(ledgers: bool) -> None:
-    with switch.override_ledgers(ledgers):
-        sched = build(
-            Setup(tree="none", hybrid=True, model="tiny-hybrid", kv_tokens=64, rows=1, mamba_slots=2)
-        )
+    spec = Setup(tree="none", hybrid=True, model="tiny-hybrid", kv_tokens=64, rows=1, mamba_slots=2)
+    sched = build(with_ledgers(spec, ledgers))
     assert sched.runner.check_integrity is ledgers  # type: ignore[attr-defined]
 
 

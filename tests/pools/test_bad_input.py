@@ -8,7 +8,7 @@ writing the table. Each builds a pool in a known busy state (owner ``a`` and own
 ids are free), snapshots it (free list, state mask, free-group buffer, ledger owner table, holdings,
 account counts, step counter, tensor contents), makes one bad call, and compares the snapshot.
 
-Pools are built with ledgers on (``override_ledgers(True)``) whatever ``KVLEDGER_CONTRACTS`` says, so a
+Pools are built with ledgers on (``checks=``, at least ``ledger``) whatever ``KVLEDGER_CONTRACTS`` says, so a
 foreign free is detectable; the double-free tests also run with ledgers off.
 """
 
@@ -30,15 +30,16 @@ from kvledger.contracts.errors import (
     SlotOutOfRange,
     StaleSnapshot,
 )
-from kvledger.contracts.ledger import Ledger, NullLedger
+from kvledger.contracts.ledger import Ledger
+from kvledger.contracts.null_ledger import NullLedger
 from kvledger.contracts.owners import REQ_RUNNING, REQ_WAITING, Owner
-from kvledger.contracts.switch import override_ledgers
 from kvledger.reference.pools import (
     MambaPool,
     PagedTokenToKVPoolAllocator,
     ReqToTokenPool,
     TokenToKVPoolAllocator,
 )
+from tests.levels import debug_level
 
 from ._helpers import expect_rejected, id_list_of, snapshot
 
@@ -68,16 +69,14 @@ def _free_of(pool: Any) -> list[int]:
 
 
 def token_scene(ledgers: bool = True) -> Scene:
-    with override_ledgers(ledgers):
-        pool = TokenToKVPoolAllocator(8)
+    pool = TokenToKVPoolAllocator(8, checks=debug_level(ledgers))
     a, b = Owner("req", 1, REQ_RUNNING), Owner("req", 2, REQ_WAITING)
     a_ids, b_ids = _ids(pool.alloc(3, a)), _ids(pool.alloc(2, b))
     return Scene(pool, a, b, a_ids, b_ids, _free_of(pool), reserved=[0], beyond=[9, 10**6])
 
 
 def req_scene(ledgers: bool = True) -> Scene:
-    with override_ledgers(ledgers):
-        pool = ReqToTokenPool(5, 8)
+    pool = ReqToTokenPool(5, 8, checks=debug_level(ledgers))
     a, b = Owner("req", 1, REQ_RUNNING), Owner("req", 2, REQ_WAITING)
     a_ids, b_ids = _ids(pool.alloc(2, a)), _ids(pool.alloc(1, b))
     pool.write(a_ids[0], 0, torch.tensor([11, 12, 13]))
@@ -85,8 +84,7 @@ def req_scene(ledgers: bool = True) -> Scene:
 
 
 def mamba_scene(ledgers: bool = True) -> Scene:
-    with override_ledgers(ledgers):
-        pool = MambaPool(6, num_layers=2, conv_state_shape=(3,), temporal_state_shape=(2, 2))
+    pool = MambaPool(6, num_layers=2, conv_state_shape=(3,), temporal_state_shape=(2, 2), checks=debug_level(ledgers))
     a, b = Owner("req", 1, REQ_RUNNING), Owner("req", 2, REQ_WAITING)
     a_ids, b_ids = _ids(pool.alloc(2, a)), _ids(pool.alloc(2, b))
     for i, slot in enumerate(a_ids + b_ids):
@@ -96,8 +94,7 @@ def mamba_scene(ledgers: bool = True) -> Scene:
 
 
 def paged_scene(ledgers: bool = True) -> Scene:
-    with override_ledgers(ledgers):
-        pool = PagedTokenToKVPoolAllocator(6 * PAGE, PAGE)
+    pool = PagedTokenToKVPoolAllocator(6 * PAGE, PAGE, checks=debug_level(ledgers))
     a, b = Owner("req", 1, REQ_RUNNING), Owner("req", 2, REQ_WAITING)
     a_tokens = _ids(pool.alloc(2 * PAGE, a))
     b_tokens = _ids(pool.alloc(PAGE, b))
@@ -176,8 +173,7 @@ def test_double_free_inside_a_free_group(pool_kind: str) -> None:
 def test_sglang_double_free_scenario(size: int) -> None:
     """SGLang's allocator reports 1026 free slots of 1024 after alloc(2), free, free; here the second free
     is refused and available_size() stays what the first free left (the whole pool)."""
-    with override_ledgers(True):
-        pool = TokenToKVPoolAllocator(size)
+    pool = TokenToKVPoolAllocator(size, checks=debug_level(True))
     req = Owner("req", 0, REQ_RUNNING)
     ids = pool.alloc(2, req)
     assert ids is not None
@@ -263,8 +259,8 @@ def test_a_zero_size_pool_is_a_typed_error(pool_cls: type, ledgers: bool) -> Non
     pool with them off; MambaPool already refuses it with InvalidArgument. Fix: ``if size < 1: raise
     InvalidArgument`` in both constructors, as MambaPool does."""
     args: tuple[int, ...] = (0,) if pool_cls is TokenToKVPoolAllocator else (0, 8)
-    with override_ledgers(ledgers), pytest.raises(InvalidArgument):
-        pool_cls(*args)
+    with pytest.raises(InvalidArgument):
+        pool_cls(*args, checks=debug_level(ledgers))
 
 
 def test_alloc_extend_cannot_hand_one_slot_to_two_requests() -> None:

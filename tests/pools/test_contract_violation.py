@@ -24,7 +24,6 @@ from kvledger.contracts.errors import ContractViolation, KVLedgerError
 from kvledger.contracts.ledger import Ledger
 from kvledger.contracts.oracle import check_free_list_order
 from kvledger.contracts.owners import CACHE_EVICTABLE, FREE_LIST, REQ_RUNNING, REQ_WAITING, Owner
-from kvledger.contracts.switch import override_ledgers
 from kvledger.reference.pools import (
     KVBufferPool,
     MambaPool,
@@ -33,6 +32,7 @@ from kvledger.reference.pools import (
     TokenToKVPoolAllocator,
 )
 from kvledger.reference.pools.id_free_list import IdFreeList
+from tests.levels import debug_level
 
 from ._helpers import id_list_of, snapshot
 from ._model import FreeListModel
@@ -44,14 +44,15 @@ needs_contracts = pytest.mark.skipif(
 
 
 def _make(kind: str, ledgers: bool = True) -> Any:
-    with override_ledgers(ledgers):
-        if kind == "token":
-            return TokenToKVPoolAllocator(8, name="kv")
-        if kind == "paged":
-            return PagedTokenToKVPoolAllocator(8 * PAGE, PAGE, name="kv_paged")
-        if kind == "req":
-            return ReqToTokenPool(8, 16, name="req_rows")
-        return MambaPool(8, num_layers=1, conv_state_shape=(2,), temporal_state_shape=(2,), name="mamba")
+    if kind == "token":
+        return TokenToKVPoolAllocator(8, name="kv", checks=debug_level(ledgers))
+    if kind == "paged":
+        return PagedTokenToKVPoolAllocator(8 * PAGE, PAGE, name="kv_paged", checks=debug_level(ledgers))
+    if kind == "req":
+        return ReqToTokenPool(8, 16, name="req_rows", checks=debug_level(ledgers))
+    return MambaPool(
+        8, num_layers=1, conv_state_shape=(2,), temporal_state_shape=(2,), name="mamba", checks=debug_level(ledgers)
+    )
 
 
 def _alloc(pool: Any, n: int, owner: Owner) -> torch.Tensor:

@@ -17,13 +17,13 @@ import pytest
 from kvledger.contracts import switch
 from kvledger.contracts.errors import ContractViolation
 from kvledger.contracts.owners import REQ_RUNNING, Owner
-from kvledger.contracts.switch import override_ledgers
 from kvledger.reference.pools import (
     MambaPool,
     PagedTokenToKVPoolAllocator,
     ReqToTokenPool,
     TokenToKVPoolAllocator,
 )
+from tests.levels import debug_level
 
 from ._helpers import id_list_of
 
@@ -32,14 +32,15 @@ PAGE = 4
 
 
 def _make(kind: str) -> Any:
-    with override_ledgers(True):
-        if kind == "kv-token":
-            return TokenToKVPoolAllocator(8, name="kv")
-        if kind == "kv-paged":
-            return PagedTokenToKVPoolAllocator(8 * PAGE, PAGE, name="kv")
-        if kind == "rows":
-            return ReqToTokenPool(8, 16, name="req")
-        return MambaPool(8, num_layers=1, conv_state_shape=(2,), temporal_state_shape=(2,), name="mamba")
+    if kind == "kv-token":
+        return TokenToKVPoolAllocator(8, name="kv", checks=debug_level(True))
+    if kind == "kv-paged":
+        return PagedTokenToKVPoolAllocator(8 * PAGE, PAGE, name="kv", checks=debug_level(True))
+    if kind == "rows":
+        return ReqToTokenPool(8, 16, name="req", checks=debug_level(True))
+    return MambaPool(
+        8, num_layers=1, conv_state_shape=(2,), temporal_state_shape=(2,), name="mamba", checks=debug_level(True)
+    )
 
 
 def _alloc_ids(pool: Any, owner: Owner) -> list[int]:

@@ -15,17 +15,17 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from kvledger import kernels
 from kvledger.contracts.errors import ContractViolation
 from kvledger.contracts.owners import REQ_RUNNING, Owner
-from kvledger.contracts.switch import ENABLED, override_ledgers
+from kvledger.contracts.switch import ENABLED
 from kvledger.reference.pools import MambaPool
 from kvledger.reference.pools.write_schedule import ZERO, WriteSchedule
+from tests.levels import debug_level
 
 needs_contracts = pytest.mark.skipif(not ENABLED, reason="needs KVLEDGER_CONTRACTS=1")
 OWNER = Owner("req", 1, REQ_RUNNING)
 
 
 def make_pool(size: int = 8, *, ledger: bool = True) -> MambaPool:
-    with override_ledgers(ledger):
-        return MambaPool(size, num_layers=2, conv_state_shape=(3,), temporal_state_shape=(2, 2))
+    return MambaPool(size, num_layers=2, conv_state_shape=(3,), temporal_state_shape=(2, 2), checks=debug_level(ledger))
 
 
 def take(pool: MambaPool, n: int) -> torch.Tensor:

@@ -3,7 +3,7 @@
 An allocation or a free of one id (a decode token, one page) skips the lists and numpy arrays of the
 general path: the free list takes the id as a Python int and the ledger moves it with ``move_one``
 (checked, logged, I-COUNT at the move at ``ledger``; checked at ``owners``). Each test builds its pool
-at the level it names (``switch.building_at``; ``full`` needs a process started at ``full``, where the
+at the level it names (``checks=``; ``full`` needs a process started at ``full``, where the
 same paths run under icontract) and checks the typed error and that nothing changed, or, for a bug inside
 the bookkeeping, the ``ContractViolation`` with nothing changed; the accepted cases check the log and the
 registry afterwards.
@@ -18,8 +18,9 @@ import torch
 
 from kvledger.contracts import switch
 from kvledger.contracts.errors import ContractViolation, DoubleFree, ForeignSlot, SlotOutOfRange
-from kvledger.contracts.ledger import Ledger, OwnerTable
+from kvledger.contracts.ledger import Ledger
 from kvledger.contracts.levels import CheckLevel
+from kvledger.contracts.owner_table import OwnerTable
 from kvledger.contracts.owners import FREE, FREE_LIST, REQ_RUNNING, REQ_WAITING, Owner
 from kvledger.reference.pools import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 
@@ -35,10 +36,9 @@ Pool = TokenToKVPoolAllocator | PagedTokenToKVPoolAllocator
 
 
 def _pool(kind: str, level: CheckLevel) -> Pool:
-    with switch.building_at(level):
-        if kind == "token":
-            return TokenToKVPoolAllocator(SIZE)
-        return PagedTokenToKVPoolAllocator(SIZE * PAGE, PAGE)
+    if kind == "token":
+        return TokenToKVPoolAllocator(SIZE, checks=level)
+    return PagedTokenToKVPoolAllocator(SIZE * PAGE, PAGE, checks=level)
 
 
 def _unit(pool: Pool) -> int:

@@ -7,7 +7,7 @@ must raise its typed error (a :class:`KVLedgerError`) and leave a full snapshot 
 ledger unchanged. After every step the model (an ordered free list, a set per owner) is compared with
 the pool's free list, ``available_size()`` and ``ledger.holdings(owner)``, and ``pool.audit()`` runs.
 
-Pools are built with ``override_ledgers(True)`` so the ownership checks run whatever
+Pools are built with ledgers (``checks=``, at least ``ledger``) so the ownership checks run whatever
 ``KVLEDGER_CONTRACTS`` says; the icontract pre/postconditions follow the env var.
 """
 
@@ -34,7 +34,6 @@ from kvledger.contracts.errors import (
 from kvledger.contracts.ledger import Ledger
 from kvledger.contracts.oracle import check_free_list_order
 from kvledger.contracts.owners import FREE, FREE_LIST, PENDING_FREE, Owner
-from kvledger.contracts.switch import override_ledgers
 from kvledger.reference.pools import (
     MambaPool,
     PagedTokenToKVPoolAllocator,
@@ -42,6 +41,7 @@ from kvledger.reference.pools import (
     TokenToKVPoolAllocator,
 )
 from kvledger.reference.pools.id_free_list import FreeListSnapshot
+from tests.levels import debug_level
 
 from ._helpers import expect_rejected, id_list_of, snapshot
 from ._model import HOLDER_ACCOUNTS, FreeListModel, make_owners
@@ -329,8 +329,7 @@ class IdPoolMachine(PoolMachine):
 class TokenAllocatorMachine(IdPoolMachine, FreeGroupRules, BackupRules):
     @initialize(size=st.integers(1, 8))
     def setup(self, size: int) -> None:
-        with override_ledgers(True):
-            pool = TokenToKVPoolAllocator(size)
+        pool = TokenToKVPoolAllocator(size, checks=debug_level(True))
         self._setup(pool, range(1, size + 1), "fifo")
 
     def _twin_kwargs(self) -> dict[str, Any]:
@@ -349,8 +348,7 @@ class ReqToTokenMachine(IdPoolMachine):
 
     @initialize(size=st.integers(1, 5))
     def setup(self, size: int) -> None:
-        with override_ledgers(True):
-            pool = ReqToTokenPool(size, MAX_CONTEXT)
+        pool = ReqToTokenPool(size, MAX_CONTEXT, checks=debug_level(True))
         self._setup(pool, range(size), "fifo")
         self.table = [[0] * MAX_CONTEXT for _ in range(size)]
         self.next_value = 1
@@ -408,8 +406,9 @@ SSM_SHAPE = (2, 2)
 class MambaPoolMachine(IdPoolMachine, FreeGroupRules):
     @initialize(size=st.integers(1, 8), data=st.data())
     def setup(self, size: int, data: st.DataObject) -> None:
-        with override_ledgers(True):
-            pool = MambaPool(size, num_layers=2, conv_state_shape=CONV_SHAPE, temporal_state_shape=SSM_SHAPE)
+        pool = MambaPool(
+            size, num_layers=2, conv_state_shape=CONV_SHAPE, temporal_state_shape=SSM_SHAPE, checks=debug_level(True)
+        )
         self._setup(pool, range(1, size + 1), "fifo")
         self.value: dict[int, tuple[float, float]] = {}  # slot -> (its conv value, its temporal value)
         self.next_value = 1.0
@@ -552,8 +551,7 @@ class PagedAllocatorMachine(FreeGroupRules, BackupRules):
         p = self.page_size
         num_pages = data.draw(st.integers(1, 5), label="num_pages")
         size = num_pages * p + data.draw(st.integers(0, p - 1), label="ragged tail")  # rounded down to pages
-        with override_ledgers(True):
-            pool = PagedTokenToKVPoolAllocator(size, p)
+        pool = PagedTokenToKVPoolAllocator(size, p, checks=debug_level(True))
         assert pool.num_pages == num_pages and pool.size == num_pages * p
         self.unit = p
         self._setup(pool, range(1, num_pages + 1), "lifo")

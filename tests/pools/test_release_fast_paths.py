@@ -3,7 +3,7 @@
 ``free`` at ``release`` (no ledger) validates more than a handful of ids with byte comparisons (the high
 byte of each id for the sign, the gathered state bytes for "held", scattered positions for repeats),
 and the paged pool recognises whole pages listed in slot order. Each test frees through a pool built
-without a ledger (``override_ledgers(False)``), the level where these paths run, and checks the typed
+without a ledger (``checks=CheckLevel.RELEASE``), the level where these paths run, and checks the typed
 error and that nothing changed; the accepted cases check the free list afterwards.
 """
 
@@ -14,8 +14,8 @@ import torch
 
 from kvledger.contracts.errors import DoubleFree, DuplicateIds, ForeignSlot, SlotOutOfRange
 from kvledger.contracts.owners import REQ_RUNNING, Owner
-from kvledger.contracts.switch import override_ledgers
 from kvledger.reference.pools import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from tests.levels import debug_level
 
 from ._helpers import expect_rejected, id_list_of
 
@@ -25,8 +25,7 @@ PAGE = 4
 
 
 def _token_pool() -> tuple[TokenToKVPoolAllocator, torch.Tensor]:
-    with override_ledgers(False):
-        pool = TokenToKVPoolAllocator(64)
+    pool = TokenToKVPoolAllocator(64, checks=debug_level(False))
     ids = pool.alloc(20, A)
     assert ids is not None
     return pool, ids
@@ -72,8 +71,7 @@ def test_long_and_single_frees_keep_fifo_order() -> None:
 
 
 def _paged_pool(ledger: bool = False) -> tuple[PagedTokenToKVPoolAllocator, torch.Tensor]:
-    with override_ledgers(ledger):
-        pool = PagedTokenToKVPoolAllocator(16 * PAGE, PAGE)
+    pool = PagedTokenToKVPoolAllocator(16 * PAGE, PAGE, checks=debug_level(ledger))
     tokens = pool.alloc(4 * PAGE, A)
     assert tokens is not None
     return pool, tokens
@@ -125,8 +123,7 @@ def test_a_long_free_longer_than_the_pool_is_a_repeat() -> None:
 
 
 def test_a_long_free_wrapping_around_the_ring_keeps_fifo_order() -> None:
-    with override_ledgers(False):
-        pool = TokenToKVPoolAllocator(32)
+    pool = TokenToKVPoolAllocator(32, checks=debug_level(False))
     first = pool.alloc(24, A)
     assert first is not None
     pool.free(first, A)  # the ring's free ids now start at position 24 and wrap
@@ -145,8 +142,7 @@ def test_a_long_free_onto_a_lifo_free_list_goes_to_its_head_in_order() -> None:
     from kvledger.reference.pools.id_free_list import IdFreeList
     from kvledger.reference.pools.validate import resolve_device
 
-    with override_ledgers(False):
-        free_list = IdFreeList("lifo", 1, 32, resolve_device("cpu"), reuse="lifo")
+    free_list = IdFreeList("lifo", 1, 32, resolve_device("cpu"), reuse="lifo", checks=debug_level(False))
     ids = free_list.alloc(20, A)
     assert ids is not None
     before = free_list.free_ids().tolist()

@@ -6,11 +6,12 @@ from hypothesis import settings
 
 from kvledger.museum.machines.oracles import expected_output, model_expected_output
 from kvledger.reference.engine import EngineSpec, build_engine
+from tests.levels import ledgers
 
 Setup = EngineSpec
 build = build_engine
 
-__all__ = ["Setup", "build", "expected_output", "long_fuzz_settings", "model_expected_output"]
+__all__ = ["Setup", "build", "expected_output", "ledgers", "long_fuzz_settings", "model_expected_output"]
 
 
 def long_fuzz_settings(max_examples: int, stateful_step_count: int) -> settings:

@@ -15,9 +15,8 @@ import pytest
 from kvledger.contracts import switch
 from kvledger.contracts.errors import ContractViolation, IdentityFailure
 from kvledger.contracts.owners import REQ_WAITING, Owner
-from kvledger.contracts.switch import override_ledgers
 from tests.leaks import leaking
-from tests.scheduler.harness import Setup, build
+from tests.scheduler.harness import Setup, build, ledgers
 
 needs_contracts = pytest.mark.skipif(not switch.ENABLED, reason="contracts are off (KVLEDGER_CONTRACTS=0)")
 
@@ -81,8 +80,7 @@ def test_with_contracts_off_the_count_identities_still_name_the_ids(case: str) -
     """No ledger, no contracts: the count identities still run after every step and name the ids nobody
     holds (an :class:`IdentityFailure`, its own category)."""
     kind, spec, attr = CASES[case]
-    with override_ledgers(False):
-        sched = build(spec)
+    sched = build(ledgers(spec, on=False))
     sched.accounting.enabled, sched.accounting.counting = False, True  # what KVLEDGER_CONTRACTS=0 sets
     with leaking(kind, nth=2) as leaked:
         for rid, prompt in PROMPTS.items():

@@ -18,8 +18,8 @@ import pytest
 from kvledger.contracts import ledger as ledger_module
 from kvledger.contracts import switch
 from kvledger.contracts.owners import Owner
-from kvledger.contracts.switch import override_ledgers
 from kvledger.reference.engine import EngineSpec, build_engine
+from tests.scheduler.harness import ledgers
 
 pytestmark = pytest.mark.skipif(not switch.ENABLED, reason="the accounting follows requests with contracts on")
 
@@ -33,8 +33,7 @@ def _serve(n: int, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, list[tuple[Any
     spec = EngineSpec(
         kv_tokens=96, rows=4, mamba_slots=6, max_running=3, chunk=8, max_prefill=32, mamba_strategy="no_buffer"
     )  # Mamba V1
-    with override_ledgers(True):
-        sched = build_engine(spec)
+    sched = build_engine(ledgers(spec))
     sched.config = dataclasses.replace(sched.config, finished_window=WINDOW)
     refs: list[tuple[Any, int]] = []  # a weak reference to each request, and its owner's serial
     for rid in range(n):

@@ -143,10 +143,9 @@ def _pd_closed_with(outcome: object) -> None:
 
 
 def _recorder_without_ledgers() -> object:
-    from kvledger.contracts.switch import override_ledgers
+    from kvledger.contracts.levels import CheckLevel
 
-    with override_ledgers(False):
-        sched = build_engine(EngineSpec())
+    sched = build_engine(EngineSpec(checks=CheckLevel.RELEASE))
     out = io.StringIO()
     try:
         return Rec(sched, out)

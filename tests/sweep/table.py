@@ -16,9 +16,8 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from kvledger.contracts import errors
+from kvledger.contracts import errors, switch
 from kvledger.contracts.errors import KVLedgerError
-from kvledger.contracts.switch import ledgers_enabled
 from tests.sweep import snapshot
 from tests.sweep.scenes import SCENES, Scene
 
@@ -264,7 +263,7 @@ def build_scene(scene: str) -> Scene:
 def claimed(case: Case) -> bool:
     """Whether the process's checking level promises to refuse ``case`` (README, spec/checking-levels.md):
     every row from ``owners`` up; at ``release``, the rows that need no owner."""
-    return ledgers_enabled() or not case.needs_owners
+    return switch.LEVEL.tracks_owners or not case.needs_owners
 
 
 def audit(scene: Scene) -> None:

@@ -14,16 +14,17 @@ from typing import Any
 import torch
 
 from kvledger.contracts.errors import KVLedgerError
+from kvledger.contracts.levels import CheckLevel
 from kvledger.contracts.owners import REQ_RUNNING, Owner
 from kvledger.museum.machines.checks import violation
 from kvledger.reference.pools import MambaPool, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvledger.reference.radix import MambaRadixCache, TreeNode
 
 
-def make_allocator(page_size: int, pages: int) -> Any:
+def make_allocator(page_size: int, pages: int, checks: CheckLevel | None = None) -> Any:
     if page_size == 1:
-        return TokenToKVPoolAllocator(pages)
-    return PagedTokenToKVPoolAllocator(pages * page_size, page_size)
+        return TokenToKVPoolAllocator(pages, checks=checks)
+    return PagedTokenToKVPoolAllocator(pages * page_size, page_size, checks=checks)
 
 
 def cut_for_finish(protected: int, key_len: int, page: int, draw: int) -> int:
@@ -33,8 +34,8 @@ def cut_for_finish(protected: int, key_len: int, page: int, draw: int) -> int:
     return (low + draw % (high - low + 1)) * page
 
 
-def make_mamba_pool(size: int) -> MambaPool:
-    return MambaPool(size, num_layers=2, conv_state_shape=(3,), temporal_state_shape=(2, 2))
+def make_mamba_pool(size: int, checks: CheckLevel | None = None) -> MambaPool:
+    return MambaPool(size, num_layers=2, conv_state_shape=(3,), temporal_state_shape=(2, 2), checks=checks)
 
 
 _owner_seq = iter(range(10**9))

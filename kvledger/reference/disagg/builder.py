@@ -104,8 +104,8 @@ def build_pd(spec: PDSpec) -> PDSystem:
     rows, mamba, p_slots, d_slots = spec.derived_sizes().values()
     p = build_parts(replace(spec.prefill, name_prefix="prefill."))
     d = build_parts(replace(spec.decode, rows=rows, mamba_slots=mamba, reserved_rows=1, name_prefix="decode."))
-    p_meta = MetadataBufferPool(p_slots, name="prefill.metadata")
-    d_meta = MetadataBufferPool(d_slots, name="decode.metadata")
+    p_meta = MetadataBufferPool(p_slots, name="prefill.metadata", checks=spec.prefill.checks)
+    d_meta = MetadataBufferPool(d_slots, name="decode.metadata", checks=spec.decode.checks)
     if spec.decode_radix_cache:
         d.tree = decode_tree(d.kv_allocator, d.mamba_pool)
     note = getattr(d.runner, "note_external_writes", None)

@@ -18,7 +18,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kvledger.contracts.ledger import AnyLedger
+from kvledger.contracts.ledger_by_level import AnyLedger
+from kvledger.contracts.levels import CheckLevel
 from kvledger.reference.config_fields import allocating, check_fits_memory, check_size
 from kvledger.reference.pools.id_free_list import IdFreeList
 from kvledger.reference.pools.validate import check_name, resolve_device
@@ -49,18 +50,22 @@ class IdPool:
         *,
         unit: int = 1,
         reuse: str = "fifo",
+        checks: CheckLevel | None = None,
     ) -> IdFreeList:
         """Name, device and free list of ids ``first .. first+count-1`` (ids below ``first`` are padding).
 
         A count beyond ``MAX_SIZE``, or one whose bookkeeping alone would not fit in the machine's memory,
         is a typed error raised before anything is allocated (numpy and torch would fail half-way with a
-        ``MemoryError``, or worse)."""
+        ``MemoryError``, or worse). ``checks``: the level the pool is built at, handed down by its builder
+        (it picks the ledger; None: the process's level)."""
         self.name = check_name(name)
         self.device = resolve_device(device)
         check_size(first + count, f"{type(self).__name__} {self.name!r}: ids")
         check_fits_memory(ID_BOOKKEEPING_BYTES * (first + count), f"{type(self).__name__} {self.name!r}")
         with allocating(f"{type(self).__name__} {self.name!r}: {count} ids"):
-            self.free_list = IdFreeList(self.name, first, count, self.device, unit=unit, reuse=reuse)
+            self.free_list = IdFreeList(
+                self.name, first, count, self.device, unit=unit, reuse=reuse, checks=checks
+            )
         self.ledger = self.free_list.ledger
         return self.free_list
 

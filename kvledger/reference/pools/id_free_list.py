@@ -37,8 +37,11 @@ from kvledger.contracts.errors import (
     SlotOutOfRange,
     StaleSnapshot,
 )
-from kvledger.contracts.ledger import BYTE_TESTS, HIGH_BYTES, AnyLedger, as_id_array, make_ledger
+from kvledger.contracts.ledger import BYTE_TESTS, HIGH_BYTES, as_id_array
+from kvledger.contracts.ledger_by_level import AnyLedger, make_ledger
+from kvledger.contracts.levels import CheckLevel
 from kvledger.contracts.owners import FREE_LIST, Owner
+from kvledger.contracts.switch import building_level
 
 HELD, FREE, PENDING, RESERVED = 0, 1, 2, 3
 
@@ -82,7 +85,15 @@ class IdFreeList:
     """
 
     def __init__(
-        self, name: str, first: int, count: int, device: torch.device, *, unit: int = 1, reuse: str = "fifo"
+        self,
+        name: str,
+        first: int,
+        count: int,
+        device: torch.device,
+        *,
+        unit: int = 1,
+        reuse: str = "fifo",
+        checks: CheckLevel | None = None,
     ) -> None:
         if reuse not in ("fifo", "lifo"):
             raise ValueError(f"reuse must be 'fifo' or 'lifo', got {reuse!r}")
@@ -110,7 +121,9 @@ class IdFreeList:
         self._scratch = np.zeros(first + count, dtype=np.int32)
         self.pending: list[np.ndarray] | None = None
         self._pending_n = 0
-        self.ledger: AnyLedger = make_ledger(name, range(first, first + count), unit=unit)
+        self.ledger: AnyLedger = make_ledger(
+            name, range(first, first + count), unit=unit, level=building_level(checks)
+        )
         self._ledger_on = bool(self.ledger.enabled)
         # Data-plane hooks the owning pool installs: zero what is handed out, poison what comes back
         # (debug builds), so a stale read of a freed slot is visible in the data (I-POISON-ON-FREE).

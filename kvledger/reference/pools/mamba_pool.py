@@ -25,6 +25,7 @@ import torch
 
 from kvledger import kernels
 from kvledger.contracts.errors import ContractViolation, InvalidArgument, KVLedgerError
+from kvledger.contracts.levels import CheckLevel
 from kvledger.contracts.owners import FREE, Owner
 from kvledger.contracts.seams import seam
 from kvledger.contracts.switch import ensure, invariant, require, snapshot
@@ -74,6 +75,7 @@ class MambaPool(IdPool):
         ssm_dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
         name: str = "mamba",
+        checks: CheckLevel | None = None,
     ) -> None:
         check_count(size, "size")
         check_count(num_layers, "num_layers")
@@ -93,7 +95,7 @@ class MambaPool(IdPool):
         check_fits_memory(
             num_layers * (size + 1) * per_slot, f"MambaPool: {size} slots x {num_layers} layers"
         )
-        self._slots = self._init_pool(name, device, 1, size, reuse="fifo")
+        self._slots = self._init_pool(name, device, 1, size, reuse="fifo", checks=checks)
         with allocating(f"MambaPool: {size} slots x {num_layers} layers"):
             self._conv = torch.zeros(
                 (num_layers, size + 1, *conv_state_shape), dtype=conv_dtype, device=self.device

@@ -19,6 +19,7 @@ import torch
 
 from kvledger import kernels
 from kvledger.contracts.errors import InvalidArgument, SlotOutOfRange
+from kvledger.contracts.levels import CheckLevel
 from kvledger.contracts.owners import FREE, Owner
 from kvledger.contracts.switch import ensure, invariant, snapshot
 from kvledger.reference.config_fields import allocating, check_fits_memory, check_size
@@ -49,7 +50,14 @@ SLOT_BYTES = 2 * 8 + 25
 class MetadataBufferPool(IdPool):
     """``size`` slots; ``bootstrap_room[1, size, 1]`` and ``output_id[1, size, 1]`` (int64) per slot."""
 
-    def __init__(self, size: int, *, device: str | torch.device = "cpu", name: str = "metadata") -> None:
+    def __init__(
+        self,
+        size: int,
+        *,
+        device: str | torch.device = "cpu",
+        name: str = "metadata",
+        checks: CheckLevel | None = None,
+    ) -> None:
         check_size(size, "MetadataBufferPool: size")  # an int in [1, MAX_SIZE], before any allocation
         check_fits_memory(size * SLOT_BYTES, f"MetadataBufferPool: size {size}")
         self.size = size
@@ -59,7 +67,7 @@ class MetadataBufferPool(IdPool):
             # Layer-major [L=1, S, F=1] so the slot kernels apply (a store writes both buffers at once).
             self.bootstrap_room = torch.zeros((1, size, 1), dtype=torch.int64, device=self.device)
             self.output_id = torch.zeros((1, size, 1), dtype=torch.int64, device=self.device)
-            self._slots = self.free_list = IdFreeList(name, 0, size, self.device, reuse="fifo")
+            self._slots = self.free_list = IdFreeList(name, 0, size, self.device, reuse="fifo", checks=checks)
         self._slots.on_alloc = self._zero
         self.ledger = self._slots.ledger  # an attribute, as every pool's (pools/base.py says why)
         if self._slots.ledger.debug:

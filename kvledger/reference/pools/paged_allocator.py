@@ -16,6 +16,7 @@ import torch
 
 from kvledger.contracts.arith import decode_needs_new_page, extend_page_plan
 from kvledger.contracts.errors import InvalidArgument
+from kvledger.contracts.levels import CheckLevel
 from kvledger.contracts.owners import FREE, Owner
 from kvledger.contracts.switch import ensure, invariant, snapshot
 from kvledger.reference.pools.base import IdPool
@@ -48,7 +49,13 @@ class PagedTokenToKVPoolAllocator(IdPool):
     """``size`` token slots in pages of ``page_size``; the KV buffer needs ``(num_pages + 1) * page_size`` rows."""
 
     def __init__(
-        self, size: int, page_size: int, *, device: str | torch.device = "cpu", name: str = "kv"
+        self,
+        size: int,
+        page_size: int,
+        *,
+        device: str | torch.device = "cpu",
+        name: str = "kv",
+        checks: CheckLevel | None = None,
     ) -> None:
         check_count(size, "size")
         check_count(page_size, "page_size")
@@ -59,7 +66,7 @@ class PagedTokenToKVPoolAllocator(IdPool):
         self.page_size = page_size
         self.num_pages = size // page_size
         self.size = self.num_pages * page_size
-        self._pages = self._init_pool(name, device, 1, self.num_pages, unit=page_size, reuse="lifo")
+        self._pages = self._init_pool(name, device, 1, self.num_pages, unit=page_size, reuse="lifo", checks=checks)
         self._on_cpu = self.device.type == "cpu"  # read on every alloc (``device.type`` costs 0.2 us)
         self._offsets = torch.arange(page_size, dtype=torch.int64, device=self.device)
         self._offsets_np = np.arange(page_size, dtype=np.int64)

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from kvledger.contracts.errors import DuplicateIds, InvalidArgument, SlotOutOfRange
+from kvledger.contracts.levels import CheckLevel
 from kvledger.contracts.owners import FREE, Owner
 from kvledger.contracts.switch import ensure, invariant, snapshot
 from kvledger.reference.config_fields import allocating, check_fits_memory, check_size
@@ -50,6 +51,7 @@ class ReqToTokenPool(IdPool):
         device: str | torch.device = "cpu",
         name: str = "req",
         reserved_rows: int = 0,
+        checks: CheckLevel | None = None,
     ) -> None:
         check_positive(size, "size")
         check_positive(max_context_len, "max_context_len")
@@ -59,7 +61,7 @@ class ReqToTokenPool(IdPool):
         self.max_context_len = max_context_len
         check_size(max_context_len, "ReqToTokenPool: max_context_len")
         check_fits_memory(4 * (reserved_rows + size) * max_context_len, f"ReqToTokenPool: {size} rows")
-        self._rows = self._init_pool(name, device, reserved_rows, size, reuse="fifo")
+        self._rows = self._init_pool(name, device, reserved_rows, size, reuse="fifo", checks=checks)
         with allocating(f"ReqToTokenPool: {size} rows of {max_context_len}"):
             self.req_to_token = torch.zeros(
                 (reserved_rows + size, max_context_len), dtype=torch.int32, device=self.device

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from kvledger.contracts.levels import CheckLevel
 from kvledger.contracts.owners import FREE, Owner
 from kvledger.contracts.switch import ensure, invariant, snapshot
 from kvledger.reference.pools.base import IdPool
@@ -44,10 +45,12 @@ class TokenToKVPoolAllocator(IdPool):
 
     page_size = 1
 
-    def __init__(self, size: int, *, device: str | torch.device = "cpu", name: str = "kv") -> None:
+    def __init__(
+        self, size: int, *, device: str | torch.device = "cpu", name: str = "kv", checks: CheckLevel | None = None
+    ) -> None:
         check_positive(size, "size")
         self.size = size
-        self._ids = self._init_pool(name, device, 1, size, reuse="fifo")
+        self._ids = self._init_pool(name, device, 1, size, reuse="fifo", checks=checks)
         self._free_what = f"{name}.free"
 
     @snapshot(lambda self: self._ids.available(), name="available")

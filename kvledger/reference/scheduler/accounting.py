@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from kvledger.contracts.diagnosis import diagnose
 from kvledger.contracts.errors import ContractViolation, IdentityFailure
 from kvledger.contracts.identity import PoolTerms, check_busy_identity, check_idle_identity
-from kvledger.contracts.ledger import AnyLedger
+from kvledger.contracts.ledger_by_level import AnyLedger
 from kvledger.contracts.owners import (
     CACHE_EVICTABLE,
     CACHE_PROTECTED,

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 import torch
 
 from kvledger.contracts.errors import ContractViolation
-from kvledger.contracts.ledger import AnyLedger
+from kvledger.contracts.ledger_by_level import AnyLedger
 from kvledger.contracts.mamba_track import extend_track_seqlen, other_track_idx
 from kvledger.contracts.protocols import MambaPrefixCache, MambaStatePool
 from kvledger.contracts.seams import seam

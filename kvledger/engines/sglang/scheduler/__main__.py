@@ -18,7 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from kvledger.engines.sglang.scheduler.controls import attach_controls
+from kvledger.engines.sglang.scheduler.controls import attach_controls, pd_attach_controls
 from kvledger.engines.sglang.scheduler.loop import STRICT_IDLE_CHECK
 
 REPROS = Path(__file__).with_name("repros")
@@ -26,7 +26,7 @@ REPROS = Path(__file__).with_name("repros")
 
 def _hunt(release: str, seeds: int, n_ops: int) -> dict[str, Any]:
     from kvledger.engines.sglang.scheduler.build import SchedulerShape, build_attached
-    from kvledger.engines.sglang.scheduler.repro import shrink
+    from kvledger.engines.sglang.scheduler.repro import replay, shrink
     from kvledger.engines.sglang.scheduler.workload import run
 
     cpu, total_ops, requests = time.process_time(), 0, 0
@@ -35,11 +35,9 @@ def _hunt(release: str, seeds: int, n_ops: int) -> dict[str, Any]:
         total_ops += report.steps
         requests += report.requests
         if report.finding is not None:
-            small = shrink(
-                functools.partial(build_attached, release, SchedulerShape(seed=seed)),
-                report.ops[: report.steps],
-                report.finding.kind,
-            )
+            make = functools.partial(build_attached, release, SchedulerShape(seed=seed))
+            small = shrink(make, report.ops[: report.steps], report.finding.kind)
+            again = replay(make(), small)  # what the shrunk list names (its step numbers are its own)
             return {
                 "release": release,
                 "seed": seed,
@@ -49,6 +47,7 @@ def _hunt(release: str, seeds: int, n_ops: int) -> dict[str, Any]:
                 "cpu_s": round(time.process_time() - cpu, 2),
                 "finding": asdict(report.finding),
                 "repro_ops": len(small),
+                "repro_finding": None if again is None else asdict(again),
                 "repro": small,
             }
     return {
@@ -61,6 +60,37 @@ def _hunt(release: str, seeds: int, n_ops: int) -> dict[str, Any]:
     }
 
 
+ISSUES = {"0.5.9": ("#16067", "0.5.10"), "0.5.5.post1": ("#12432", "0.5.5.post2")}
+"""Release with a seed -> (the seed's issue, the release that fixed it), for saved repro files."""
+
+
+def _save(out: dict[str, Any], path: str, argv: list[str]) -> None:
+    """Write a hunt's or the machine's shrunk finding as a repro file (the shape of
+    ``repros/issue16067.json``; ``replay`` reads both)."""
+    if out.get("finding") is None:
+        raise SystemExit(f"nothing to save: {argv[0]} on {out['release']} found nothing")
+    issue, fixed = ISSUES.get(out["release"], ("", ""))
+    finding = out["repro_finding"] or out["finding"]
+    command = f"python -m kvledger.engines.sglang.scheduler {' '.join(argv)}"
+    if "seed" in out:
+        how = f"seed {out['seed']}, op {out['finding']['step']}, shrunk greedily from {out['ops']} ops"
+        shape: dict[str, Any] = {"seed": out["seed"]}
+    else:
+        how = f"Hypothesis's shrunk example, {out['examples']} machine runs, {out['operations']} ops"
+        shape = out["repro_shape"]
+    saved = {
+        "issue": issue,
+        "release_with_bug": out["release"],
+        "fixed_in": fixed,
+        "found_by": f"{command} ({how}; {out['repro_ops']} ops kept)",
+        "expected_kind": finding["kind"],
+        "expected": finding["message"].splitlines()[0],
+        "shape": shape,
+        "ops": out["repro"],
+    }
+    Path(path).write_text(json.dumps(saved, indent=1) + "\n")
+
+
 def _replay(release: str, path: str) -> dict[str, Any]:
     from kvledger.engines.sglang.scheduler.build import SchedulerShape, build_attached
     from kvledger.engines.sglang.scheduler.repro import replay
@@ -70,6 +100,19 @@ def _replay(release: str, path: str) -> dict[str, Any]:
         build_attached(release, SchedulerShape(**saved["shape"])), [tuple(o) for o in saved["ops"]]
     )
     return {"release": release, "ops": len(saved["ops"]), "finding": None if found is None else asdict(found)}
+
+
+def _replay_put_back(release: str, path: str) -> dict[str, Any]:
+    """The repro on ``release`` with #12432 put back by a scoped patch (:mod:`.reenact`)."""
+    from kvledger.engines.sglang.scheduler.build import SchedulerShape, build_attached
+    from kvledger.engines.sglang.scheduler.reenact import put_back_12432
+    from kvledger.engines.sglang.scheduler.repro import replay
+
+    saved = json.loads(Path(path).read_text())
+    scheduler = build_attached(release, SchedulerShape(**saved["shape"]))
+    put_back_12432(scheduler)
+    found = replay(scheduler, [tuple(o) for o in saved["ops"]])
+    return {"release": release, "finding": None if found is None else asdict(found)}
 
 
 def _alias(release: str) -> dict[str, Any]:
@@ -105,19 +148,45 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=4)
     parser.add_argument("--ops", type=int, default=200)
     parser.add_argument("--examples", type=int, default=50, help="machine: Hypothesis examples")
+    parser.add_argument("--save", help="hunt, machine: write the shrunk finding to this repro file")
     args = parser.parse_args(argv)
     os.environ.setdefault(STRICT_IDLE_CHECK, "1")
     start = time.perf_counter()
     if args.command == "hunt":
         out = _hunt(args.release, args.seeds, args.ops)
+        if args.save:
+            _save(
+                out,
+                args.save,
+                ["hunt", "--release", args.release, "--seeds", str(args.seeds), "--ops", str(args.ops)],
+            )
     elif args.command == "replay":
         out = _replay(args.release, args.file or str(REPROS / "issue16067.json"))
     elif args.command == "machine":
         from kvledger.engines.sglang.scheduler.machine import hunt_machine
 
         out = hunt_machine(args.release, args.examples, args.ops)
+        if args.save:
+            argv_ = [
+                "machine",
+                "--release",
+                args.release,
+                "--examples",
+                str(args.examples),
+                "--ops",
+                str(args.ops),
+            ]
+            _save(out, args.save, argv_)
     elif args.command == "alias":
         out = _alias(args.release)
+    elif args.release.startswith("0.5.5"):  # CI for the PD prefill seed, one process per release
+        out = {
+            "replay": _replay(args.release, str(REPROS / "issue12432.json")),
+            "replay_machine": _replay(args.release, str(REPROS / "issue12432_machine.json")),
+            "hunt": _hunt(args.release, args.seeds, args.ops),
+            "put_back": _replay_put_back(args.release, str(REPROS / "issue12432.json")),
+            "attach": pd_attach_controls(args.release),
+        }
     else:  # what CI runs per release, in one process (one import): the repro, a budgeted hunt, the control
         out = {
             "replay": _replay(args.release, str(REPROS / "issue16067.json")),

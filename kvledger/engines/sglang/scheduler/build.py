@@ -87,7 +87,7 @@ class _Sink:
         self.send_pyobj(obj)
 
 
-def _server_args(module: Any, shape: SchedulerShape) -> Any:
+def _server_args(module: Any, shape: SchedulerShape, **extra: Any) -> Any:
     from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
     args = ServerArgs(
@@ -101,6 +101,7 @@ def _server_args(module: Any, shape: SchedulerShape) -> Any:
         page_size=1,
         max_running_requests=shape.rows,
         random_seed=shape.seed,
+        **extra,  # e.g. the PD mode: ServerArgs' own post-init derives the PD fields from it
     )
     args._mamba_cache_chunk_size = 64
     if getattr(args, "pp_max_micro_batch_size", None) is None:
@@ -161,7 +162,14 @@ def scheduler_class(version: str) -> Any:
 
 
 def build_scheduler(version: str, shape: SchedulerShape | None = None) -> Any:
-    """A real SGLang ``Scheduler`` of ``version`` on CPU (see the module docstring for what stands in)."""
+    """A real SGLang ``Scheduler`` of ``version`` on CPU (see the module docstring for what stands in).
+
+    0.5.5.x (monolithic ``__init__``) is built by :func:`.build05.build_scheduler_05` as the prefill side
+    of PD disaggregation (where #12432 lives), with the ``fake`` transfer backend."""
+    if version.startswith("0.5.5"):
+        from kvledger.engines.sglang.scheduler.build05 import build_scheduler_05
+
+        return build_scheduler_05(version, shape)
     shape = shape or SchedulerShape()
     cls = scheduler_class(version)
     module = __import__("sglang.srt.managers.scheduler", fromlist=["Scheduler"])

@@ -76,3 +76,50 @@ def _stale_free_group(scheduler: Any) -> dict[str, Any]:
     except ContractViolation as error:
         out["watch_audit"] = str(error)[:300]
     return out
+
+
+def _chunked(release: str) -> tuple[Any, Any]:
+    """A PD prefill scheduler (0.5.5.x) whose request ``a`` is mid-prefill: the chunked request, holding
+    a row, a Mamba slot and KV (a 40-token prompt, chunks of 16)."""
+    from kvledger.engines.sglang.scheduler.build import build_attached
+    from kvledger.engines.sglang.scheduler.loop import arrive, step
+
+    scheduler = build_attached(release)
+    a = arrive(scheduler, "a", list(range(1, 41)), 4)
+    step(scheduler)
+    assert scheduler.chunked_req is a, "the first chunk leaves a as the chunked request"
+    return scheduler, a
+
+
+def pd_attach_controls(release: str) -> dict[str, Any]:
+    """Faults planted outside SGLang on 0.5.5.x's PD prefill loop (the row-API watch): a foreign free of
+    the chunked request's Mamba slot, a foreign free of its row, a slot taken for nobody; then detach."""
+    from kvledger.engines.sglang.scheduler.loop import step
+
+    out: dict[str, Any] = {}
+    scheduler, a = _chunked(release)
+    sw = scheduler.kvledger_watch
+    out["identity"] = {"accounts": sw.accounts(), "steps": sw.steps}
+    pool = scheduler.req_to_token_pool
+    for name, fault in (
+        ("foreign_mamba_free", lambda: pool.mamba_pool.free(a.mamba_pool_idx.reshape(1))),
+        ("foreign_row_free", lambda: pool.free(int(a.req_pool_idx), free_mamba_cache=False)),
+    ):
+        try:
+            fault()
+            out[name] = {"caught": False}
+        except ContractViolation as error:
+            out[name] = {"caught": True, "message": str(error)[:1500]}
+    scheduler, a = _chunked(release)
+    taken = scheduler.req_to_token_pool.mamba_pool.alloc(1)
+    try:
+        step(scheduler)
+        out["leak"] = {"caught": False}
+    except ContractViolation as error:
+        out["leak"] = {"caught": True, "slot": int(taken[0]), "message": str(error)[:1500]}
+    scheduler.kvledger_watch.detach()
+    out["detach"] = {
+        "left": sorted(k for k in vars(scheduler) if k in ("get_next_batch_to_run", "kvledger_watch")),
+        "pool_wrapped": sorted(k for k in vars(scheduler.req_to_token_pool) if k in ("alloc", "free")),
+    }
+    return out

@@ -18,7 +18,11 @@ outside the tree raises at the bad call). This module adds what a scheduler need
 * SGLang's own memory check (``self_check_during_idle`` / ``check_memory``) classified by LEDGER owner:
   every slot it names that a live request holds -> "SGLang's check is wrong: slot N is held by waiting
   request R"; held by no one but SGLang's books -> a real leak (:class:`SGLangCheckVerdict`).
-* id domains per release: request rows are numbered from 0 before 0.5.11 (the watch's ledger starts at 1).
+* a batch about to run (the step's batch choice returned it): none of its requests names a free row or
+  Mamba slot, none is named by two of them (:meth:`SchedulerWatch.check_batch`, before the forward).
+* id domains per release: request rows are numbered from 0 before 0.5.11 (the watch's ledger starts at 1);
+  0.5.5.x's row API and old tree insert go through :mod:`.watch05`; its PD prefill loop's step is
+  ``get_next_disagg_prefill_batch_to_run`` ... ``process_disagg_prefill_inflight_queue``.
 
 Not checked here: which request a free acts for (the scheduler frees for all of them), KV locations a
 request names beyond its row's committed length, and contents (the fake worker's data tags check those).
@@ -38,6 +42,7 @@ from kvledger.contracts.errors import ContractViolation, InvalidArgument
 from kvledger.contracts.ledger import Ledger, as_id_array
 from kvledger.contracts.owners import FREE_LIST, Account, Owner
 from kvledger.engines.sglang.attach import Watch, watch
+from kvledger.engines.sglang.scheduler.watch05 import uses_row_api, watch_row_api
 
 QUEUES = (
     # (scheduler attribute, account name): where a live request can sit between two steps
@@ -189,6 +194,40 @@ class SchedulerWatch:
                     )
                 )
 
+    def check_batch(self, batch: Any) -> None:
+        """Before a chosen batch runs: no request in it names a free row or Mamba slot (used after its
+        free), and no row or slot is named by two of its requests (handed out twice). The forward would
+        read and write that state (I-HANDLE-OWNED)."""
+        w = self.watch
+        named: dict[tuple[str, int], str] = {}
+        for req in requests_in(batch):
+            live = LiveRequest(req, "batch")
+            for ledger, ids, handle in self._named(live):
+                if ledger is w.kv:
+                    continue  # a request's KV pages are checked at the step's end (and by the tags)
+                for i in ids.tolist():
+                    key = (ledger.pool, int(i))
+                    if key in named and named[key] != live.rid:
+                        raise SchedulerLedgerViolation(
+                            ledger.describe(
+                                [int(i)],
+                                f"step {self.steps}: requests {named[key]} and {live.rid} of the batch about to"
+                                f" run both name {ledger.pool} {int(i)} ({handle}): handed out twice"
+                                " (I-HANDLE-OWNED)",
+                            )
+                        )
+                    named[key] = live.rid
+                free = [int(i) for i in ids.tolist() if ledger.owner_of(int(i)) is FREE_LIST]
+                if free:
+                    raise SchedulerLedgerViolation(
+                        ledger.describe(
+                            free,
+                            f"step {self.steps}: request {live.rid} of the batch about to run names"
+                            f" {ledger.pool} {free} in its {handle}, which are free (used after its free)"
+                            " (I-HANDLE-OWNED)",
+                        )
+                    )
+
     def accounts(self) -> dict[str, dict[str, int]]:
         """Per pool, the identity's terms now: free, tree, each queue (their sum is the pool's size)."""
         w = self.watch
@@ -321,14 +360,22 @@ def attach_scheduler(scheduler: Any, *, audit_each: bool = False) -> SchedulerWa
         raise InvalidArgument("attach_scheduler: this scheduler is already attached; detach that first")
     req_pool = scheduler.req_to_token_pool
     hybrid = getattr(req_pool, "mamba_pool", None) is not None
-    w = watch(
-        allocator=scheduler.token_to_kv_pool_allocator,
-        req_pool=req_pool,
-        mamba_pool=req_pool if hybrid else None,
-        tree=scheduler.tree_cache,
-        audit_each=audit_each,
-    )
-    _renumber_rows(w, req_pool)
+    if hybrid and uses_row_api(req_pool):  # 0.5.5.x: rows by count, insert(key, value, mamba_value)
+        w = watch_row_api(
+            allocator=scheduler.token_to_kv_pool_allocator,
+            req_pool=req_pool,
+            tree=scheduler.tree_cache,
+            audit_each=audit_each,
+        )
+    else:
+        w = watch(
+            allocator=scheduler.token_to_kv_pool_allocator,
+            req_pool=req_pool,
+            mamba_pool=req_pool if hybrid else None,
+            tree=scheduler.tree_cache,
+            audit_each=audit_each,
+        )
+        _renumber_rows(w, req_pool)
     sw = SchedulerWatch(scheduler, w)
     _wrap_steps(sw)
     return sw
@@ -346,12 +393,15 @@ def _wrap_steps(sw: SchedulerWatch) -> None:
         def call(*args: Any, **kwargs: Any) -> Any:
             sw.take_back()
             try:
-                return original(*args, **kwargs)
+                batch = original(*args, **kwargs)
             except AssertionError as error:
                 verdict = sw.classify_exhaustion(error)
                 if verdict is None:
                     raise
                 raise verdict from error
+            if batch:
+                sw.check_batch(batch)
+            return batch
 
         return call
 
@@ -396,3 +446,9 @@ def _wrap_steps(sw: SchedulerWatch) -> None:
     install("abort_request", between)
     install("process_batch_result", end)
     install("self_check_during_idle", checked)
+    if getattr(s, "disagg_prefill_bootstrap_queue", None) is not None:
+        # PD prefill's loop: the step begins with its own batch choice (process_prefill_chunk runs there)
+        # and ends after the inflight queue is polled (finished transfers release their requests), both
+        # on a busy and an idle iteration; process_batch_result_disagg_prefill sits inside the step
+        install("get_next_disagg_prefill_batch_to_run", begin)
+        install("process_disagg_prefill_inflight_queue", between)

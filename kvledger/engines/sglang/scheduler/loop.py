@@ -21,13 +21,44 @@ def arrive(scheduler: Any, rid: str, tokens: list[int], max_new_tokens: int) -> 
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=True)
     params.normalize(None)  # the tokenizer manager normally does it
     req = Req(rid, "", list(tokens), params, vocab_size=scheduler.model_config.vocab_size)
+    if is_pd_prefill(scheduler):
+        # SGLang's own fake-transfer marker (as its warm-up requests carry): the bootstrap queue gives the
+        # request a FakeKVSender, whose handshake completes at the first poll and transfer at send
+        from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST
+
+        req.bootstrap_host = FAKE_BOOTSTRAP_HOST
+        req.bootstrap_room = abs(hash(rid)) % (1 << 62)
     scheduler.init_req_max_new_tokens(req)
     scheduler._add_request_to_queue(req)
     return req
 
 
+def is_pd_prefill(scheduler: Any) -> bool:
+    """The scheduler is the prefill side of PD disaggregation (it has the bootstrap queue)."""
+    return getattr(scheduler, "disagg_prefill_bootstrap_queue", None) is not None
+
+
+def pd_prefill_step(scheduler: Any) -> Any:
+    """One iteration of SGLang's PD prefill loop (``event_loop_normal_disagg_prefill`` minus receive)."""
+    scheduler.waiting_queue.extend(scheduler.disagg_prefill_bootstrap_queue.pop_bootstrapped())
+    batch = scheduler.get_next_disagg_prefill_batch_to_run()
+    scheduler.cur_batch = batch
+    if batch:
+        result = scheduler.run_batch(batch)
+        scheduler.process_batch_result_disagg_prefill(batch, result)
+    else:
+        scheduler.self_check_during_idle()
+    scheduler.process_disagg_prefill_inflight_queue()
+    scheduler.last_batch = batch
+    scheduler.running_batch.batch_is_full = False  # SGLang's loop resets it here too
+    return batch
+
+
 def step(scheduler: Any) -> Any:
-    """One iteration of SGLang's normal loop; returns the batch run (None when idle: the self-check ran)."""
+    """One iteration of SGLang's normal loop (or of the PD prefill loop when the scheduler is the prefill
+    side); returns the batch run (None when idle: the self-check ran)."""
+    if is_pd_prefill(scheduler):
+        return pd_prefill_step(scheduler)
     batch = scheduler.get_next_batch_to_run()
     scheduler.cur_batch = batch
     if batch:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -31,82 +31,99 @@ from kvledger.engines.sglang.scheduler.loop import STRICT_IDLE_CHECK, arrive, st
 TOKENS = st.integers(1, 999)
 
 
+class SchedulerMachine(RuleBasedStateMachine):
+    """Generic rules over SGLang's real scheduler loop, attached (a subclass per release: :func:`machine_for`)."""
+
+    release: ClassVar[str] = ""
+    examples = 0
+    operations = 0
+    # the operations of the latest example, as repro ops (Hypothesis runs the shrunk failing example
+    # last, so after a failure these are its operations) and the shape it was built with
+    last_ops: ClassVar[list[tuple[Any, ...]]] = []
+    last_shape: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scheduler: Any = None
+        self.prefixes: list[list[int]] = []
+        self.live: list[Any] = []
+        self.finished: list[Any] = []
+        self.n = 0
+        self.ops: list[tuple[Any, ...]] = []
+        type(self).examples += 1
+        type(self).last_ops = self.ops
+
+    @initialize(
+        prefixes=st.lists(st.lists(TOKENS, min_size=4, max_size=20), min_size=1, max_size=3),
+        chunk=st.sampled_from([8, 16, 32]),
+    )
+    def build(self, prefixes: list[list[int]], chunk: int) -> None:
+        from kvledger.engines.sglang.scheduler.build import SchedulerShape, build_attached
+
+        self.prefixes = prefixes
+        type(self).last_shape = {"chunked_prefill_size": chunk}
+        self.scheduler = build_attached(type(self).release, SchedulerShape(chunked_prefill_size=chunk))
+
+    def _arrive(self, tokens: list[int], max_new: int) -> None:
+        type(self).operations += 1
+        self.n += 1
+        limit = self.scheduler.max_req_input_len
+        # rids end in "." so SGLang's prefix match in abort_request (``startswith``) names one request
+        rid, tokens = f"r{self.n}.", tokens[: max(1, limit)]
+        self.ops.append(("arrive", rid, list(tokens), max_new))
+        self.live.append(arrive(self.scheduler, rid, tokens, max_new))
+
+    @rule(
+        prefix=st.integers(0, 2),
+        shared=st.booleans(),
+        tail=st.lists(TOKENS, min_size=1, max_size=24),
+        max_new=st.integers(1, 12),
+    )
+    def new_request(self, prefix: int, shared: bool, tail: list[int], max_new: int) -> None:
+        base = self.prefixes[prefix % len(self.prefixes)] if shared else []
+        self._arrive(base + tail, max_new)
+
+    @precondition(lambda self: bool(self.finished))
+    @rule(
+        pick=st.integers(0, 1 << 16),
+        tail=st.lists(TOKENS, min_size=1, max_size=6),
+        max_new=st.integers(1, 12),
+    )
+    def follow_up(self, pick: int, tail: list[int], max_new: int) -> None:
+        prev = self.finished[pick % len(self.finished)]
+        self._arrive(list(prev.origin_input_ids) + list(prev.output_ids) + tail, max_new)
+
+    @rule()
+    def loop_step(self) -> None:
+        type(self).operations += 1
+        self.ops.append(("step",))
+        step(self.scheduler)
+        self.finished += [r for r in self.live if r.finished()]
+        self.live = [r for r in self.live if not r.finished()]
+
+    @precondition(lambda self: bool(self.live))
+    @rule(pick=st.integers(0, 1 << 16))
+    def abort(self, pick: int) -> None:
+        from sglang.srt.managers.io_struct import AbortReq
+
+        type(self).operations += 1
+        req = self.live[pick % len(self.live)]
+        self.ops.append(("abort", req.rid))
+        self.scheduler.abort_request(AbortReq(rid=req.rid))
+        if _gone(self.scheduler, req):  # popped from the waiting queue: gone for good
+            self.live = [r for r in self.live if r is not req]
+
+    def teardown(self) -> None:
+        if self.scheduler is not None:
+            self.scheduler.kvledger_watch.detach()
+
+
 def machine_for(release: str) -> type[RuleBasedStateMachine]:
-    """The machine class over ``release`` (its examples counted in ``examples``)."""
-
-    class SchedulerMachine(RuleBasedStateMachine):
-        examples = 0
-        operations = 0
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.scheduler: Any = None
-            self.prefixes: list[list[int]] = []
-            self.live: list[Any] = []
-            self.finished: list[Any] = []
-            self.n = 0
-            type(self).examples += 1
-
-        @initialize(
-            prefixes=st.lists(st.lists(TOKENS, min_size=4, max_size=20), min_size=1, max_size=3),
-            chunk=st.sampled_from([8, 16, 32]),
-        )
-        def build(self, prefixes: list[list[int]], chunk: int) -> None:
-            from kvledger.engines.sglang.scheduler.build import SchedulerShape, build_attached
-
-            self.prefixes = prefixes
-            self.scheduler = build_attached(release, SchedulerShape(chunked_prefill_size=chunk))
-
-        def _arrive(self, tokens: list[int], max_new: int) -> None:
-            type(self).operations += 1
-            self.n += 1
-            limit = self.scheduler.max_req_input_len
-            # rids end in "." so SGLang's prefix match in abort_request (``startswith``) names one request
-            self.live.append(arrive(self.scheduler, f"r{self.n}.", tokens[: max(1, limit)], max_new))
-
-        @rule(
-            prefix=st.integers(0, 2),
-            shared=st.booleans(),
-            tail=st.lists(TOKENS, min_size=1, max_size=24),
-            max_new=st.integers(1, 12),
-        )
-        def new_request(self, prefix: int, shared: bool, tail: list[int], max_new: int) -> None:
-            base = self.prefixes[prefix % len(self.prefixes)] if shared else []
-            self._arrive(base + tail, max_new)
-
-        @precondition(lambda self: bool(self.finished))
-        @rule(
-            pick=st.integers(0, 1 << 16),
-            tail=st.lists(TOKENS, min_size=1, max_size=6),
-            max_new=st.integers(1, 12),
-        )
-        def follow_up(self, pick: int, tail: list[int], max_new: int) -> None:
-            prev = self.finished[pick % len(self.finished)]
-            self._arrive(list(prev.origin_input_ids) + list(prev.output_ids) + tail, max_new)
-
-        @rule()
-        def loop_step(self) -> None:
-            type(self).operations += 1
-            step(self.scheduler)
-            self.finished += [r for r in self.live if r.finished()]
-            self.live = [r for r in self.live if not r.finished()]
-
-        @precondition(lambda self: bool(self.live))
-        @rule(pick=st.integers(0, 1 << 16))
-        def abort(self, pick: int) -> None:
-            from sglang.srt.managers.io_struct import AbortReq
-
-            type(self).operations += 1
-            req = self.live[pick % len(self.live)]
-            self.scheduler.abort_request(AbortReq(rid=req.rid))
-            if _gone(self.scheduler, req):  # popped from the waiting queue: gone for good
-                self.live = [r for r in self.live if r is not req]
-
-        def teardown(self) -> None:
-            if self.scheduler is not None:
-                self.scheduler.kvledger_watch.detach()
-
-    return SchedulerMachine
+    """The machine class over ``release`` (its examples counted in ``examples``): its own subclass, so
+    its counters and its latest example's operations are its own."""
+    name = f"SchedulerMachine_{release.replace('.', '_')}"
+    attrs = {"release": release, "examples": 0, "operations": 0, "last_ops": [], "last_shape": {}}
+    return type(name, (SchedulerMachine,), attrs)
 
 
 def _gone(scheduler: Any, req: Any) -> bool:
@@ -137,10 +154,29 @@ def hunt_machine(release: str, examples: int, steps: int) -> dict[str, Any]:
     except Exception as error:  # the shrunk failure, re-raised by Hypothesis
         found = classify(None, -1, error)
         finding = {"kind": found.kind, "message": found.message[:600], "owners": found.owners}
-    return {
+    out: dict[str, Any] = {
         "release": release,
         "examples": cls.examples,
         "operations": cls.operations,
         "cpu_s": round(time.process_time() - cpu, 2),
         "finding": finding,
+    }
+    if finding is not None:
+        out.update(_shrunk_repro(release, list(cls.last_ops), dict(cls.last_shape)))
+    return out
+
+
+def _shrunk_repro(release: str, ops: list[tuple[Any, ...]], shape: dict[str, Any]) -> dict[str, Any]:
+    """The shrunk example's operations, replayed on a fresh scheduler (they must fail the same way)."""
+    from dataclasses import asdict
+
+    from kvledger.engines.sglang.scheduler.build import SchedulerShape, build_attached
+    from kvledger.engines.sglang.scheduler.repro import replay
+
+    again = replay(build_attached(release, SchedulerShape(**shape)), ops)
+    return {
+        "repro_ops": len(ops),
+        "repro_shape": shape,
+        "repro_finding": None if again is None else asdict(again),
+        "repro": ops,
     }

@@ -22,19 +22,22 @@ def build_pools(shape: Any) -> tuple[Any, Any]:
     state = Mamba2StateShape.create(
         tp_world_size=1, intermediate_size=4, n_groups=1, num_heads=1, head_dim=2, state_size=2, conv_kernel=2
     )
-    extra: dict[str, Any] = {}
-    if "mamba_layer_ids" in inspect.signature(HybridReqToTokenPool.__init__).parameters:
-        extra["mamba_layer_ids"] = [0]  # 0.5.10 names the Mamba layers explicitly; 0.5.9 reads the params
+    later = {
+        # 0.5.10 names the Mamba layers explicitly; 0.5.9 reads the params; 0.5.5.x has neither the
+        # speculative state size nor the extra buffer
+        "mamba_layer_ids": [0],
+        "mamba_spec_state_size": shape.rows,
+        "enable_mamba_extra_buffer": False,
+    }
+    accepted = inspect.signature(HybridReqToTokenPool.__init__).parameters
     req_pool = HybridReqToTokenPool(
         size=shape.rows,
         mamba_size=shape.mamba_slots,
-        mamba_spec_state_size=shape.rows,
         max_context_len=shape.context_len + 4,
         device=DEVICE,
         enable_memory_saver=False,
         cache_params=Mamba2CacheParams(shape=state, layers=[0]),
-        enable_mamba_extra_buffer=False,
-        **extra,
+        **{k: v for k, v in later.items() if k in accepted},
     )
     kv = MHATokenToKVPool(shape.kv_tokens, 1, torch.float32, 1, 1, 1, DEVICE, False)
     allocator = TokenToKVPoolAllocator(shape.kv_tokens, torch.float32, DEVICE, kv, False)

@@ -20,8 +20,11 @@ from kvledger.engines.sglang.standins import STANDIN_ROOTS, StandinFinder, missi
 SCHEDULER_RELEASES: dict[str, str] = {
     "0.5.9": "#16067 present: a waiting request's copy-on-write Mamba slot is not counted by the idle check",
     "0.5.10": "#16067 fixed: _get_new_batch_prefill_raw returns the slot when the request is not added",
+    "0.5.5.post1": "#12432 present: PD prefill's process_prefill_chunk frees the chunked request's Mamba slot",
+    "0.5.5.post2": "#12432 fixed: process_prefill_chunk frees the row with free_mamba_cache=False",
 }
-"""Releases whose real ``Scheduler`` this subpackage builds (init_* family), with the seed each holds."""
+"""Releases whose real ``Scheduler`` this subpackage builds, with the seed each holds (0.5.5.x: the
+monolithic ``__init__``, :mod:`.build05`; 0.5.9 on: the ``init_*`` family, :mod:`.build`)."""
 
 SCHEDULER_STANDIN_ROOTS: tuple[str, ...] = (*STANDIN_ROOTS, "sgl_kernel", "setproctitle")
 """Stand-ins for the scheduler's import chain: the project's, plus ``sgl_kernel`` (0.5.9 imports its

@@ -13,12 +13,17 @@ Op = tuple[Any, ...]
 
 
 def replay(scheduler: Any, ops: list[Op]) -> Finding | None:
-    """Run ``ops`` (``("arrive", rid, tokens, max_new)`` / ``("step",)``); the first failure, classified."""
+    """Run ``ops`` (``("arrive", rid, tokens, max_new)`` / ``("step",)`` / ``("abort", rid)``); the first
+    failure, classified."""
     os.environ.setdefault(STRICT_IDLE_CHECK, "1")
     for i, op in enumerate(ops):
         try:
             if op[0] == "arrive":
                 arrive(scheduler, op[1], list(op[2]), op[3])
+            elif op[0] == "abort":  # SGLang's own abort, as the machine sends it
+                from sglang.srt.managers.io_struct import AbortReq
+
+                scheduler.abort_request(AbortReq(rid=op[1]))
             else:
                 step(scheduler)
         except Exception as error:
