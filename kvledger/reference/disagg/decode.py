@@ -259,7 +259,7 @@ class DecodeScheduler(PDScheduler):
         if cached == 0:
             return 0
         self.memory.holdings_of.kv.set_matched(req, res.device_indices, res.last_node)
-        lock(self.tree, req)
+        lock(self.tree, req, res.last_node)
         return cached
 
     def unlock_prefix(self, req: PDReq) -> None:

@@ -233,7 +233,7 @@ class PrefillAdder:
         """Admission: the request locks its prefix and leaves the waiting account at once, so a cleanup
         that treats it as still waiting (the #16067 reverted bug) is caught."""
         if self.tree is not None and req.last_node is not None:
-            lock(self.tree, req)
+            lock(self.tree, req, req.last_node)
         req.owner.set_account(REQ_RUNNING, op="admit")
         self._reserve_side_demand(req)
         self.can_run_list.append(req)

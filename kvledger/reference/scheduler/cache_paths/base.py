@@ -138,12 +138,10 @@ def row_of(req: Req) -> int:
     return row
 
 
-def lock(tree: AnyPrefixCache, req: Req) -> None:
-    """Lock the request's matched node (``last_node``) for as long as it needs its prefix.
-    Pre: it has a node (a request without a match takes no lock) and holds no lock yet."""
-    if req.last_node is None:
-        raise ContractViolation(f"{req.owner!r} locks its prefix without a matched node: {req!r}")
-    req.lock = tree.inc_lock_ref(req.last_node)
+def lock(tree: AnyPrefixCache, req: Req, node: NodeLike) -> None:
+    """Lock ``node``, the request's matched node (``last_node``), for as long as it needs its prefix.
+    Pre: the request holds no lock yet (a second would never be given back)."""
+    req.lock = tree.inc_lock_ref(node)
 
 
 def unlock(tree: AnyPrefixCache, req: Req) -> None:
