@@ -1,16 +1,20 @@
 """Adding a pool kind (spec/pool-kinds.md), shown with a throwaway one that lives in this file only.
 
-A host tier of slots, one per running request: its description (a :class:`PoolKind`), its pool class (on
-:class:`~kvledger.reference.pools.base.IdPool`) and a scheduler that has it (``pool_kinds`` plus the pool
-under the attribute the description names). Nothing else is edited: the identity after every step, the
-ledger cross-check, the census behind a failure report, the per-step snapshot and the event log pick the
-new kind up from its description.
+A host tier of slots, one per admitted request: its description (a :class:`PoolKind`), its pool class (on
+:class:`~kvledger.reference.pools.base.IdPool`), its request field (a :class:`Req` subclass whose
+``handles()`` names it), its holdings manager (what admission takes, a rollback gives back and a release
+frees: :mod:`kvledger.reference.scheduler.holdings`) and a scheduler that has it (``pool_kinds``, the pool
+under the attribute the description names, the manager added to its coordinator). Nothing else is
+edited: admission, its rollback and every release path move the new kind's ids through the manager;
+I-HANDLE-OWNED checks its handle; the identity after every step, the ledger cross-check, the census
+behind a failure report, the per-step snapshot and the event log pick it up from its description.
 """
 
 from __future__ import annotations
 
 import io
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -25,6 +29,7 @@ from kvledger.contracts.pool_kinds import POOL_KINDS, PoolKind
 from kvledger.reference.pools import ReqToTokenPool, TokenToKVPoolAllocator
 from kvledger.reference.pools.base import IdPool
 from kvledger.reference.scheduler import Scheduler, SchedulerConfig
+from kvledger.reference.scheduler.holdings import AllocationFailed, Undo
 from kvledger.reference.scheduler.request import Req
 
 needs_contracts = pytest.mark.skipif(not switch.ENABLED, reason="the ledger cross-check needs contracts on")
@@ -62,18 +67,66 @@ HOST = PoolKind(
 )
 
 
-# ---------------------------------------------------------------------- 3. a scheduler that has it
+# ---------------------------------------------------------------------- 3. its request field and manager
+@dataclass(eq=False, repr=False)
+class HostReq(Req):
+    host_slot: int | None = None  # the kind's handle
+
+    def handles(self) -> list[tuple[str, str, list[int]]]:
+        out = super().handles()
+        if self.host_slot is not None:
+            out.append(("host_slot", HOST.name, [self.host_slot]))
+        return out
+
+
+class HostHoldings:
+    """The host slot of every admitted request: taken at admission, given back by a rollback or a release."""
+
+    name = "host"
+    fields: tuple[str, ...] = ("host_slot",)
+
+    def __init__(self, pool: HostSlotPool) -> None:
+        self.pool = pool
+
+    def save(self, req: Req) -> object:
+        return _host(req).host_slot
+
+    def restore(self, req: Req, saved: object) -> None:
+        _host(req).host_slot = saved  # type: ignore[assignment]
+
+    def take(self, req: Req, undo: Undo) -> None:
+        r = _host(req)
+        if r.host_slot is not None:
+            return
+        slot = self.pool.alloc(r.owner)
+        if slot is None:
+            raise AllocationFailed("host")
+        undo.append((lambda ids, owner: self.pool.free(ids[0], owner), [slot], r))
+        r.host_slot = slot
+
+    def release(self, req: Req, tree_len: int) -> None:
+        r = _host(req)
+        if r.host_slot is not None:
+            self.pool.free(r.host_slot, r.owner)
+            r.host_slot = None
+
+
+def _host(req: Req) -> HostReq:
+    assert isinstance(req, HostReq)
+    return req
+
+
+# ---------------------------------------------------------------------- 4. a scheduler that has it
 class HostTierScheduler(Scheduler):
     pool_kinds = (*POOL_KINDS, HOST)
 
     def __init__(self, config: SchedulerConfig, *, host_pool: HostSlotPool, **parts: Any) -> None:
         self.host_pool = host_pool  # before the accounting is built: it reads the pools of its kinds
         super().__init__(config, **parts)
+        self.memory.holdings_of.add(HostHoldings(host_pool))
 
     def new_request(self, rid: int, prompt: list[int], max_new_tokens: int) -> Req:
-        req = super().new_request(rid, prompt, max_new_tokens)
-        req.host_slot = None  # type: ignore[attr-defined]  # the kind's handle field
-        return req
+        return HostReq(rid, prompt, max_new_tokens, arrival_step=self.step_no)
 
 
 def _engine(host_slots: int = 4, checks: CheckLevel | None = None) -> HostTierScheduler:
@@ -85,30 +138,68 @@ def _engine(host_slots: int = 4, checks: CheckLevel | None = None) -> HostTierSc
     )
 
 
-def _running(s: HostTierScheduler) -> Req:
-    s.add_request(1, list(range(1, 9)), 6)
+def _running(s: HostTierScheduler, rid: int = 1) -> HostReq:
+    s.add_request(rid, list(range(1, 9)), 6)
     for _ in range(3):
         s.step()
-        if s.running:
-            return s.running[0]
+        for r in s.running:
+            if r.rid == rid:
+                return _host(r)
     raise AssertionError(s.describe_queues())
+
+
+# ---------------------------------------------------------------------- the tests
+def test_admission_takes_the_new_kind_and_release_gives_it_back() -> None:
+    s = _engine()
+    req = _running(s)
+    assert req.host_slot is not None  # taken by the real admission (the coordinator's reservation)
+    assert s.host_pool.available_size() == 3
+    assert ("host_slot", "host", [req.host_slot]) in req.handles()
+    s.run_until_idle(100)  # finish: the release path gives it back and clears the handle
+    assert req.host_slot is None
+    assert s.host_pool.available_size() == 4
+
+
+def test_a_failed_admission_rolls_the_new_kind_back_with_the_rest() -> None:
+    s = _engine(host_slots=1)
+    first = _running(s, 1)  # holds the only host slot
+    rows_free = s.req_to_token_pool.available_size()
+    s.add_request(2, list(range(11, 19)), 6)
+    s.step()  # the second takes a row and KV, then finds no host slot: the reservation rolls back
+    (second,) = [_host(r) for r in s.waiting]
+    assert s.stats.rollbacks >= 1
+    assert (second.host_slot, second.req_pool_idx, second.kv_allocated_len) == (None, None, 0)
+    assert s.req_to_token_pool.available_size() == rows_free  # its row went back
+    if s.kv_allocator.ledger.enabled:
+        assert s.kv_allocator.ledger.held_count(second.owner) == 0  # and its KV
+    slot = first.host_slot
+    s.run_until_idle(100)  # the first finishes and gives the slot back; the second is admitted with it
+    assert second.finish_step is not None and second.host_slot is None
+    assert s.stats.rollbacks >= 1 and s.host_pool.available_size() == 1 and slot is not None
+
+
+@needs_contracts
+def test_a_handle_of_the_new_kind_naming_a_freed_slot_is_caught() -> None:
+    s = _engine()
+    req = _running(s)
+    slot = req.host_slot
+    assert slot is not None
+    s.host_pool.free(slot, req.owner)  # behind the manager's back: the handle now names a free slot
+    with pytest.raises(ContractViolation, match="I-HANDLE-OWNED") as caught:
+        s.step()
+    assert "host_slot" in str(caught.value)
 
 
 def test_the_identity_covers_the_new_kind() -> None:
     s = _engine()
     assert [k.name for k in s.accounting.kinds] == ["kv", "req", "host"]
     req = _running(s)
-    slot = s.host_pool.alloc(req.owner)
-    assert slot is not None
-    req.host_slot = slot  # type: ignore[attr-defined]
     s.step()  # the busy identity and (contracts on) the ledger cross-check, over every kind
     (host,) = [t for t in s.accounting.terms() if t.pool == "host"]
     assert (host.size, host.free, host.unit) == (4, 3, "slots")
     assert host.held == {req.owner.account.name: 1}
     assert s.accounting.snapshot()["host"]["free"] == 3
     assert s.accounting.units()["host"] == "slots"
-    s.host_pool.free(slot, req.owner)
-    req.host_slot = None  # type: ignore[attr-defined]
     s.run_until_idle(100)  # quiescent: the idle identity, the full recount and every pool's audit
     assert s.accounting.pool_terms()[-1].free == 4
 
@@ -117,10 +208,8 @@ def test_the_identity_covers_the_new_kind() -> None:
 def test_a_leak_of_the_new_kind_is_reported_with_its_slot() -> None:
     s = _engine()
     req = _running(s)
-    slot = s.host_pool.alloc(req.owner)
-    req.host_slot = slot  # type: ignore[attr-defined]
-    s.step()
-    req.host_slot = None  # type: ignore[attr-defined]  # forgotten, never freed: a leak
+    slot = req.host_slot
+    req.host_slot = None  # forgotten, never freed: a leak
     with pytest.raises(ContractViolation, match=r"\[host\]") as caught:
         s.step()
     assert f"[{slot}]" in str(caught.value)  # the census names the leaked slot
@@ -131,8 +220,7 @@ def test_the_event_log_records_the_new_kind() -> None:
     out = io.StringIO()
     with Recorder(s, out, source="tests"):
         req = _running(s)
-        slot = s.host_pool.alloc(req.owner)
-        req.host_slot = slot  # type: ignore[attr-defined]
+        slot = req.host_slot
         s.step()
     events = [json.loads(line) for line in out.getvalue().splitlines()]
     assert {"ev": "pool", "pool": "host", "first": 1, "size": 4, "unit": 1, "unit_name": "slots"} in events

@@ -48,6 +48,8 @@ from kvledger.reference.disagg.channel import DstInfo, Poll
 from kvledger.reference.disagg.decode_cache import check_decode_prefixes
 from kvledger.reference.disagg.instance import PDScheduler
 from kvledger.reference.disagg.request import DECODE, HostCopy, PDReq
+from kvledger.reference.disagg.tracking_slots import DecodeTrackingSlots
+from kvledger.reference.scheduler.cache_paths.base import lock, unlock
 from kvledger.reference.scheduler.request import Req, ReqState
 
 # The decode states after ``commit_transfer``: the request no longer depends on its room.
@@ -80,6 +82,14 @@ class DecodeScheduler(PDScheduler):
         # pre-allocation (or resumption) to release; nothing captures into them (the decode radix cache,
         # when there is one, caches a finished request's working slot, not a tracked state).
         self.tracking_slots = tracking_slots if self.mamba_pool is not None else 0
+        self.pd_tracking: DecodeTrackingSlots | None = None
+        if self.tracking_slots and self.mamba_pool is not None:
+            self.pd_tracking = DecodeTrackingSlots(
+                self.mamba_pool, self.tracking_slots, self.memory.counters, self.tree
+            )
+            # Taken first (a rollback gives them back last); released by ``_free_tracking``, before the
+            # scheduler's release path (retraction, release_now), as before the coordinator.
+            self.memory.holdings_of.add(self.pd_tracking, first=True, released_here=False)
         self.note_kv_written = note_kv_written
         check_decode_sizing(
             rows=self.req_to_token_pool.size,
@@ -160,28 +170,16 @@ class DecodeScheduler(PDScheduler):
     def _allocate(self, req: PDReq, length: int, account: Any, cached: int = 0) -> torch.Tensor | None:
         """Row, working slot, V2 tracking slots and KV for positions ``[cached, length)`` (all or nothing;
         ``[0, cached)`` is the locked prefix the tree holds, ``req.prefix_indices``), via the scheduler's
-        path (the tracking slots first, given back if the rest does not fit)."""
-        req.cache_protected_len = req.kv_committed_len = req.kv_allocated_len = cached
+        path's coordinator (the tracking slots first, given back last if the rest does not fit)."""
+        assert cached == (0 if req.prefix_indices is None else int(req.prefix_indices.numel()))
+        self.memory.holdings_of.kv.set_matched(req, req.prefix_indices, req.last_node)
         req.extend_input_len = length - cached
-        if self.tracking_slots and self.mamba_pool is not None:
-            short = self.tracking_slots - self.memory.counters.mamba_available()
-            if short > 0 and self.tree is not None and self.tree.caches_mamba:
-                self.tree.evict_mamba(short)  # unlocked states of the decode's tree make room
-            track = self.mamba_pool.alloc(self.tracking_slots, req.owner)
-            if track is None:
-                return None
-            req.mamba_ping_pong_track_buffer = track
-            req.mamba_next_track_idx = 0
-        out = self.memory.prepare_extend([req], None, admit_account=account)
-        if out is None:
-            self._free_tracking(req)
-        return out
+        return self.memory.prepare_extend([req], None, admit_account=account)
 
     def _free_tracking(self, req: PDReq) -> None:
         """Give back the V2 tracking slots and clear their handle (#26941 left it set)."""
-        if req.mamba_ping_pong_track_buffer is not None and self.mamba_pool is not None:
-            self.mamba_pool.free(req.mamba_ping_pong_track_buffer, req.owner)
-            req.mamba_ping_pong_track_buffer = None
+        if self.pd_tracking is not None:
+            self.pd_tracking.release(req)
 
     def release_now(self, req: PDReq) -> None:
         self._free_tracking(req)
@@ -260,19 +258,16 @@ class DecodeScheduler(PDScheduler):
         cached = int(res.device_indices.numel())
         if cached == 0:
             return 0
-        req.prefix_indices = res.device_indices
-        req.last_node = res.last_node
-        req.lock = self.tree.inc_lock_ref(res.last_node)
+        self.memory.holdings_of.kv.set_matched(req, res.device_indices, res.last_node)
+        lock(self.tree, req, res.last_node)
         return cached
 
     def unlock_prefix(self, req: PDReq) -> None:
         """Pre-allocation gave up: give back the lock ``match_and_lock`` took (the request stays queued)."""
         if req.lock is not None:
             assert self.tree is not None
-            self.tree.dec_lock_ref(req.lock)
-            req.lock = None
-        req.prefix_indices = req.last_node = None
-        req.cache_protected_len = req.kv_committed_len = req.kv_allocated_len = 0
+            unlock(self.tree, req)
+        self.memory.holdings_of.kv.set_matched(req, None, None)
 
     def pop_transferred(self) -> None:
         """Commit transferred requests; abort failed ones (released, or leased while writes may land)."""

@@ -7,7 +7,8 @@ request's bookkeeping is compared with what the ledger says it holds, so the rep
 and the slots (with their history) rather than a count.
 
 Incremental (issue 12): after a step only the requests whose bookkeeping changed are recounted. Every
-write of a field the identity reads (``Req._TRACKED``) and every account change of a request's owner
+write of a field the identity reads (``request.MEMORY_FIELDS`` and the kinds' ``fields``, marked by
+:mod:`~kvledger.reference.scheduler.write_marks`) and every account change of a request's owner
 marks the request (contracts on); :meth:`Accounting.after_step` recomputes those requests' terms from
 their fields, so the per-request sums stay a recount of the bookkeeping, independent of the ledger
 they are checked against. The full recount (:meth:`Accounting.pool_terms`, every live request) runs at
@@ -40,10 +41,9 @@ from kvledger.contracts.switch import ENABLED
 from kvledger.reference.scheduler import census
 from kvledger.reference.scheduler.counters import free_reader
 from kvledger.reference.scheduler.request import (
-    _TRACKED,
+    MEMORY_FIELDS,
     ReqState,
     ladder_holds,
-    track_fields,
     track_point_holds,
 )
 from kvledger.reference.scheduler.write_marks import mark_writes
@@ -89,7 +89,8 @@ class Accounting:
         self.checks_run = 0
         self.kinds = kinds_of(scheduler)
         """The pool kinds the identity covers, in the order of its terms (kvledger.contracts.pool_kinds)."""
-        track_fields(f for k in self.kinds for f in k.fields)
+        # The fields whose writes mark a request (per accounting: no global set a kind adds to).
+        self._tracked = MEMORY_FIELDS | frozenset(f for k in self.kinds for f in k.fields)
         self._handles = tuple(dict.fromkeys(h for k in self.kinds for h in k.handles))
         # Per tracked request, the terms it contributed at the last count, and their sums per pool.
         self._parts: dict[Req, _Parts] = {}
@@ -122,6 +123,7 @@ class Accounting:
             if self.counting:
                 self._follow_for_counts(req)
             return
+        mark_writes(type(req), self._tracked)
         req.watch = self
         req.owner.watcher = self._owner_changed
         req.owner.giver = self._owner_gave  # ids left it: its handles are looked at again
@@ -134,14 +136,14 @@ class Accounting:
         on does. Writes of the fields the terms read, and of the two that decide whether the recount would
         count the request at all (``state``, ``released``), mark it (:mod:`write_marks`); so does an
         account change of its owner. No handle marks, no ladder: what contracts off checks stays the same."""
-        mark_writes(type(req), _COUNT_FIELDS | _TRACKED)
+        mark_writes(type(req), _COUNT_FIELDS | self._tracked)
         req.watch = self
         req.owner.watcher = self._owner_changed
         self._by_owner[req.owner] = req
         self._dirty[req] = None
 
     def touch(self, req: Req, field: str) -> None:
-        """``req`` wrote the tracked ``field`` (called by ``Req.__setattr__``, or by :mod:`write_marks`)."""
+        """``req`` wrote the tracked ``field`` (called by :mod:`write_marks`' descriptors)."""
         self._dirty[req] = None
         self._last_terms = None
         if field in self._handle_fields and ENABLED:  # consumed by contracts on's I-HANDLE-OWNED only

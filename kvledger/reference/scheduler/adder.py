@@ -29,6 +29,7 @@ from kvledger.contracts.arith import ceil_to_page, floor_to_page, remaining_new_
 from kvledger.contracts.mamba_track import mamba_slot_demand
 from kvledger.contracts.owners import REQ_CHUNKED, REQ_RUNNING
 from kvledger.contracts.protocols import AnyPrefixCache, KVAllocator, MambaStatePool, NodeLike, ReqRowPool
+from kvledger.reference.scheduler.cache_paths.base import lock
 from kvledger.reference.scheduler.config import SchedulerConfig
 from kvledger.reference.scheduler.counters import Counters
 from kvledger.reference.scheduler.request import Req
@@ -232,7 +233,7 @@ class PrefillAdder:
         """Admission: the request locks its prefix and leaves the waiting account at once, so a cleanup
         that treats it as still waiting (the #16067 reverted bug) is caught."""
         if self.tree is not None and req.last_node is not None:
-            req.lock = self.tree.inc_lock_ref(req.last_node)
+            lock(self.tree, req, req.last_node)
         req.owner.set_account(REQ_RUNNING, op="admit")
         self._reserve_side_demand(req)
         self.can_run_list.append(req)

@@ -27,41 +27,38 @@ free that a later check has to infer (bugs B1, B2, B9).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, cast
 
 import torch
 
-from kvledger.contracts.arith import ceil_to_page, extend_page_plan, pages_needed
+from kvledger.contracts.arith import ceil_to_page, pages_needed
 from kvledger.contracts.errors import ContractViolation
-from kvledger.contracts.owners import REQ_CHUNKED, REQ_RUNNING, REQ_WAITING, Account, Owner
+from kvledger.contracts.owners import REQ_CHUNKED, REQ_RUNNING, REQ_WAITING, Account
 from kvledger.contracts.protocols import (
     AnyPrefixCache,
     KVAllocator,
     MambaStatePool,
-    PagedKVAllocator,
     ReqRowPool,
 )
 from kvledger.contracts.seams import seam
 from kvledger.contracts.switch import ensure, snapshot
 from kvledger.reference.scheduler.cache_paths import CachePath, MemoryPools, cache_path_for
 from kvledger.reference.scheduler.counters import Counters
+from kvledger.reference.scheduler.holdings import (
+    AllocationFailed,
+    HoldingsCoordinator,
+    KVHoldings,
+    MambaSlotHoldings,
+    PathHoldings,
+    RowHoldings,
+    Undo,
+)
 from kvledger.reference.scheduler.request import Req
 from kvledger.reference.scheduler.tracking import MambaTracking
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
 
-Free = Callable[[Any, Owner], None]
-"""A pool's ``free`` (its ids argument is the pool's own id type: a tensor or a list of rows)."""
-
-Undo = list[tuple[Free, "torch.Tensor | list[int]", Req]]
-"""What an admission took so far: the ``free`` to call, the ids, whose they are."""
-
 Holding = tuple[int | None, tuple[int, ...], int, tuple[int, ...]]
 """One request's row, Mamba slots, allocated length and ledger counts per pool (``holdings``)."""
-
-
-class AllocationFailed(Exception):
-    """Raised inside ``prepare_*`` to trigger the rollback; never escapes this module."""
 
 
 class ReqMemory:
@@ -96,6 +93,14 @@ class ReqMemory:
         # ceil_to_page is pure and contract-checked: each distinct length is checked once, then looked
         # up (the per-step identity asks for it for every request that changed).
         self._ceil_memo: dict[int, int] = {}
+        # One manager per pool kind; they alone write a request's memory fields (module holdings).
+        mamba = MambaSlotHoldings(mamba_pool, self._inject, self._evict_mamba_for)
+        self.holdings_of = HoldingsCoordinator(
+            RowHoldings(req_to_token_pool, self._inject),
+            mamba,
+            PathHoldings(self.path, mamba, self._inject),
+            KVHoldings(kv_allocator, req_to_token_pool, page_size, self._inject, self._evict_kv_for),
+        )
 
     @property
     def tracking(self) -> MambaTracking | None:
@@ -114,10 +119,7 @@ class ReqMemory:
         matched = self.path.match(req, req.fill_ids[:-1], cow=cow)
         if matched.stale_cow:
             self.release_cow_slot(req)
-        prefix = matched.prefix
-        req.prefix_indices = prefix
-        req.last_node = matched.last_node
-        req.cache_protected_len = req.kv_committed_len = req.kv_allocated_len = int(prefix.numel())
+        self.holdings_of.kv.set_matched(req, matched.prefix, matched.last_node)
         req.extend_input_len = len(req.fill_ids) - req.kv_committed_len
 
     def release_cow_slot(self, req: Req) -> None:
@@ -128,7 +130,7 @@ class ReqMemory:
         """
         if req.mamba_pool_idx is None:
             return
-        pool = self._mamba_pool_for(req)
+        pool = self.holdings_of.mamba.pool_for(req)
         if req.owner.account is not REQ_WAITING or req.req_pool_idx is not None:
             ledger = pool.ledger
             slot = int(req.mamba_pool_idx[0])
@@ -137,16 +139,7 @@ class ReqMemory:
                 f"I-COW-STOPPER: COW slot {slot} released while {req.owner!r} holds it as an admitted request"
                 f" (the #16067 reverted bug){detail}"
             )
-        pool.free(req.mamba_pool_idx, req.owner)
-        req.mamba_pool_idx = None
-
-    def _mamba_pool_for(self, req: Req) -> MambaStatePool:
-        """The Mamba pool, for a request that holds a slot of it (a slot without the pool is a bug)."""
-        if self.mamba_pool is None:
-            raise ContractViolation(
-                f"I-REQ-MAMBA: {req.owner!r} holds a Mamba slot, but the scheduler has no Mamba pool"
-            )
-        return self.mamba_pool
+        self.holdings_of.mamba.release(req, 0)
 
     # ------------------------------------------------------------------ allocation
     def _inject(self, what: str) -> None:
@@ -192,76 +185,24 @@ class ReqMemory:
         On success the requests move to ``req.chunked`` / ``req.running``, or to ``admit_account`` (a PD
         decode instance pre-allocating into its transfer queue).
         """
-        undo: Undo = []
-        saved = [
-            (r.req_pool_idx, r.mamba_pool_idx, r.kv_allocated_len, r.mamba_ping_pong_track_buffer) for r in reqs
-        ]
-        pieces: list[torch.Tensor] = []
+        reservation = self.holdings_of.reserve(reqs)
         try:
-            for req in reqs:
-                pieces.append(self._extend_one(req, undo))
+            pieces = [self._extend_one(req, reservation.undo) for req in reqs]
         except AllocationFailed:
-            for free, ids, owner_req in reversed(undo):
-                free(ids, owner_req.owner)
-            for req, (row, slot, allocated, track) in zip(reqs, saved, strict=True):
-                if row is not None and req.kv_allocated_len > allocated:
-                    self.req_to_token_pool.forget_tail(row, allocated)  # the cells written here are stale
-                req.req_pool_idx, req.mamba_pool_idx, req.kv_allocated_len = row, slot, allocated
-                req.mamba_ping_pong_track_buffer = track
+            reservation.rollback()
             return None
+        reservation.commit()
         for req in reqs:
             self.path.plan_extend(req, req.kv_committed_len, req.kv_allocated_len)
-            req.kv_committed_len = req.kv_allocated_len
+            self.holdings_of.kv.commit_all(req)
             account = admit_account or (REQ_CHUNKED if req is chunked else REQ_RUNNING)
             req.owner.set_account(account, op="admit")
         return torch.cat(pieces) if pieces else _EMPTY.to(self.device)
 
     @seam
     def _extend_one(self, req: Req, undo: Undo) -> torch.Tensor:
-        row = req.req_pool_idx
-        if row is None:
-            self._inject("row")
-            rows = self.req_to_token_pool.alloc(1, req.owner)
-            if rows is None:
-                raise AllocationFailed("row")
-            undo.append((self.req_to_token_pool.free, rows, req))
-            req.req_pool_idx = row = rows[0]
-            if req.prefix_indices is not None and req.prefix_indices.numel():
-                self.req_to_token_pool.write(row, 0, req.prefix_indices)
-        if self.mamba_pool is not None and req.mamba_pool_idx is None:
-            self._inject("mamba")
-            self._evict_mamba_for(1)
-            slot = self.mamba_pool.alloc(1, req.owner)
-            if slot is None:
-                raise AllocationFailed("mamba")
-            undo.append((self.mamba_pool.free, slot, req))
-            req.mamba_pool_idx = slot
-        if self.path.needs_tracking_slots(req):
-            self._inject("mamba")
-            track = self.path.alloc_tracking_slots(req)
-            if track is None:
-                raise AllocationFailed("mamba tracking")
-            undo.append((self._mamba_pool_for(req).free, track, req))
-        start, end = req.kv_allocated_len, req.kv_committed_len + req.extend_input_len
-        self._inject("kv")
-        if self.page_size == 1:
-            self._evict_kv_for(end - start)
-            loc = self.kv_allocator.alloc(end - start, req.owner)
-            new_part = loc
-        else:
-            fill, new_pages = extend_page_plan(start, end, self.page_size)
-            self._evict_kv_for(new_pages * self.page_size)
-            last_loc = int(self.req_to_token_pool.read(row, start - 1, start)[0]) if start else -1
-            paged = cast(PagedKVAllocator, self.kv_allocator)  # page_size > 1: the paged allocator
-            loc = paged.alloc_extend([start], [end], [last_loc], [req.owner])
-            new_part = None if loc is None else loc[fill:]
-        if loc is None:
-            raise AllocationFailed("kv")
-        if new_part is not None and new_part.numel():
-            undo.append((self.kv_allocator.free, new_part, req))
-        self.req_to_token_pool.write(row, start, loc)
-        req.kv_allocated_len = end
-        return loc
+        """Admit one request of the batch: every kind it lacks, each take recorded in ``undo``."""
+        return self.holdings_of.take(req, undo)
 
     @seam
     def decode_demand_tokens(self, reqs: Sequence[Req]) -> int:
@@ -278,20 +219,10 @@ class ReqMemory:
         except AllocationFailed:
             return None
         self._evict_kv_for(self.decode_demand_tokens(reqs))
-        rows = [_row(r) for r in reqs]
-        positions = [r.kv_allocated_len for r in reqs]
-        if self.page_size == 1:
-            last_locs = [-1] * len(reqs)  # every decode token opens its own "page": nothing to continue
-        else:
-            last_locs = self.req_to_token_pool.read_each(rows, [p - 1 for p in positions]).tolist()
-        out = self.kv_allocator.alloc_decode([p + 1 for p in positions], last_locs, [r.owner for r in reqs])
-        if out is None:
-            return None
-        self.req_to_token_pool.write_each(rows, positions, out)
-        for req in reqs:
-            req.kv_allocated_len += 1
-            req.kv_committed_len = req.kv_allocated_len
-            self.path.plan_decode(req)
+        out = self.holdings_of.kv.decode(reqs)
+        if out is not None:
+            for req in reqs:
+                self.path.plan_decode(req)
         return out
 
     def after_decode_result(self, req: Req) -> None:
@@ -333,20 +264,9 @@ class ReqMemory:
             raise ContractViolation(f"{req.owner!r} released twice (I-OWNER-RELEASE / I-NODUP-FREE): {req!r}")
 
     def _free_owned(self, req: Req, kv_from: int) -> None:
-        """Free KV ``[kv_from, kv_allocated_len)`` (page-ceiled), the Mamba slot, the lock and the row."""
-        if req.req_pool_idx is not None and req.kv_allocated_len > kv_from:
-            tail = self.req_to_token_pool.read(req.req_pool_idx, kv_from, req.kv_allocated_len)
-            self.kv_allocator.free(tail, req.owner)
-        if req.mamba_pool_idx is not None:
-            self._mamba_pool_for(req).free(req.mamba_pool_idx, req.owner)
-            req.mamba_pool_idx = None
-        self.path.release(req)  # tracking slots (Mamba V2), then the lock
-        if req.req_pool_idx is not None:
-            self.req_to_token_pool.free(req.req_pool_idx, req.owner)
-            req.req_pool_idx = None
-        req.last_node = None
-        req.prefix_indices = None
-        req.cache_protected_len = req.kv_committed_len = req.kv_allocated_len = 0
+        """Free KV ``[kv_from, kv_allocated_len)`` (page-ceiled), the Mamba slot, the tracking slots and the
+        lock, any added kind's holdings, then the row (the coordinator's release order)."""
+        self.holdings_of.release(req, kv_from)
 
     # ------------------------------------------------------------------ what a request holds
     def kv_held_units(self, req: Req) -> int:
@@ -367,9 +287,3 @@ class ReqMemory:
             ceiled = self._ceil_memo[n] = ceil_to_page(n, self.page_size)
         return ceiled - req.cache_protected_len
 
-
-def _row(req: Req) -> int:
-    """The row of a request the scheduler runs (a decode without one is a bug, not a missing value)."""
-    if req.req_pool_idx is None:
-        raise ContractViolation(f"I-HANDLE-OWNED: {req.owner!r} decodes without a row: {req!r}")
-    return req.req_pool_idx

@@ -20,7 +20,6 @@ and ``cache_protected_len % page_size == 0``.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +28,6 @@ import torch
 from kvledger.contracts.owners import REQ_WAITING, Owner
 from kvledger.contracts.pool_kinds import MAMBA, REQ
 from kvledger.contracts.protocols import LockLike, NodeLike
-from kvledger.contracts.switch import ENABLED
 
 
 @dataclass(frozen=True)
@@ -114,7 +112,7 @@ class Req:
     prefix_hit_tokens: int = 0  # tokens served from the cache at admission (for the hit-rate report)
     prompt_counted: bool = False  # its prompt is in the statistics (once, at the first admission)
     # The scheduler's accounting, told about every write of a field the identity or the ladder reads
-    # (contracts on): what makes the after-step identity O(changed). See ``_TRACKED``.
+    # (``write_marks``): what makes the after-step identity O(changed). See ``MEMORY_FIELDS``.
     watch: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -171,34 +169,21 @@ class Req:
         )
 
 
-_TRACKED = {
-    "req_pool_idx",
-    "mamba_pool_idx",
-    "cache_protected_len",
-    "kv_committed_len",
-    "kv_allocated_len",
-    "mamba_ping_pong_track_buffer",
-    "mamba_last_track_seqlen",
-}
+MEMORY_FIELDS = frozenset(
+    {
+        "req_pool_idx",
+        "mamba_pool_idx",
+        "cache_protected_len",
+        "kv_committed_len",
+        "kv_allocated_len",
+        "mamba_ping_pong_track_buffer",
+        "mamba_last_track_seqlen",
+    }
+)
 """The fields that decide what a request holds (the identity's terms), its ladder and (Mamba V2) its
-tracked length. A pool kind whose terms read other fields adds them (:func:`track_fields`)."""
-
-
-def track_fields(names: Iterable[str]) -> None:
-    """Also mark a request for the next count when one of ``names`` is written (a pool kind's ``fields``)."""
-    _TRACKED.update(names)
-
-
-def _tracking_setattr(self: Req, name: str, value: Any) -> None:
-    object.__setattr__(self, name, value)
-    if name in _TRACKED:
-        watch = self.__dict__.get("watch")
-        if watch is not None:
-            watch.touch(self, name)
-
-
-if ENABLED:  # contracts on: every write of a tracked field marks the request for the next check
-    Req.__setattr__ = _tracking_setattr  # type: ignore[method-assign,assignment]
+tracked length: written by the holdings managers only (``holdings``), each write marked for the next
+count by the accounting (``write_marks``). A pool kind whose terms read other fields names them in its
+``fields``; the accounting marks those too."""
 
 
 def ladder_holds(req: Req, page_size: int, max_context_len: int) -> bool:

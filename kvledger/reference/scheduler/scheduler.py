@@ -29,6 +29,7 @@ from kvledger.reference.pools.validate import check_positive
 from kvledger.reference.scheduler.accounting import Accounting
 from kvledger.reference.scheduler.adder import AddReqResult, PrefillAdder
 from kvledger.reference.scheduler.batch import ScheduleBatch
+from kvledger.reference.scheduler.cache_paths.base import unlock
 from kvledger.reference.scheduler.config import SchedulerConfig
 from kvledger.reference.scheduler.faults import FAULT_KINDS as FAULT_KINDS
 from kvledger.reference.scheduler.faults import FaultInjector as FaultInjector
@@ -493,9 +494,8 @@ class Scheduler:
             if req is previous_chunked:
                 req.owner.set_account(REQ_CHUNKED, op="rollback")
                 continue
-            if req.lock is not None and self.tree is not None:
-                self.tree.dec_lock_ref(req.lock)
-                req.lock = None
+            if self.tree is not None:
+                unlock(self.tree, req)
             req.owner.set_account(REQ_WAITING, op="rollback")
             if self.config.cow_release_policy != "keep":
                 self.memory.release_cow_slot(req)

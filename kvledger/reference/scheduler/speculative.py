@@ -34,7 +34,6 @@ import torch
 
 from kvledger.contracts.arith import ceil_to_page
 from kvledger.contracts.errors import ContractViolation
-from kvledger.contracts.mamba_track import other_track_idx
 from kvledger.contracts.seams import seam
 from kvledger.reference.scheduler.batch import ScheduleBatch
 from kvledger.reference.scheduler.request import Req, ReqState
@@ -158,21 +157,17 @@ class SpecDecoding:
         if self.s.faults("kv"):
             return None
         self._evict_for(self.decode_demand_tokens(reqs))
-        undo: list[tuple[Req, int, torch.Tensor]] = []
+        holdings = self.s.memory.holdings_of  # the KV manager grows each request; the reservation undoes
+        reservation = holdings.reserve(reqs)
         for req in reqs:
-            start, end = req.kv_allocated_len, self._target(req)
-            if end == start:
+            end = self._target(req)
+            if end == req.kv_allocated_len:
                 continue
             self.check_fits_row(req, end)
-            new = self._alloc(req, start, end)
-            if new is None:
-                for r, allocated, ids in reversed(undo):
-                    if ids.numel():
-                        self.s.kv_allocator.free(ids, r.owner)
-                    self.s.req_to_token_pool.forget_tail(r.req_pool_idx, allocated)  # stale cells above
-                    r.kv_allocated_len = allocated
+            if holdings.kv.grow(req, end, reservation.undo) is None:
+                reservation.rollback()
                 return None
-            undo.append((req, start, new))
+        reservation.commit()
         over = sum(r.kv_allocated_len - r.kv_committed_len for r in self.s.running)
         self.stats.over_allocation_peak = max(self.stats.over_allocation_peak, over)
         rows: Any = self.s.req_to_token_pool  # every verified request holds a row
@@ -185,30 +180,6 @@ class SpecDecoding:
         short = tokens - self.s.memory.counters.kv_available()
         if short > 0 and self.s.tree is not None:
             self.s.tree.evict(short)
-
-    def _alloc(self, req: Req, start: int, end: int) -> torch.Tensor | None:
-        """KV for positions ``[start, end)`` of the request's row; returns the ids taken off the free list."""
-        kv: Any = self.s.kv_allocator  # a paged allocator at page > 1 (alloc_extend)
-        rows = self.s.req_to_token_pool
-        assert req.req_pool_idx is not None
-        if self.page_size == 1:
-            loc: torch.Tensor | None = kv.alloc(end - start, req.owner)
-            new: torch.Tensor | None = loc
-        else:
-            last = int(rows.read(req.req_pool_idx, start - 1, start)[0]) if start else -1
-            loc = kv.alloc_extend([start], [end], [last], [req.owner])
-            fill = min(end, ceil_to_page(start, self.page_size)) - start
-            new = None if loc is None else loc[fill:]
-        if loc is None or new is None:
-            return None
-        self.write_row(req, start, loc)
-        req.kv_allocated_len = end
-        return new
-
-    def write_row(self, req: Req, start: int, loc: torch.Tensor) -> None:
-        """``req_to_token[row, start:start+len(loc)] = loc`` (the row was checked wide enough)."""
-        assert req.req_pool_idx is not None
-        self.s.req_to_token_pool.write(req.req_pool_idx, start, loc)
 
     def check_fits_row(self, req: Req, end: int) -> None:
         """I-SPEC-ROW before a write: the over-allocation ends within the row (PR #26972's fail-fast)."""
@@ -296,7 +267,7 @@ class SpecDecoding:
                     break
             if req.first_token_step is None:
                 req.first_token_step = s.step_no
-            req.kv_committed_len = committed + kept
+            self.s.memory.holdings_of.kv.set_committed(req, committed + kept)
             self._count(kept, drawn)
             self._after_verify(req, committed, committed + self.num_positions)
             if finished:
@@ -321,8 +292,7 @@ class SpecDecoding:
             seqlen = self.track_seqlen(start, req.kv_committed_len, drafted_end, tracking.interval)
             if seqlen is not None:
                 self.stats.captures += 1
-                req.mamba_next_track_idx = other_track_idx(req.mamba_next_track_idx, tracking.k)
-                req.mamba_last_track_seqlen = seqlen
+                tracking.captured(req, seqlen)
         self.release_rejected_tail(req)
 
     @seam
@@ -345,13 +315,7 @@ class SpecDecoding:
         keep = self.keep_to(req)
         if req.kv_allocated_len <= keep or req.req_pool_idx is None:
             return
-        first = ceil_to_page(keep, self.page_size)
-        if req.kv_allocated_len > first:
-            tail = self.s.req_to_token_pool.read(req.req_pool_idx, first, req.kv_allocated_len)
-            self.s.kv_allocator.free(tail, req.owner)
-            self.stats.tail_freed_tokens += int(tail.numel())
-        self.s.req_to_token_pool.forget_tail(req.req_pool_idx, keep)  # the rejected positions' cells are stale
-        req.kv_allocated_len = keep
+        self.stats.tail_freed_tokens += self.s.memory.holdings_of.kv.shrink_to(req, keep)
 
     # ------------------------------------------------------------------ per-step check
     def check_requests(self, reqs: Callable[[], Sequence[Req]] | None = None) -> int:

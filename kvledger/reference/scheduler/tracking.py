@@ -108,6 +108,17 @@ class MambaTracking:
             req.mamba_next_track_idx = other_track_idx(req.mamba_next_track_idx, self.k)
             req.mamba_last_track_seqlen = seq_len
 
+    def captured(self, req: Req, seqlen: int) -> None:
+        """A verify captured the state at ``seqlen`` (an accepted position) into the next half: it becomes
+        the keep half."""
+        req.mamba_next_track_idx = other_track_idx(req.mamba_next_track_idx, self.k)
+        req.mamba_last_track_seqlen = seqlen
+
+    @staticmethod
+    def cached(req: Req) -> None:
+        """The tree adopted the tracked state: nothing is tracked beyond the protected prefix any more."""
+        req.mamba_last_track_seqlen = None
+
     # ------------------------------------------------------------------ donation and release
     @ensure(
         lambda self, req, result: result is None or _holds_k_distinct(self, req),

@@ -1,13 +1,13 @@
-"""Marks on writes of a request's tracked fields for builds without contracts (issue 38).
+"""Marks on writes of a request's tracked fields, for every build (issues 38 and 36).
 
-With contracts on, ``Req.__setattr__`` is replaced at import (``request._tracking_setattr``), and every
-write of a tracked field tells the request's ``watch``. Below ``full`` nothing was told, so the count
-identities recounted every queued request after every step: O(queue) per step, 44 % of a 16x release run.
-
-Here the tracked fields get a descriptor that defines ``__set__`` only. Python looks for such a
-descriptor on writes (it is a data descriptor) but, having no ``__get__``, reads fall through to the
-instance's ``__dict__`` at C speed: a read costs nothing more and a write of one of these few fields one
-Python call, where a replaced ``__setattr__`` would charge every write of every field.
+The accounting counts, after a step, only the requests whose tracked fields were written (or whose owner
+changed account). Those fields are written by the holdings managers only (``holdings``); each write is
+marked here, at the write: the accounting gives the request's class a descriptor per tracked field that
+defines ``__set__`` only. Python looks for such a descriptor on writes (it is a data descriptor) but,
+having no ``__get__``, reads fall through to the instance's ``__dict__`` at C speed: a read costs nothing
+more and a write of one of these few fields one Python call. (Before issue 36 a build with contracts on
+replaced ``Req.__setattr__`` at import, which charged every write of every field and watched one global
+set of names every pool kind added to.)
 """
 
 from __future__ import annotations

@@ -138,6 +138,12 @@ def row_of(req: Req) -> int:
     return row
 
 
+def lock(tree: AnyPrefixCache, req: Req, node: NodeLike) -> None:
+    """Lock ``node``, the request's matched node (``last_node``), for as long as it needs its prefix.
+    Pre: the request holds no lock yet (a second would never be given back)."""
+    req.lock = tree.inc_lock_ref(node)
+
+
 def unlock(tree: AnyPrefixCache, req: Req) -> None:
     """Give back the request's lock on the tree, if it holds one."""
     if req.lock is not None:

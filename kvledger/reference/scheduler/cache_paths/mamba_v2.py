@@ -68,7 +68,7 @@ class MambaV2Path(MambaV1Path):
         if not res.mamba_adopted:
             self.mamba_pool.free(donated, req.owner)
         hand_over_lock(self.tree, self.rows, req, tokens, cache_len)
-        req.mamba_last_track_seqlen = None
+        self.tracking.cached(req)
 
     @seam
     def cache_finished(self, req: Req) -> int:
