@@ -62,17 +62,18 @@ ensure = functools.partial(icontract.ensure, enabled=ENABLED, error=ContractViol
 invariant = functools.partial(icontract.invariant, enabled=ENABLED, error=ContractViolation)
 snapshot = functools.partial(icontract.snapshot, enabled=ENABLED)
 
-def building_level(checks: CheckLevel | None) -> CheckLevel:
+def building_level(checks: CheckLevel | None, what: str = "checks") -> CheckLevel:
     """The level an object handed ``checks`` is built at: ``checks`` itself, or the process's level when it
     was handed none (an object built on its own, outside an engine). ``full`` needs a process started at
-    ``full``: icontract's decorators were applied, or not, when this process imported kvledger."""
+    ``full``: icontract's decorators were applied, or not, when this process imported kvledger. ``what``
+    names the setting in the typed error (``EngineSpec.checks``)."""
     if checks is None:
         return LEVEL
     if not isinstance(checks, CheckLevel):
-        raise InvalidArgument(f"checks: expected a CheckLevel, got {type(checks).__name__}")
+        raise InvalidArgument(f"{what}: expected a CheckLevel, got {type(checks).__name__}")
     if checks.contracts and not ENABLED:
         raise InvalidArgument(
-            f"checking level full needs a process started at full ({LEVEL_ENV_VAR}=full): this one runs"
+            f"{what}: checking level full needs a process started at full ({LEVEL_ENV_VAR}=full): this one runs"
             f" at {LEVEL.label}, and icontract's decorators were applied when it imported kvledger"
         )
     return checks

@@ -74,11 +74,7 @@ class EngineSpec:
 
     def __post_init__(self) -> None:
         check_fields(self)  # every field of its annotated type and within its bounds (MAX_SIZE)
-        if self.checks is not None and self.checks.contracts and not switch.ENABLED:
-            raise InvalidArgument(
-                f"EngineSpec.checks full needs a process started at full ({switch.LEVEL_ENV_VAR}=full);"
-                f" this one runs at {switch.LEVEL.label} (icontract's decorators are applied at import)"
-            )
+        switch.building_level(self.checks, "EngineSpec.checks")  # full only in a process started at full
         if self.kv_tokens < self.page_size:
             raise InvalidArgument(
                 f"EngineSpec: kv_tokens {self.kv_tokens} is less than one page of {self.page_size}"
