@@ -25,7 +25,12 @@ from types import SimpleNamespace
 from typing import Any
 
 from kvledger.engines.sglang.scheduler.build_common import SchedulerShape as SchedulerShape
-from kvledger.engines.sglang.scheduler.build_common import Sink, process_group, server_args
+from kvledger.engines.sglang.scheduler.build_common import (
+    Sink,
+    model_config_fields,
+    process_group,
+    server_args,
+)
 from kvledger.engines.sglang.scheduler.release import import_scheduler
 from kvledger.engines.sglang.scheduler.worker import FakeWorker, WorkerShape
 
@@ -33,24 +38,10 @@ from kvledger.engines.sglang.scheduler.worker import FakeWorker, WorkerShape
 def model_config(shape: SchedulerShape) -> SimpleNamespace:
     """The model-config fields the scheduler reads; no model is loaded, so none of them reach a kernel."""
     hf = SimpleNamespace(architectures=["FakeMambaForCausalLM"], text_config=None)
-    return SimpleNamespace(
-        is_generation=True,
-        is_matryoshka=False,
-        hidden_size=8,
-        vocab_size=1000,
-        is_encoder_decoder=False,
-        is_multimodal=False,
-        is_multimodal_gen=False,
-        is_image_gen=False,
-        is_audio_model=False,
-        context_len=shape.context_len,
-        hf_config=hf,
-        hf_text_config=hf,
-        num_key_value_heads=1,
-        attention_arch=None,
+    return model_config_fields(
+        shape,
+        hf,
         dtype="float32",
-        is_hybrid_swa=False,
-        hf_eos_token_id=None,  # no EOS: lengths come from max_new_tokens (drawn by the caller)
         use_ngram_embedding=False,  # 0.5.10: an n-gram embedding model feature, off for this model
     )
 

@@ -33,7 +33,13 @@ from typing import Any
 
 import torch
 
-from kvledger.engines.sglang.scheduler.build_common import SchedulerShape, Sink, process_group, server_args
+from kvledger.engines.sglang.scheduler.build_common import (
+    SchedulerShape,
+    Sink,
+    model_config_fields,
+    process_group,
+    server_args,
+)
 from kvledger.engines.sglang.scheduler.release import import_scheduler
 from kvledger.engines.sglang.scheduler.worker import FakeWorker, WorkerShape
 
@@ -42,26 +48,9 @@ PD_PREFILL = "prefill"
 
 def model_config_05(shape: SchedulerShape) -> SimpleNamespace:
     """The model-config fields 0.5.5.x's scheduler, batch and PD prefill read (no model is loaded)."""
+    # hf_text_config (= hf): PD prefill sizes its metadata buffers' hidden states from its hidden_size
     hf = SimpleNamespace(architectures=["FakeMambaForCausalLM"], hidden_size=8)
-    return SimpleNamespace(
-        is_generation=True,
-        is_matryoshka=False,
-        hidden_size=8,
-        vocab_size=1000,
-        is_encoder_decoder=False,
-        is_multimodal=False,
-        is_multimodal_gen=False,
-        is_image_gen=False,
-        is_audio_model=False,
-        context_len=shape.context_len,
-        hf_config=hf,
-        hf_text_config=hf,  # PD prefill sizes its metadata buffers' hidden states from it
-        num_key_value_heads=1,
-        attention_arch=None,
-        dtype=torch.float32,  # PD prefill allocates metadata buffers with it
-        is_hybrid_swa=False,
-        hf_eos_token_id=None,
-    )
+    return model_config_fields(shape, hf, dtype=torch.float32)  # PD prefill's metadata buffers take it
 
 
 class NoTransferManager:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import tempfile
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 
@@ -79,3 +80,27 @@ def process_group() -> None:
     )
     ps.initialize_model_parallel(1, 1, 1, backend="gloo")
     _GROUP_READY = True
+
+
+def model_config_fields(shape: SchedulerShape, hf: SimpleNamespace, **per_release: Any) -> SimpleNamespace:
+    """The model-config fields every release's scheduler reads (no model is loaded, so none of them reach
+    a kernel), and those one release family adds or reads differently (``per_release``)."""
+    return SimpleNamespace(
+        is_generation=True,
+        is_matryoshka=False,
+        hidden_size=8,
+        vocab_size=1000,
+        is_encoder_decoder=False,
+        is_multimodal=False,
+        is_multimodal_gen=False,
+        is_image_gen=False,
+        is_audio_model=False,
+        context_len=shape.context_len,
+        hf_config=hf,
+        hf_text_config=hf,
+        num_key_value_heads=1,
+        attention_arch=None,
+        is_hybrid_swa=False,
+        hf_eos_token_id=None,  # no EOS: lengths come from max_new_tokens (drawn by the caller)
+        **per_release,
+    )
