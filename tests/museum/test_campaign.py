@@ -141,6 +141,21 @@ def _wait_for(fuzzing: tuple[redis.Redis, subprocess.Popen[bytes]], suffix: byte
         time.sleep(1)
 
 
+def _replay_while_fuzzing(common: list[str]) -> tuple[int, dict[str, Any]]:
+    """``campaign.py --replay-only`` while HypoFuzz still runs, again until it replays a failure (6 tries).
+
+    HypoFuzz records one failure in several Redis writes (its own failure entry, then the example under the
+    key Hypothesis replays); stopping it the moment the first one lands could kill it between them on a
+    loaded machine, and the replay would find nothing through no fault of either side."""
+    rc, replay = 0, {}
+    for _ in range(6):
+        rc, replay = _campaign("--workers", "1", "--shards", "1", "--examples", "1", "--replay-only", *common)
+        if rc != 0:
+            break
+        time.sleep(5)
+    return rc, replay
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_hypofuzz_fuzzes_a_machine_into_the_shared_redis_database() -> None:
@@ -168,11 +183,11 @@ def test_a_failure_hypofuzz_finds_is_replayed_by_the_campaign_as_a_repro_script(
     same key, fails naming B1's invariant, and writes a repro script that fails on its own."""
     breaks = exhibit("B1").breaks
     with local_redis_server() as url:
-        with _hypofuzz(url, "Scheduler", KVLEDGER_CAMPAIGN_EXHIBIT="B1") as fuzzing:
-            _wait_for(fuzzing, b".hypofuzz.failures")
         repros = tmp_path / "repros"
         common = ["--db", url, "--machines", "scheduler", "--exhibit", "B1", "--repros", str(repros)]
-        rc, replay = _campaign("--workers", "1", "--shards", "1", "--examples", "1", "--replay-only", *common)
+        with _hypofuzz(url, "Scheduler", KVLEDGER_CAMPAIGN_EXHIBIT="B1") as fuzzing:
+            _wait_for(fuzzing, b".hypofuzz.failures")
+            rc, replay = _replay_while_fuzzing(common)
     assert rc == 1 and len(replay["failures"]) == 1, replay
     failure = replay["failures"][0]
     assert any(i in failure["failure"] for i in breaks), failure
