@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 from kvledger.contracts.errors import ContractViolation, InvalidArgument
 from kvledger.contracts.handles import HandleClaim, check_handles_owned
@@ -33,6 +34,22 @@ def page_ids(ids: Any, page_size: int) -> np.ndarray:
     """Token ids -> the distinct pages they lie on (SGLang frees whole pages, once per call)."""
     a = as_id_array(ids)
     return np.unique(a // page_size) if page_size > 1 else np.unique(a)
+
+
+SMALL = 8  # a call that moves at most this many ids takes the Python-int path (a decode step: one)
+
+
+def small_pages(ids: Any, page_size: int) -> list[int] | None:
+    """:func:`page_ids` as sorted distinct Python ints for a call of at most :data:`SMALL` ids (a CPU
+    tensor), else None (the numpy path): a decode step's one id costs no numpy call."""
+    if type(ids) is not torch.Tensor or ids.numel() > SMALL or ids.is_cuda:
+        return None
+    lst = ids.tolist()
+    if type(lst) is int:
+        return [lst // page_size]
+    if page_size > 1:
+        lst = [i // page_size for i in lst]
+    return lst if len(lst) == 1 else sorted(set(lst))
 
 
 @dataclass
@@ -240,20 +257,57 @@ class PoolWatch:
         return int(self.allocator.available_size()) // self.page_size
 
     def _kv_alloc(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        # The hot path of a decode step (one id per call): no context manager, no numpy for a few ids,
+        # two available_size() reads for I-COUNT (issue 38: the attach's per-call cost).
+        depth = self._depth
+        available = self.allocator.available_size
+        ps = self.page_size
+
         def alloc(*args: Any, **kwargs: Any) -> Any:
-            with self._outermost("kv") as outer:
-                if not outer:
-                    return original(*args, **kwargs)
-                before = self._free_pages_now()
+            if depth["kv"]:
+                return original(*args, **kwargs)
+            depth["kv"] = 1
+            try:
+                before = available()
                 out = original(*args, **kwargs)
                 if out is None:
                     return out
-                self._record_alloc(
-                    self.kv, page_ids(out, self.page_size), before - self._free_pages_now(), "alloc"
-                )
+                taken = (before - available()) // ps
+                few = small_pages(out, ps)
+                if few is None:
+                    self._record_alloc(self.kv, page_ids(out, ps), taken, "alloc")
+                else:
+                    self._record_alloc_few(few, taken)
                 return out
+            finally:
+                depth["kv"] = 0
 
         return alloc
+
+    def _record_alloc_few(self, pages: list[int], taken: int) -> None:
+        """:meth:`_record_alloc` for a few pages as Python ints (a decode step's one id): the same checks."""
+        ledger = self.kv
+        assert ledger is not None
+        mv = ledger._mv
+        top = len(mv)
+        if any(not 0 <= i < top for i in pages):
+            self._record_alloc(ledger, np.array(pages, dtype=np.int64), taken, "alloc")
+            return
+        self.calls += 1
+        fresh = [i for i in pages if mv[i] == FREE_CODE]
+        if len(fresh) != taken:
+            raise ContractViolation(
+                ledger.describe(
+                    fresh[:4],
+                    f"alloc: the free list shrank by {taken} but {len(fresh)} free id(s) were handed out"
+                    f" (I-COUNT): {fresh[:8]}",
+                )
+            )
+        if fresh and not ledger._move_few(fresh, FREE_LIST, self._holder, "alloc"):
+            ledger.transfer(fresh, FREE_LIST, self._holder, "alloc")  # checked again: raises with evidence
+        if len(fresh) < len(pages):
+            held = [i for i in pages if mv[i] != FREE_CODE and i not in fresh]
+            ledger.transfer(held, self._holder, self._holder, "alloc (continues its own page)")
 
     def _record_alloc(self, ledger: Any, pages: np.ndarray, taken: int, op: str) -> None:
         """``pages`` were handed out; the free list shrank by ``taken``. New ones leave the free list;
@@ -275,24 +329,39 @@ class PoolWatch:
             ledger.transfer(held, self._holder, self._holder, f"{op} (continues its own page)")
 
     def _kv_free(self, original: Callable[..., Any], op: str, *, pages_given: bool) -> Callable[..., Any]:
+        depth = self._depth
+        available = self.allocator.available_size
+        ps = self.page_size
+
         def free(ids: Any, *args: Any, **kwargs: Any) -> Any:
-            with self._outermost("kv") as outer:
-                if not (outer and ids is not None and ids.numel()):
-                    return original(ids, *args, **kwargs)
+            if depth["kv"] or ids is None or not ids.numel():
+                return original(ids, *args, **kwargs)
+            depth["kv"] = 1
+            try:
                 grouped = self._group_open
                 given = self._record_free(ids, op, pages_given)
-                before = self._free_pages_now()
+                before = available()
                 out = original(ids, *args, **kwargs)
                 if not grouped:
                     assert self.kv is not None
-                    returned(self.kv, op, given, self._free_pages_now() - before)
+                    returned(self.kv, op, given, (available() - before) // ps)
                 return out
+            finally:
+                depth["kv"] = 0
 
         return free
 
-    def _record_free(self, ids: Any, op: str, pages_given: bool) -> np.ndarray:
-        """Mirror a free into the ledger before SGLang's runs; returns the pages the ledger freed."""
+    def _record_free(self, ids: Any, op: str, pages_given: bool) -> Any:
+        """Mirror a free into the ledger before SGLang's runs; returns the pages the ledger freed (a list
+        of ints for a few, else an array)."""
         assert self.kv is not None
+        few = None if pages_given or self._evicting or self._group_open else small_pages(ids, self.page_size)
+        if few is not None:
+            self.calls += 1
+            src = self._claimant()
+            if not self.kv._move_few(few, src, FREE_LIST, op):
+                self.kv.transfer(np.array(few, dtype=np.int64), src, FREE_LIST, op)  # raises with evidence
+            return few
         self.calls += 1
         if pages_given:
             pages = as_id_array(ids)
