@@ -31,9 +31,12 @@ CALLER = "caller"
 
 
 def page_ids(ids: Any, page_size: int) -> np.ndarray:
-    """Token ids -> the distinct pages they lie on (SGLang frees whole pages, once per call)."""
+    """Token ids -> the pages they lie on (SGLang frees whole pages, once per call): distinct and sorted
+    above page 1, the ids as given at page 1."""
     a = as_id_array(ids)
-    return np.unique(a // page_size) if page_size > 1 else np.unique(a)
+    # Page 1: the ids themselves, unsorted (no O(n log n) unique per call): the ledger's move refuses a
+    # repeated id (I-NODUP-FREE) and an allocation's I-COUNT counts one handed out twice.
+    return np.unique(a // page_size) if page_size > 1 else a
 
 
 SMALL = 8  # a call that moves at most this many ids takes the Python-int path (a decode step: one)
@@ -107,7 +110,7 @@ class PoolWatch:
             None  # the KV pages of locked paths, read at evict's first free
         )
         # the last lock and unlock calls per node key (bounded), for the tree's violation messages
-        self._lock_calls: OrderedDict[Any, deque[str]] = OrderedDict()
+        self._lock_calls: OrderedDict[Any, deque[tuple[str, Any, Any]]] = OrderedDict()
         self._lock_took_state: dict[
             tuple[Any, Owner], list[bool]
         ] = {}  # per (node, holder): took the state lock
@@ -295,6 +298,7 @@ class PoolWatch:
             return
         self.calls += 1
         fresh = [i for i in pages if mv[i] == FREE_CODE]
+        held = [i for i in pages if mv[i] != FREE_CODE] if len(fresh) < len(pages) else None
         if len(fresh) != taken:
             raise ContractViolation(
                 ledger.describe(
@@ -303,11 +307,13 @@ class PoolWatch:
                     f" (I-COUNT): {fresh[:8]}",
                 )
             )
-        if fresh and not ledger._move_few(fresh, FREE_LIST, self._holder, "alloc"):
-            ledger.transfer(fresh, FREE_LIST, self._holder, "alloc")  # checked again: raises with evidence
-        if len(fresh) < len(pages):
-            held = [i for i in pages if mv[i] != FREE_CODE and i not in fresh]
-            ledger.transfer(held, self._holder, self._holder, "alloc (continues its own page)")
+        holder = self._holder
+        if fresh and not ledger._move_few(fresh, FREE_LIST, holder, "alloc"):
+            ledger.transfer(fresh, FREE_LIST, holder, "alloc")  # checked again: raises with evidence
+        if held:
+            op = "alloc (continues its own page)"  # a decode step inside the holder's partial last page
+            if not ledger._move_few(held, holder, holder, op):
+                ledger.transfer(held, holder, holder, op)  # not the holder's: raises with evidence
 
     def _record_alloc(self, ledger: Any, pages: np.ndarray, taken: int, op: str) -> None:
         """``pages`` were handed out; the free list shrank by ``taken``. New ones leave the free list;
