@@ -141,9 +141,18 @@ class Watch(PoolWatch):
 
     def _refuse_locked_eviction(self, pages: np.ndarray, op: str) -> None:
         assert self.kv is not None
-        if self._evict_guard is None:
-            self._evict_guard = page_ids(shapes.locked_path_values(self._locked_nodes.values()), self.page_size)
-        hit = np.intersect1d(pages, self._evict_guard)
+        guard = self._evict_guard
+        if guard is None:
+            # one flag per page of the pool (a gather per free, no sort): set on the locked paths' pages
+            guard = np.zeros(len(self.kv._own), dtype=bool)
+            guard[page_ids(shapes.locked_path_values(self._locked_nodes.values()), self.page_size)] = True
+            self._evict_guard = guard
+        # One gather per free; an id off the pool is clipped onto page 0 (never a tree's) or the last page
+        # and kept out of the hits below (the ledger's move then names it).
+        flagged = pages[guard.take(pages, mode="clip")]
+        if not flagged.size:
+            return
+        hit = np.unique(flagged[(flagged >= 0) & (flagged < guard.size)])
         if not hit.size:
             return
         page = int(hit[0])
@@ -204,7 +213,7 @@ class Watch(PoolWatch):
             key = self._node_key(node)
             self.locks[key] += 1
             self._locked_nodes[key] = node
-            self._note_lock_call(key, f"inc_lock_ref by {self._holder!r} at {shapes.key_path(node)}")
+            self._note_lock_call(key, ("inc_lock_ref", self._holder, node))
             after = shapes.state_lock_ref(node)
             took = before is not None and after != before
             self._lock_took_state.setdefault((key, self._holder), []).append(took)
@@ -227,7 +236,7 @@ class Watch(PoolWatch):
             before = shapes.state_lock_ref(node)
             out = original(node, *args, **kwargs)
             self.locks[key] -= 1
-            self._note_lock_call(key, f"dec_lock_ref by {self._holder!r}")
+            self._note_lock_call(key, ("dec_lock_ref", self._holder, None))
             if not self.locks[key]:
                 del self.locks[key]
                 self._locked_nodes.pop(key, None)
@@ -246,9 +255,11 @@ class Watch(PoolWatch):
     LOCK_CALLS_KEPT = 8  # per node
     LOCK_CALL_NODES_KEPT = 4096  # nodes whose calls are remembered (the least recently locked forgotten)
 
-    def _note_lock_call(self, key: Any, text: str) -> None:
+    def _note_lock_call(self, key: Any, call: tuple[str, Any, Any]) -> None:
+        """Remember (call, holder, node) for node ``key``: the text (with the key path of a lock) is
+        written only when a message needs it (per-call cost, issue 38)."""
         calls = self._lock_calls.pop(key, None) or deque(maxlen=self.LOCK_CALLS_KEPT)
-        calls.append(text)
+        calls.append(call)
         self._lock_calls[key] = calls  # most recent last
         if len(self._lock_calls) > self.LOCK_CALL_NODES_KEPT:
             self._lock_calls.popitem(last=False)
@@ -256,18 +267,24 @@ class Watch(PoolWatch):
     def lock_evidence(self, key: Any) -> str:
         """The holders of node ``key``'s live locks and its last lock and unlock calls, for a message."""
         holders = sorted({repr(h) for (k, h), took in self._lock_took_state.items() if k == key and took})
-        calls = list(self._lock_calls.get(key, ()))
+        calls = [
+            f"{op} by {holder!r}" + (f" at {shapes.key_path(node)}" if node is not None else "")
+            for op, holder, node in self._lock_calls.get(key, ())
+        ]
         return f"; live lock holders {holders or 'none'}; its last lock calls {calls or 'none'}"
 
     def _took_state(self, key: Any) -> bool:
         """Whether the lock being released took the node's state lock: the current holder's latest lock on
         the node (a release by a holder that took no lock there releases some other holder's, the latest)."""
-        mine = self._lock_took_state.get((key, self._holder))
+        entry = (key, self._holder)
+        mine = self._lock_took_state.get(entry)
         if not mine:
-            mine = next(v for (k, _), v in reversed(self._lock_took_state.items()) if k == key and v)
+            entry, mine = next(
+                (e, v) for e, v in reversed(self._lock_took_state.items()) if e[0] == key and v
+            )
         took = mine.pop()
-        for k in [k for k, v in self._lock_took_state.items() if not v]:
-            del self._lock_took_state[k]
+        if not mine:  # the only list this call emptied (a lock's list is never left empty)
+            del self._lock_took_state[entry]
         return took
 
     # ------------------------------------------------------------------ audit

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 from kvledger.contracts.errors import ContractViolation, InvalidArgument
 from kvledger.contracts.handles import HandleClaim, check_handles_owned
@@ -30,9 +31,37 @@ CALLER = "caller"
 
 
 def page_ids(ids: Any, page_size: int) -> np.ndarray:
-    """Token ids -> the distinct pages they lie on (SGLang frees whole pages, once per call)."""
+    """Token ids -> the pages they lie on (SGLang frees whole pages, once per call): distinct and sorted
+    above page 1, the ids as given at page 1."""
     a = as_id_array(ids)
-    return np.unique(a // page_size) if page_size > 1 else np.unique(a)
+    # Page 1: the ids themselves, unsorted (no O(n log n) unique per call): the ledger's move refuses a
+    # repeated id (I-NODUP-FREE) and an allocation's I-COUNT counts one handed out twice.
+    return np.unique(a // page_size) if page_size > 1 else a
+
+
+SMALL = 8  # a call that moves at most this many ids takes the Python-int path (a decode step: one)
+
+
+def small_ids(ids: Any) -> list[int] | None:
+    """The ids of a call that moves at most :data:`SMALL` of them (a tensor, any shape) as Python ints,
+    repeats kept; else None (the numpy path)."""
+    if type(ids) is not torch.Tensor or ids.numel() > SMALL:
+        return None
+    lst = ids.tolist()
+    if type(lst) is int:
+        return [lst]
+    return lst if not lst or type(lst[0]) is int else ids.reshape(-1).tolist()
+
+
+def small_pages(ids: Any, page_size: int) -> list[int] | None:
+    """:func:`page_ids` as sorted distinct Python ints for a call of at most :data:`SMALL` ids, else
+    None: a decode step's one id costs no numpy call."""
+    lst = small_ids(ids)
+    if lst is None or len(lst) == 1:
+        return lst if lst is None or page_size == 1 else [lst[0] // page_size]
+    if page_size > 1:
+        lst = [i // page_size for i in lst]
+    return sorted(set(lst))
 
 
 @dataclass
@@ -90,7 +119,7 @@ class PoolWatch:
             None  # the KV pages of locked paths, read at evict's first free
         )
         # the last lock and unlock calls per node key (bounded), for the tree's violation messages
-        self._lock_calls: OrderedDict[Any, deque[str]] = OrderedDict()
+        self._lock_calls: OrderedDict[Any, deque[tuple[str, Any, Any]]] = OrderedDict()
         self._lock_took_state: dict[
             tuple[Any, Owner], list[bool]
         ] = {}  # per (node, holder): took the state lock
@@ -240,28 +269,74 @@ class PoolWatch:
         return int(self.allocator.available_size()) // self.page_size
 
     def _kv_alloc(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        # The hot path of a decode step (one id per call): no context manager, no numpy for a few ids,
+        # two available_size() reads for I-COUNT (issue 38: the attach's per-call cost).
+        depth = self._depth
+        available = self.allocator.available_size
+        ps = self.page_size
+
         def alloc(*args: Any, **kwargs: Any) -> Any:
-            with self._outermost("kv") as outer:
-                if not outer:
-                    return original(*args, **kwargs)
-                before = self._free_pages_now()
+            if depth["kv"]:
+                return original(*args, **kwargs)
+            depth["kv"] = 1
+            try:
+                before = available()
                 out = original(*args, **kwargs)
                 if out is None:
                     return out
-                self._record_alloc(
-                    self.kv, page_ids(out, self.page_size), before - self._free_pages_now(), "alloc"
-                )
+                taken = (before - available()) // ps
+                few = small_pages(out, ps)
+                if few is None:
+                    self._record_alloc(self.kv, page_ids(out, ps), taken, "alloc")
+                else:
+                    self._record_alloc_few(few, taken)
                 return out
+            finally:
+                depth["kv"] = 0
 
         return alloc
+
+    def _record_alloc_few(self, pages: list[int], taken: int, ledger: Any = None, op: str = "alloc") -> None:
+        """:meth:`_record_alloc` for a few ids as Python ints (a decode step's one id, a request's Mamba
+        slot): the same checks, the ledger's few-id move (any doubt: its general move, with the evidence)."""
+        ledger = self.kv if ledger is None else ledger
+        mv = ledger._mv
+        top = len(mv)
+        if any(not 0 <= i < top for i in pages):
+            self._record_alloc(ledger, np.array(pages, dtype=np.int64), taken, op)
+            return
+        self.calls += 1
+        fresh = [i for i in pages if mv[i] == FREE_CODE]
+        held = [i for i in pages if mv[i] != FREE_CODE] if len(fresh) < len(pages) else None
+        if len(fresh) != taken:
+            raise ContractViolation(
+                ledger.describe(
+                    fresh[:4],
+                    f"{op}: the free list shrank by {taken} but {len(fresh)} free id(s) were handed out"
+                    f" (I-COUNT): {fresh[:8]}",
+                )
+            )
+        holder = self._holder
+        if fresh and not ledger._move_few(fresh, FREE_LIST, holder, op):
+            ledger.transfer(fresh, FREE_LIST, holder, op)  # checked again: raises with evidence
+        if held:
+            cont = f"{op} (continues its own page)"  # a decode step inside the holder's partial last page
+            if not ledger._move_few(held, holder, holder, cont):
+                ledger.transfer(held, holder, holder, cont)  # not the holder's: raises with evidence
 
     def _record_alloc(self, ledger: Any, pages: np.ndarray, taken: int, op: str) -> None:
         """``pages`` were handed out; the free list shrank by ``taken``. New ones leave the free list;
         pages already held (a partial last page an extend continues) must be the holder's own."""
         self.calls += 1
-        owners = ledger._own[pages] if pages.size and int(pages.max()) < len(ledger._own) else None
-        fresh = pages if owners is None else pages[owners == FREE_CODE]
-        held = np.empty(0, dtype=np.int64) if owners is None else pages[owners != FREE_CODE]
+        own = ledger._own
+        owners = own.take(pages, mode="clip") if pages.size and int(pages.min()) >= 0 else None
+        if owners is not None and int(pages.max()) >= len(own):
+            owners = None  # an id off the pool: the move below names it
+        is_free = None if owners is None else owners == FREE_CODE
+        if is_free is None or is_free.all():
+            fresh, held = pages, None
+        else:
+            fresh, held = pages[is_free], pages[~is_free]
         if fresh.size != taken:
             raise ContractViolation(
                 ledger.describe(
@@ -271,28 +346,43 @@ class PoolWatch:
                 )
             )
         ledger.transfer(fresh, FREE_LIST, self._holder, op)
-        if held.size:
+        if held is not None and held.size:
             ledger.transfer(held, self._holder, self._holder, f"{op} (continues its own page)")
 
     def _kv_free(self, original: Callable[..., Any], op: str, *, pages_given: bool) -> Callable[..., Any]:
+        depth = self._depth
+        available = self.allocator.available_size
+        ps = self.page_size
+
         def free(ids: Any, *args: Any, **kwargs: Any) -> Any:
-            with self._outermost("kv") as outer:
-                if not (outer and ids is not None and ids.numel()):
-                    return original(ids, *args, **kwargs)
+            if depth["kv"] or ids is None or not ids.numel():
+                return original(ids, *args, **kwargs)
+            depth["kv"] = 1
+            try:
                 grouped = self._group_open
                 given = self._record_free(ids, op, pages_given)
-                before = self._free_pages_now()
+                before = available()
                 out = original(ids, *args, **kwargs)
                 if not grouped:
                     assert self.kv is not None
-                    returned(self.kv, op, given, self._free_pages_now() - before)
+                    returned(self.kv, op, given, (available() - before) // ps)
                 return out
+            finally:
+                depth["kv"] = 0
 
         return free
 
-    def _record_free(self, ids: Any, op: str, pages_given: bool) -> np.ndarray:
-        """Mirror a free into the ledger before SGLang's runs; returns the pages the ledger freed."""
+    def _record_free(self, ids: Any, op: str, pages_given: bool) -> Any:
+        """Mirror a free into the ledger before SGLang's runs; returns the pages the ledger freed (a list
+        of ints for a few, else an array)."""
         assert self.kv is not None
+        few = None if pages_given or self._evicting or self._group_open else small_pages(ids, self.page_size)
+        if few is not None:
+            self.calls += 1
+            src = self._claimant()
+            if not self.kv._move_few(few, src, FREE_LIST, op):
+                self.kv.transfer(np.array(few, dtype=np.int64), src, FREE_LIST, op)  # raises with evidence
+            return few
         self.calls += 1
         if pages_given:
             pages = as_id_array(ids)
@@ -462,25 +552,22 @@ class PoolWatch:
         w = self._wrapper(mamba_allocator)
 
         def alloc(original: Callable[..., Any]) -> Callable[..., Any]:
+            depth = self._depth
+            available = mamba_allocator.available_size
+
             def call(need: int) -> Any:
                 assert self.slots is not None
-                with self._outermost("mamba") as outer:
-                    before = mamba_allocator.available_size()
+                if depth["mamba"]:
+                    return original(need)
+                depth["mamba"] = 1
+                try:
+                    before = available()
                     out = original(need)
-                    if outer and out is not None:
-                        got = as_id_array(out)
-                        grouped = np.array(
-                            [i for i in got.tolist() if self.slots.owner_of(i) is self.slot_group],
-                            dtype=np.int64,
-                        )
-                        if grouped.size:  # handed out of the batch pre-allocated by alloc_group_begin
-                            self.calls += 1
-                            self.slots.transfer(grouped, self.slot_group, self._holder, "mamba alloc (group)")
-                            got = np.setdiff1d(got, grouped)
-                        if got.size:
-                            taken = before - mamba_allocator.available_size()
-                            self._record_alloc(self.slots, got, taken, "mamba alloc")
+                    if out is not None:
+                        self._record_mamba_alloc(out, before, available)
                     return out
+                finally:
+                    depth["mamba"] = 0
 
             return call
 
@@ -521,19 +608,47 @@ class PoolWatch:
         if mamba_pool is not None and hasattr(mamba_pool, "copy_from"):
             self._wrapper(mamba_pool).wrap("copy_from", self._copy_from)
 
+    def _record_mamba_alloc(self, out: Any, before: int, available: Callable[[], int]) -> None:
+        """Slots handed out: those of the batch ``alloc_group_begin`` pre-allocated move from the group,
+        the rest leave the free list (I-COUNT against the free list's shrink)."""
+        slots = self.slots
+        assert slots is not None
+        few = small_ids(out)
+        if few is not None and all(slots.owner_of(i) is not self.slot_group for i in few):
+            self._record_alloc_few(few, before - available(), slots, "mamba alloc")
+            return
+        got = as_id_array(out)
+        grouped = np.array([i for i in got.tolist() if slots.owner_of(i) is self.slot_group], dtype=np.int64)
+        if grouped.size:  # handed out of the batch pre-allocated by alloc_group_begin
+            self.calls += 1
+            slots.transfer(grouped, self.slot_group, self._holder, "mamba alloc (group)")
+            got = np.setdiff1d(got, grouped)
+        if got.size:
+            self._record_alloc(slots, got, before - available(), "mamba alloc")
+
     def _mamba_free(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        depth = self._depth
+
         def call(ids: Any) -> Any:
-            assert self.slots is not None
-            with self._outermost("mamba") as outer:
-                if not (outer and ids.numel()):
-                    return original(ids)
+            slots = self.slots
+            assert slots is not None
+            if depth["mamba"] or not ids.numel():
+                return original(ids)
+            depth["mamba"] = 1
+            try:
                 self.calls += 1
-                slots = as_id_array(ids)
-                self.slots.transfer(slots, self._claimant(state=True), FREE_LIST, "mamba free")
+                src = self._claimant(state=True)
+                few = small_ids(ids)  # repeats kept: the ledger's move refuses one (I-NODUP-FREE)
+                given: Any = few
+                if few is None or not slots._move_few(few, src, FREE_LIST, "mamba free"):
+                    given = as_id_array(ids)
+                    slots.transfer(given, src, FREE_LIST, "mamba free")
                 before = self.mamba_allocator.available_size()
                 out = original(ids)
-                returned(self.slots, "mamba free", slots, self.mamba_allocator.available_size() - before)
+                returned(slots, "mamba free", given, self.mamba_allocator.available_size() - before)
                 return out
+            finally:
+                depth["mamba"] = 0
 
         return call
 

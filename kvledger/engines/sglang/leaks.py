@@ -71,16 +71,16 @@ def check_everything_came_back(
         )
 
 
-def returned(ledger: Ledger, op: str, given: np.ndarray, grew: int) -> None:
+def returned(ledger: Ledger, op: str, given: np.ndarray | list[int], grew: int) -> None:
     """I-COUNT at a free: SGLang's free list grew by ``grew`` after its ``op`` returned; the ledger gave
-    back the distinct ids ``given`` (pages, rows or slots) just before."""
-    if grew == given.size:
+    back the distinct ids ``given`` (pages, rows or slots; an array or a list of ints) just before."""
+    if grew == len(given):
         return
-    ids = sorted(set(given.tolist()))
+    ids = sorted(set(given if isinstance(given, list) else given.tolist()))
     raise ContractViolation(
         ledger.describe(
             ids[:4],
-            f"{op}: {given.size} id(s) {ids[:8]} were given back but SGLang's free list grew by {grew}: a bug"
+            f"{op}: {len(given)} id(s) {ids[:8]} were given back but SGLang's free list grew by {grew}: a bug"
             " inside SGLang's own free (an id dropped, or pushed twice) (I-COUNT)",
         )
     )

@@ -71,3 +71,63 @@ def shared_prefix_requests(
     prefixes = [[rng.randrange(1, 32000) for _ in range(prefix_len)] for _ in range(groups)]
     for _ in range(n):
         yield rng.choice(prefixes) + [rng.randrange(1, 32000) for _ in range(unique_len)]
+
+
+def serve_decoding(
+    sgl: Any, alloc: Any, rows: Any, tree: Any, w: Watch | None, rid: int, prompt: list[int], decode: int
+) -> None:
+    """Serve one request that decodes ``decode`` tokens after ``prompt``, one KV allocation per token
+    (``alloc(1)`` at page 1, ``alloc_decode`` on a paged allocator, as the scheduler's decode batch does),
+    then cache it. The prompt is allocated whole from its matched prefix (``alloc_extend`` when paged)."""
+    ps = alloc.page_size
+    with w.holder(rid) if w is not None else contextlib.nullcontext():
+        m = tree.match_prefix(sgl.MatchPrefixParams(key=build.radix_key(prompt)))
+        node = m.last_device_node
+        lock = tree.inc_lock_ref(node)
+        matched = m.device_prefix_len
+        prefix = tree.path_device_indices(node)[:matched].to(torch.int64)
+        _room(sgl, alloc, tree, len(prompt) + decode - matched + ps)
+        own = _extend(alloc, prefix, len(prompt))
+        seq = [prefix, own]
+        last = own[-1:]
+        for pos in range(len(prompt), len(prompt) + decode):
+            if ps == 1:
+                one = alloc.alloc(1)
+            else:
+                lens = torch.tensor([pos + 1], dtype=torch.int64)
+                one = alloc.alloc_decode(lens, lens.clone(), last)
+            seq.append(one)
+            last = one
+        value = torch.cat(seq)
+        tokens = list(prompt) + [1 + (rid + i) % 7 for i in range(decode)]
+        aligned = len(tokens) - len(tokens) % ps
+        res = tree.insert(sgl.InsertParams(key=build.radix_key(tokens), value=value, prev_prefix_len=matched))
+        if type(tree).__name__ != "UnifiedRadixCache" and res.prefix_len > matched:
+            alloc.free(value[matched : res.prefix_len])  # the duplicates: the RadixCache caller's job
+        if value[aligned:].numel():
+            alloc.free(value[aligned:])  # the unaligned tail
+        tree.dec_lock_ref(node, lock.to_dec_params())
+    if w is not None:
+        w.retire(rid)
+
+
+def _room(sgl: Any, alloc: Any, tree: Any, tokens: int) -> None:
+    if alloc.available_size() < tokens:
+        tree.evict(sgl.EvictParams(num_tokens=tokens - alloc.available_size()))
+
+
+def _extend(alloc: Any, prefix: torch.Tensor, end: int) -> torch.Tensor:
+    start = prefix.numel()
+    if alloc.page_size == 1:
+        return alloc.alloc(end - start)
+    p, s = torch.tensor([start], dtype=torch.int64), torch.tensor([end], dtype=torch.int64)
+    last = prefix[-1:] if start else torch.tensor([-1], dtype=torch.int64)
+    return alloc.alloc_extend(p, p.clone(), s, s.clone(), last, end - start)
+
+
+def decode_heavy_requests(
+    n: int, *, groups: int = 20, prefix_len: int = 64, unique_len: int = 16, seed: int = 1
+) -> Iterator[list[int]]:
+    """``n`` short prompts (one of ``groups`` shared prefixes plus a few fresh tokens) for
+    :func:`serve_decoding`: the decode steps, one allocation each, dominate."""
+    return shared_prefix_requests(n, groups=groups, prefix_len=prefix_len, unique_len=unique_len, seed=seed)
