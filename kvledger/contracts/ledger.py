@@ -174,6 +174,19 @@ class Ledger:
         return list(self._codes)
 
     # ------------------------------------------------------------------ queries
+    @property
+    def owner_codes(self) -> np.ndarray:
+        """Each id's owner code (FREE_CODE, PENDING_CODE or a registered owner's), for an adapter that
+        gathers over a batch of ids before it moves them (the attach telling fresh ids from held ones).
+        Read only: every write goes through a move, which keeps the held counts and the log with it."""
+        return self._own
+
+    @property
+    def owner_code_view(self) -> memoryview:
+        """:attr:`owner_codes` as a memoryview (a few ids read as Python ints, cheaper than numpy there).
+        Read only, like :attr:`owner_codes`."""
+        return self._mv
+
     def owner_of(self, slot: int) -> Owner | None:
         """The owner of ``slot``; None for ids outside the domain (reserved ids)."""
         if 0 <= slot < len(self._own):
@@ -404,7 +417,7 @@ class Ledger:
             few = ids.tolist()
         else:
             few = None
-        if few and self._move_few(few, src, dst, op):
+        if few and self.move_few(few, src, dst, op):
             return
         a = as_id_array(ids)
         n = a.size
@@ -446,7 +459,7 @@ class Ledger:
         """A pool's release of a few ids (Python ints, validated against the pool's own state): the
         input check of :meth:`require_held_by` (``ForeignSlot`` when ``owner`` does not hold them) and
         the move to ``dst`` (the free list, or a free group's pending owner) in one pass."""
-        if not self._move_few(ids, owner, dst, op):
+        if not self.move_few(ids, owner, dst, op):
             self.require_held_by(ids, owner, op)  # raises ForeignSlot with the evidence
             self.transfer(ids, owner, dst, op)
 
@@ -492,7 +505,7 @@ class Ledger:
             self._check_count(op)  # raises, naming the counts
         return True
 
-    def _move_few(self, lst: list[int], src: Owner, dst: Owner, op: str) -> bool:
+    def move_few(self, lst: list[int], src: Owner, dst: Owner, op: str) -> bool:
         """:meth:`transfer` of a short list of Python ints (a decode step's id, a request's pages), checked
         and moved through the memoryview, the log entry and I-COUNT as in the general path; False, with
         nothing changed, when any doubt (an odd type, an id out of range or not ``src``'s, a repeat)

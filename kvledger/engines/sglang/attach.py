@@ -144,7 +144,7 @@ class Watch(PoolWatch):
         guard = self._evict_guard
         if guard is None:
             # one flag per page of the pool (a gather per free, no sort): set on the locked paths' pages
-            guard = np.zeros(len(self.kv._own), dtype=bool)
+            guard = np.zeros(len(self.kv.owner_codes), dtype=bool)
             guard[page_ids(shapes.locked_path_values(self._locked_nodes.values()), self.page_size)] = True
             self._evict_guard = guard
         # One gather per free; an id off the pool is clipped onto page 0 (never a tree's) or the last page

@@ -300,7 +300,7 @@ class PoolWatch:
         """:meth:`_record_alloc` for a few ids as Python ints (a decode step's one id, a request's Mamba
         slot): the same checks, the ledger's few-id move (any doubt: its general move, with the evidence)."""
         ledger = self.kv if ledger is None else ledger
-        mv = ledger._mv
+        mv = ledger.owner_code_view
         top = len(mv)
         if any(not 0 <= i < top for i in pages):
             self._record_alloc(ledger, np.array(pages, dtype=np.int64), taken, op)
@@ -317,18 +317,18 @@ class PoolWatch:
                 )
             )
         holder = self._holder
-        if fresh and not ledger._move_few(fresh, FREE_LIST, holder, op):
+        if fresh and not ledger.move_few(fresh, FREE_LIST, holder, op):
             ledger.transfer(fresh, FREE_LIST, holder, op)  # checked again: raises with evidence
         if held:
             cont = f"{op} (continues its own page)"  # a decode step inside the holder's partial last page
-            if not ledger._move_few(held, holder, holder, cont):
+            if not ledger.move_few(held, holder, holder, cont):
                 ledger.transfer(held, holder, holder, cont)  # not the holder's: raises with evidence
 
     def _record_alloc(self, ledger: Any, pages: np.ndarray, taken: int, op: str) -> None:
         """``pages`` were handed out; the free list shrank by ``taken``. New ones leave the free list;
         pages already held (a partial last page an extend continues) must be the holder's own."""
         self.calls += 1
-        own = ledger._own
+        own = ledger.owner_codes
         owners = own.take(pages, mode="clip") if pages.size and int(pages.min()) >= 0 else None
         if owners is not None and int(pages.max()) >= len(own):
             owners = None  # an id off the pool: the move below names it
@@ -380,7 +380,7 @@ class PoolWatch:
         if few is not None:
             self.calls += 1
             src = self._claimant()
-            if not self.kv._move_few(few, src, FREE_LIST, op):
+            if not self.kv.move_few(few, src, FREE_LIST, op):
                 self.kv.transfer(np.array(few, dtype=np.int64), src, FREE_LIST, op)  # raises with evidence
             return few
         self.calls += 1
@@ -398,7 +398,7 @@ class PoolWatch:
         src = self._claimant()
         if self._group_open:
             pending = self.kv.pending_owner
-            own = self.kv._own[pages] if int(pages.max()) < len(self.kv._own) else None
+            own = self.kv.owner_codes[pages] if int(pages.max()) < len(self.kv.owner_codes) else None
             if own is not None:
                 pages = pages[own != PENDING_CODE]  # SGLang merges a group's frees by page
             self.kv.transfer(pages, src, pending, f"{op} (free group)")
@@ -640,7 +640,7 @@ class PoolWatch:
                 src = self._claimant(state=True)
                 few = small_ids(ids)  # repeats kept: the ledger's move refuses one (I-NODUP-FREE)
                 given: Any = few
-                if few is None or not slots._move_few(few, src, FREE_LIST, "mamba free"):
+                if few is None or not slots.move_few(few, src, FREE_LIST, "mamba free"):
                     given = as_id_array(ids)
                     slots.transfer(given, src, FREE_LIST, "mamba free")
                 before = self.mamba_allocator.available_size()
