@@ -1,0 +1,220 @@
+"""SGLang 0.5.23's real ``Scheduler`` built on CPU (the 0.5.2x family: the venv's own install).
+
+0.5.23's ``__init__`` is an orchestrator of ``init_*`` calls reading a process-wide runtime context
+(``runtime_context.publish``: ``get_schedule()``, ``get_parallel()``, ... instead of ``server_args``
+fields). It runs as shipped except for what the CPU cannot do, overridden in a subclass (methods) or
+stood in for the duration of the constructor (module names, restored after):
+
+``init_model_config`` (method)
+    a namespace with the fields the scheduler and ``kv_cache_builder.build_kv_cache`` read
+    (:func:`model_config_23`); its ``linear_attn_registry_result`` says "a linear-attention model whose
+    tree is the Mamba radix cache", which is how SGLang's own registry marks such a model, so
+    ``build_kv_cache`` itself picks ``UnifiedRadixCache`` with the FULL and MAMBA components.
+``init_ipc_channels`` (method)
+    sinks instead of zmq sockets (requests are handed in-process; outputs are dropped).
+``init_tp_model_worker`` (method)
+    the fake tagging worker (:class:`_Fake23Worker`, a
+    :class:`~kvledger.engines.sglang.scheduler.worker.FakeWorker` over SGLang's own pools). SGLang's own
+    ``init_model_worker`` runs around it as shipped: no draft worker (no speculative algorithm),
+    ``init_target_memory_pool`` keeps the worker's pools (its ``memory_pool_config`` is set), the
+    retraction backup is resolved, the streams are ``torch.cpu``'s, and the worker's GPU steps
+    (attention backends, CUDA graphs, sampling prewarm) are no-ops of the fake worker (no model, no
+    GPU); the request limits come from ``get_worker_info``. ``kv_cache_builder.build_kv_cache`` (pools
+    -> tree) then runs as shipped in ``__init__``.
+``init_soft_watchdog`` / ``init_watch_dog_memory_saver_input_blocker``'s watchdog
+    SGLang's watchdog thread signals the process when a batch does not advance; a stepped loop is idle
+    between calls by design (the memory saver and input blocker part runs as shipped).
+``bootstrap.init_parallel_runtime`` (module name in ``sglang.srt.managers.scheduler``)
+    binds OpenMP threads to NUMA nodes through ``sgl_kernel``'s CPU ops and opens a TCP rendezvous on
+    the scheduler's port; stood in by the project's one-process gloo group (``file://`` rendezvous,
+    SGLang's own ``bootstrap._init_parallel_groups`` run with ``backend="gloo"`` and a ``file://``
+    rendezvous: the same WORLD, TP/PP/attention groups (size 1) and DP-attention set-up; skipped are
+    the thread binding, the device selection, Mooncake and the all-reduce flags (one process).
+    ``bootstrap.init_layer_runtime`` runs as shipped.
+``maybe_init_rust_server`` / ``init_request_receiver`` (methods)
+    the embedded Rust frontend and the zmq receiver: no tokenizer process exists; requests arrive
+    in-process through :func:`.loop.arrive`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+from kvledger.engines.sglang.scheduler.build_common import (
+    SchedulerShape,
+    Sink,
+    model_config_fields,
+)
+from kvledger.engines.sglang.scheduler.release import import_scheduler
+from kvledger.engines.sglang.scheduler.worker import FakeWorker, WorkerShape
+
+RELEASE_23 = "0.5.23"
+
+
+class _TextConfig(SimpleNamespace):
+    """A Hugging Face config's text part: 0.5.23's hybrid checks call ``get_text_config()``."""
+
+    def get_text_config(self, *_: Any, **__: Any) -> Any:
+        return self
+
+
+def model_config_23(shape: SchedulerShape) -> SimpleNamespace:
+    """The model-config fields 0.5.23's scheduler and cache builder read (no model is loaded)."""
+    hf = _TextConfig(architectures=["FakeMambaForCausalLM"], text_config=None, hidden_size=8)
+    # SGLang's linear-attention registry answers (spec, config); a spec whose model keeps its recurrent
+    # state in the Mamba radix cache makes build_kv_cache add the MAMBA tree component
+    spec = SimpleNamespace(uses_mamba_radix_cache=True)
+    from sglang.srt.configs.model_config import ModelImpl
+
+    return model_config_fields(
+        shape,
+        hf,
+        dtype="float32",
+        use_ngram_embedding=False,
+        linear_attn_registry_result=(spec, SimpleNamespace()),
+        is_draft_model=False,
+        # the implementation serving the model: SGLang's own (the Transformers backend would turn the
+        # radix cache off for multimodal models; this one is not multimodal either way)
+        _resolved_model_impl=ModelImpl.SGLANG,
+    )
+
+
+class _Fake23Worker(FakeWorker):
+    """The fake worker plus what 0.5.23's scheduler and cache builder ask of ``TpModelWorker``."""
+
+    weight_load_time = 0.0  # read by the start-up timing summary: no weights are loaded
+
+    def __init__(self, shape: WorkerShape, model_config: Any) -> None:
+        super().__init__(shape)
+        self.graph_time_usage: dict[str, float] = {}  # no CUDA graphs are captured
+        self.model_config = model_config
+        runner = self.model_runner
+        runner.model_config = model_config
+        runner.token_to_kv_pool = self.kv
+        runner.mtp_draft_device_pools = ()
+        runner.mtp_draft_mamba_pools = ()
+        runner.canary_manager = None
+        runner.forward_stream = None
+        runner.device = "cpu"
+        runner.prewarm_sampling = lambda: None  # the sampler's warm-up kernels: no GPU
+        # what the torch_native backend declares (AttentionBackend's default): the overlap relay keeps
+        # host sequence lengths
+        runner.attn_backend = SimpleNamespace(needs_cpu_seq_lens=True)
+        # model features this fake model does not have (n-gram embedding, elastic EP, HiSparse, EPLB)
+        runner.ngram_embedding_manager = None
+        runner.hisparse_coordinator = None
+        runner.eplb_manager = None
+        runner.prefill_aware_swa = False
+        runner._pending_elastic_scale_update = None
+        # the pools exist already (SGLang's own, built by the worker): init_target_memory_pool keeps them
+        runner.memory_pool_config = SimpleNamespace()
+
+    # GPU set-up that init_model_worker asks of its worker: nothing to do without a model or a GPU
+    def init_attention_backends(self) -> None:
+        return None
+
+    def init_cuda_graphs(self, *_: Any, **__: Any) -> None:
+        return None
+
+    def register_hicache_layer_transfer_counter(self, counter: Any) -> None:
+        return None
+
+
+@contextlib.contextmanager
+def _stand_ins(module: Any) -> Iterator[None]:
+    """``bootstrap.init_parallel_runtime`` as the scheduler module sees it, only while ``__init__`` runs."""
+    real = module.bootstrap
+
+    def init_parallel_runtime(*, server_args: Any, device: str, dist_port: int) -> None:
+        # SGLang's own group construction (WORLD, TP/PP/attention groups, DP attention), over gloo with a
+        # file rendezvous; what is skipped is the thread binding, the device selection and Mooncake
+        rendezvous = os.path.join(tempfile.mkdtemp(prefix="kvledger-gloo-"), "rendezvous")
+        real._init_parallel_groups(
+            backend="gloo", dist_init_method=f"file://{rendezvous}", server_args=server_args, gpu_id=0
+        )
+
+    module.bootstrap = SimpleNamespace(
+        init_parallel_runtime=init_parallel_runtime,
+        init_layer_runtime=real.init_layer_runtime,
+    )
+    try:
+        yield
+    finally:
+        module.bootstrap = real
+
+
+def scheduler_class_23() -> Any:
+    """0.5.23's ``Scheduler`` with the overrides listed in the module docstring (subclass)."""
+    module, _ = import_scheduler(RELEASE_23)
+
+    class CPUScheduler23(module.Scheduler):  # type: ignore[name-defined]
+        kv_shape: SchedulerShape
+
+        def init_model_config(self) -> None:
+            self.model_config = model_config_23(self.kv_shape)
+
+        def init_ipc_channels(self, port_args: Any) -> None:
+            # SchedulerIpcChannels' fields: sinks to send on, nothing to receive from
+            self.ipc_channels = SimpleNamespace(
+                recv_from_tokenizer=None,
+                recv_from_rpc=None,
+                send_to_tokenizer=Sink(),
+                send_to_detokenizer=Sink(),
+                send_metrics_from_scheduler=None,
+            )
+            self.load_snapshot_writer = None
+            self.recv_from_tokenizer = None
+
+        def init_soft_watchdog(self) -> None:
+            self.soft_watchdog = None
+
+        def init_tp_model_worker(self) -> None:
+            s = self.kv_shape
+            shape = WorkerShape(s.kv_tokens, s.rows, s.mamba_slots, s.context_len, s.max_new_tokens, s.seed)
+            self.tp_worker = _Fake23Worker(shape, self.model_config)
+
+        def maybe_init_rust_server(self) -> None:
+            self.rust_server = None
+
+        def init_request_receiver(self) -> None:
+            return None
+
+    return CPUScheduler23
+
+
+def build_scheduler_23(shape: SchedulerShape | None = None) -> Any:
+    """A real 0.5.23 ``Scheduler`` on CPU (see the module docstring for what stands in)."""
+    shape = shape or SchedulerShape()
+    cls = scheduler_class_23()
+    module = __import__("sglang.srt.managers.scheduler", fromlist=["Scheduler"])
+    args = server_args_23(shape)
+    cls.kv_shape = shape
+    with _stand_ins(module):
+        return cls(args, SimpleNamespace(nccl_port=0))
+
+
+def server_args_23(shape: SchedulerShape) -> Any:
+    """0.5.23's ``ServerArgs`` published as a scheduler process publishes them (``runtime_context``)."""
+    from sglang.srt.runtime_context import SpawnRanks, publish
+    from sglang.srt.server_args import ServerArgs
+
+    args = ServerArgs(
+        model_path="dummy",
+        device="cpu",
+        attention_backend="torch_native",
+        sampling_backend="pytorch",
+        disable_overlap_schedule=True,
+        skip_tokenizer_init=True,
+        chunked_prefill_size=shape.chunked_prefill_size,
+        page_size=1,
+        max_running_requests=shape.rows,
+        random_seed=shape.seed,
+    )
+    args._mamba_cache_chunk_size = 64
+    publish(args, role="scheduler", ranks=SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0))
+    return args
