@@ -118,6 +118,7 @@ def _replay_put_back(release: str, path: str) -> dict[str, Any]:
 def _alias(release: str) -> dict[str, Any]:
     """Two running requests made to share one Mamba slot (the #12432 symptom) must fail a tag check."""
     from kvledger.engines.sglang.scheduler.build import build_scheduler
+    from kvledger.engines.sglang.scheduler.ledgers import req_memory
     from kvledger.engines.sglang.scheduler.loop import arrive, step
     from kvledger.engines.sglang.scheduler.worker import TagMismatch
 
@@ -125,13 +126,16 @@ def _alias(release: str) -> dict[str, Any]:
     a = arrive(scheduler, "a", list(range(1, 11)), 6)
     b = arrive(scheduler, "b", list(range(50, 58)), 6)
     while not (
-        a.req_pool_idx is not None and b.req_pool_idx is not None and len(a.output_ids) and len(b.output_ids)
+        req_memory(a).req_pool_idx is not None
+        and req_memory(b).req_pool_idx is not None
+        and len(a.output_ids)
+        and len(b.output_ids)
     ):
         step(scheduler)  # until both are prefilled and decoding
     pool = scheduler.req_to_token_pool
     # the fault, outside SGLang: b's row now maps to a's Mamba slot (a slot handed out twice)
-    pool.req_index_to_mamba_index_mapping[b.req_pool_idx] = pool.req_index_to_mamba_index_mapping[
-        a.req_pool_idx
+    pool.req_index_to_mamba_index_mapping[req_memory(b).req_pool_idx] = pool.req_index_to_mamba_index_mapping[
+        req_memory(a).req_pool_idx
     ]
     try:
         step(scheduler)

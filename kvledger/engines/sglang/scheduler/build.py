@@ -83,11 +83,16 @@ def build_scheduler(version: str, shape: SchedulerShape | None = None) -> Any:
     """A real SGLang ``Scheduler`` of ``version`` on CPU (see the module docstring for what stands in).
 
     0.5.5.x (monolithic ``__init__``) is built by :func:`.build05.build_scheduler_05` as the prefill side
-    of PD disaggregation (where #12432 lives), with the ``fake`` transfer backend."""
+    of PD disaggregation (where #12432 lives), with the ``fake`` transfer backend; 0.5.23 by
+    :func:`.build23.build_scheduler_23`."""
     if version.startswith("0.5.5"):
         from kvledger.engines.sglang.scheduler.build05 import build_scheduler_05
 
         return build_scheduler_05(version, shape)
+    if version == "0.5.23":  # the 0.5.2x family: runtime-context config, bootstrap, kv_cache_builder
+        from kvledger.engines.sglang.scheduler.build23 import build_scheduler_23
+
+        return build_scheduler_23(shape)
     shape = shape or SchedulerShape()
     cls = scheduler_class(version)
     module = __import__("sglang.srt.managers.scheduler", fromlist=["Scheduler"])

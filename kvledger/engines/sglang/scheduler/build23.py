@@ -45,6 +45,8 @@ from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
+import torch
+
 from kvledger.engines.sglang.scheduler.build_common import (
     SchedulerShape,
     Sink,
@@ -76,6 +78,13 @@ def model_config_23(shape: SchedulerShape) -> SimpleNamespace:
         hf,
         dtype="float32",
         use_ngram_embedding=False,
+        use_engram=False,  # n-gram / engram embedding layers: this model has neither
+        ngram_embedding_n=0,  # ModelConfig's value without n-gram embedding
+        # not a reasoning model, not multimodal: ModelConfig's values for such a model
+        self_opened_think_start_ids=None,
+        think_end_ids=None,
+        request_selectable_think_end_id_sequences=None,
+        requires_mm_token_modalities=frozenset(),
         linear_attn_registry_result=(spec, SimpleNamespace()),
         is_draft_model=False,
         # the implementation serving the model: SGLang's own (the Transformers backend would turn the
@@ -105,8 +114,20 @@ class _Fake23Worker(FakeWorker):
         # what the torch_native backend declares (AttentionBackend's default): the overlap relay keeps
         # host sequence lengths
         runner.attn_backend = SimpleNamespace(needs_cpu_seq_lens=True)
-        # model features this fake model does not have (n-gram embedding, elastic EP, HiSparse, EPLB)
-        runner.ngram_embedding_manager = None
+        # SGLang's own n-gram embedding manager for a model without n-gram embedding layers (disabled;
+        # the batch choice calls it on every step)
+        from sglang.srt.model_executor.model_runner_components.ngram_embedding_manager import (
+            NgramEmbeddingManager,
+        )
+
+        runner.ngram_embedding_manager = NgramEmbeddingManager.from_model(
+            model=torch.nn.Module(),
+            model_config=model_config,
+            req_to_token_pool=self.req_to_token_pool,
+            max_running_requests=shape.rows,
+            device="cpu",
+        )
+        # model features this fake model does not have (elastic EP, HiSparse, EPLB)
         runner.hisparse_coordinator = None
         runner.eplb_manager = None
         runner.prefill_aware_swa = False
@@ -125,6 +146,9 @@ class _Fake23Worker(FakeWorker):
         return None
 
 
+_GROUPS_BUILT = False
+
+
 @contextlib.contextmanager
 def _stand_ins(module: Any) -> Iterator[None]:
     """``bootstrap.init_parallel_runtime`` as the scheduler module sees it, only while ``__init__`` runs."""
@@ -132,7 +156,12 @@ def _stand_ins(module: Any) -> Iterator[None]:
 
     def init_parallel_runtime(*, server_args: Any, device: str, dist_port: int) -> None:
         # SGLang's own group construction (WORLD, TP/PP/attention groups, DP attention), over gloo with a
-        # file rendezvous; what is skipped is the thread binding, the device selection and Mooncake
+        # file rendezvous; what is skipped is the thread binding, the device selection and Mooncake. Once
+        # per process, as SGLang's own (a hunt builds one scheduler per seed in one process)
+        global _GROUPS_BUILT
+        if _GROUPS_BUILT:
+            return
+        _GROUPS_BUILT = True
         rendezvous = os.path.join(tempfile.mkdtemp(prefix="kvledger-gloo-"), "rendezvous")
         real._init_parallel_groups(
             backend="gloo", dist_init_method=f"file://{rendezvous}", server_args=server_args, gpu_id=0

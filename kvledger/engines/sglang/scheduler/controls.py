@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvledger.contracts.errors import ContractViolation
+from kvledger.engines.sglang.scheduler.ledgers import req_memory
 
 
 def _running_pair(release: str) -> tuple[Any, Any]:
@@ -16,7 +17,7 @@ def _running_pair(release: str) -> tuple[Any, Any]:
 
     scheduler = build_attached(release)
     a = arrive(scheduler, "a", list(range(1, 11)), 6)
-    while not (a.req_pool_idx is not None and len(a.output_ids)):
+    while not (req_memory(a).req_pool_idx is not None and len(a.output_ids)):
         step(scheduler)  # until a is prefilled and decoding
     return scheduler, a
 
@@ -32,7 +33,7 @@ def attach_controls(release: str) -> dict[str, Any]:
     out["identity"] = {"accounts": sw.accounts(), "sizes": sizes, "steps": sw.steps}
     # a foreign free: a slot request a holds, freed between steps by a caller that does not hold it
     try:
-        scheduler.req_to_token_pool.mamba_pool.free(a.mamba_pool_idx.reshape(1))
+        scheduler.req_to_token_pool.mamba_pool.free(req_memory(a).mamba_pool_idx.reshape(1))
         out["foreign_free"] = {"caught": False}
     except ContractViolation as error:
         out["foreign_free"] = {"caught": True, "message": str(error)[:1500]}

@@ -7,6 +7,7 @@ polls zmq): receive is replaced by :func:`arrive`, the rest is SGLang's own meth
 
 from __future__ import annotations
 
+from array import array
 from typing import Any
 
 STRICT_IDLE_CHECK = "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE"
@@ -20,7 +21,9 @@ def arrive(scheduler: Any, rid: str, tokens: list[int], max_new_tokens: int) -> 
 
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=True)
     params.normalize(None)  # the tokenizer manager normally does it
-    req = Req(rid, "", list(tokens), params, vocab_size=scheduler.model_config.vocab_size)
+    # 0.5.23's tokenized request carries its ids as array("q") (Req concatenates them with output_ids)
+    ids = array("q", tokens) if is_release_23(scheduler) else list(tokens)
+    req = Req(rid, "", ids, params, vocab_size=scheduler.model_config.vocab_size)
     if is_pd_prefill(scheduler):
         # SGLang's own fake-transfer marker (as its warm-up requests carry): the bootstrap queue gives the
         # request a FakeKVSender, whose handshake completes at the first poll and transfer at send
@@ -31,6 +34,11 @@ def arrive(scheduler: Any, rid: str, tokens: list[int], max_new_tokens: int) -> 
     scheduler.init_req_max_new_tokens(req)
     scheduler._add_request_to_queue(req)
     return req
+
+
+def is_release_23(scheduler: Any) -> bool:
+    """The 0.5.2x loop: idle housekeeping is ``on_idle``, the batch choice returns a plan."""
+    return hasattr(scheduler, "on_idle")
 
 
 def is_pd_prefill(scheduler: Any) -> bool:
@@ -54,11 +62,33 @@ def pd_prefill_step(scheduler: Any) -> Any:
     return batch
 
 
+def step_23(scheduler: Any) -> Any:
+    """One iteration of 0.5.23's ``event_loop_normal`` minus receive: the batch choice returns a plan
+    (the batch to run and the running batch after the choice), idle housekeeping is ``on_idle``."""
+    plan = scheduler.get_next_batch_to_run(
+        running_batch=scheduler.running_batch, last_batch=scheduler.last_batch
+    )
+    scheduler.running_batch = plan.running_batch
+    batch = plan.batch_to_run
+    scheduler.cur_batch_for_debug = batch
+    scheduler.cur_batch = batch  # not read by 0.5.23; the attach's queue scan looks here for the batch
+    if batch:
+        result = scheduler.run_batch(batch)
+        scheduler.process_batch_result(batch, result)
+    else:
+        scheduler._sched_idled = True
+        scheduler.on_idle()
+    scheduler.last_batch = batch
+    return batch
+
+
 def step(scheduler: Any) -> Any:
     """One iteration of SGLang's normal loop (or of the PD prefill loop when the scheduler is the prefill
     side); returns the batch run (None when idle: the self-check ran)."""
     if is_pd_prefill(scheduler):
         return pd_prefill_step(scheduler)
+    if is_release_23(scheduler):
+        return step_23(scheduler)
     batch = scheduler.get_next_batch_to_run()
     scheduler.cur_batch = batch
     if batch:
