@@ -115,6 +115,17 @@ def _replay_put_back(release: str, path: str) -> dict[str, Any]:
     return {"release": release, "finding": None if found is None else asdict(found)}
 
 
+def _build_seconds(release: str) -> dict[str, float]:
+    """Seconds to import the release's scheduler and to build one scheduler (after the import)."""
+    from kvledger.engines.sglang.scheduler.build import build_scheduler
+    from kvledger.engines.sglang.scheduler.release import import_scheduler
+
+    _, imported = import_scheduler(release)
+    start = time.perf_counter()
+    build_scheduler(release)
+    return {"import_s": round(imported, 2), "build_s": round(time.perf_counter() - start, 2)}
+
+
 def _alias(release: str) -> dict[str, Any]:
     """Two running requests made to share one Mamba slot (the #12432 symptom) must fail a tag check."""
     from kvledger.engines.sglang.scheduler.build import build_scheduler
@@ -190,6 +201,12 @@ def main(argv: list[str] | None = None) -> int:
             "hunt": _hunt(args.release, args.seeds, args.ops),
             "put_back": _replay_put_back(args.release, str(REPROS / "issue12432.json")),
             "attach": pd_attach_controls(args.release),
+        }
+    elif args.release == "0.5.23":  # the newest release: a short clean workload replayed, the alias control
+        out = {
+            "build_s": _build_seconds(args.release),
+            "replay": _replay(args.release, str(REPROS / "clean_0_5_23.json")),
+            "alias": _alias(args.release),
         }
     else:  # what CI runs per release, in one process (one import): the repro, a budgeted hunt, the control
         out = {

@@ -1,0 +1,58 @@
+"""SGLang 0.5.23's real ``Scheduler`` built on CPU (:mod:`kvledger.engines.sglang.scheduler.build23`) and
+stepped under ``attach_scheduler`` in its own subprocess (one SGLang per process).
+
+One process: the build (import and construction timed), a short clean workload replayed under the
+ledger (two arrivals, one chunked, prefill and decode steps), and the alias control: two running requests
+made to share one Mamba slot by a scoped write outside SGLang must fail the fake worker's data tags.
+The long hunt on 0.5.23 is ``deep``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+from tests.engines.sglang_scheduler.test_scheduler_seeds import _run
+
+RELEASE = "0.5.23"
+
+
+def _installed_or_skip() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("sglang") is None:
+        reason = "SGLang 0.5.23 is not installed in the venv (bash scripts/setup_sglang.sh)"
+        if os.environ.get("CI"):
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def ci_23() -> dict[str, Any]:
+    _installed_or_skip()
+    return _run("ci", "--release", RELEASE)
+
+
+def test_0_5_23_scheduler_builds_and_replays_a_clean_workload(ci_23: dict[str, Any]) -> None:
+    assert ci_23["build_s"]["build_s"] >= 0 and ci_23["build_s"]["import_s"] > 0
+    replay = ci_23["replay"]
+    assert replay["release"] == RELEASE and replay["ops"] == 7
+    assert replay["finding"] is None, replay["finding"]
+
+
+def test_0_5_23_alias_control_is_caught_by_the_tags(ci_23: dict[str, Any]) -> None:
+    alias = ci_23["alias"]
+    assert alias["caught"], alias
+    assert "Mamba slot" in alias["message"] and "shared with, or was copied from, another" in alias["message"]
+
+
+@pytest.mark.deep
+def test_0_5_23_hunt_deep() -> None:
+    """The seeded hunt on 0.5.23 (reports its finding; see spec/sglang-scheduler.md for dispositions)."""
+    _installed_or_skip()
+    out = _run("hunt", "--release", RELEASE, "--seeds", "8", "--ops", "200")
+    assert out["release"] == RELEASE and out["ops"] > 0
+    if out["finding"] is not None:  # every finding must replay from its shrunk ops on a fresh build
+        assert out["repro_finding"] is not None, out
