@@ -42,6 +42,14 @@ def test_0_5_23_scheduler_builds_and_replays_a_clean_workload(ci_23: dict[str, A
     assert replay["finding"] is None, replay["finding"]
 
 
+def test_0_5_23_decode_eviction_is_the_trees_free(ci_23: dict[str, Any]) -> None:
+    """The hunt's first 0.5.23 report (one request finishing, a second one's decode evicting it through
+    ``evict_for_alloc``) was the attach's gap: the tree's frees read as the caller's. Fails when the
+    attach does not wrap ``evict_for_alloc``."""
+    replay = ci_23["evict_for_alloc"]
+    assert replay["ops"] == 19 and replay["finding"] is None, replay["finding"]
+
+
 def test_0_5_23_alias_control_is_caught_by_the_tags(ci_23: dict[str, Any]) -> None:
     alias = ci_23["alias"]
     assert alias["caught"], alias

@@ -206,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         out = {
             "build_s": _build_seconds(args.release),
             "replay": _replay(args.release, str(REPROS / "clean_0_5_23.json")),
+            # the hunt's first 0.5.23 report, settled as the attach's gap (evict_for_alloc unwrapped)
+            "evict_for_alloc": _replay(args.release, str(REPROS / "observed_0_5_23_evict_for_alloc.json")),
             "alias": _alias(args.release),
         }
     else:  # what CI runs per release, in one process (one import): the repro, a budgeted hunt, the control
