@@ -50,6 +50,14 @@ def test_0_5_23_decode_eviction_is_the_trees_free(ci_23: dict[str, Any]) -> None
     assert replay["ops"] == 19 and replay["finding"] is None, replay["finding"]
 
 
+def test_0_5_23_matched_prefix_state_is_copied_at_the_forward(ci_23: dict[str, Any]) -> None:
+    """The hunt's second 0.5.23 report (a request matching a chunked request's cached 29 tokens starts
+    from a blank Mamba slot) was the fake worker's gap: 0.5.23 defers the copy-on-write to the model
+    runner's forward. Fails when the fake worker does not do it."""
+    replay = ci_23["deferred_cow"]
+    assert replay["ops"] == 5 and replay["finding"] is None, replay["finding"]
+
+
 def test_0_5_23_alias_control_is_caught_by_the_tags(ci_23: dict[str, Any]) -> None:
     alias = ci_23["alias"]
     assert alias["caught"], alias

@@ -208,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
             "replay": _replay(args.release, str(REPROS / "clean_0_5_23.json")),
             # the hunt's first 0.5.23 report, settled as the attach's gap (evict_for_alloc unwrapped)
             "evict_for_alloc": _replay(args.release, str(REPROS / "observed_0_5_23_evict_for_alloc.json")),
+            # the second: a matched prefix's Mamba state is copied at the forward (the fake worker's gap)
+            "deferred_cow": _replay(args.release, str(REPROS / "observed_0_5_23_deferred_cow.json")),
             "alias": _alias(args.release),
         }
     else:  # what CI runs per release, in one process (one import): the repro, a budgeted hunt, the control

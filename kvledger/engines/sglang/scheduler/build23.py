@@ -145,6 +145,26 @@ class _Fake23Worker(FakeWorker):
     def register_hicache_layer_transfer_counter(self, counter: Any) -> None:
         return None
 
+    def forward_batch_generation(self, batch: Any, **kwargs: Any) -> Any:
+        self._deferred_mamba_actions(batch)
+        return super().forward_batch_generation(batch, **kwargs)
+
+    def _deferred_mamba_actions(self, batch: Any) -> None:
+        """What 0.5.23's ``ModelRunner`` does on an extend before the Mamba layers read the pool: the
+        scheduler defers its slot clears and copy-on-write copies (a request matching a cached prefix
+        gets the node's state copied into its own slot) to the forward. SGLang's own pool calls, as the
+        runner makes them; without them a matched request would start from a blank slot."""
+        if not batch.forward_mode.is_extend():
+            return
+        pool = self.req_to_token_pool
+        clear = getattr(batch, "mamba_clear_indices", None)
+        if clear is not None and len(clear) > 0:
+            pool.mamba_pool.clear_slots(pool.translate_mamba_indices(clear))
+        src = getattr(batch, "mamba_cow_src_indices", None)
+        if src is not None and len(src) > 0:
+            dst = batch.mamba_cow_dst_indices
+            pool.copy_mamba_state(pool.translate_mamba_indices(src), pool.translate_mamba_indices(dst))
+
 
 _GROUPS_BUILT = False
 
