@@ -32,7 +32,7 @@ def _installed_or_skip() -> None:
 @pytest.fixture(scope="module")
 def ci_23() -> dict[str, Any]:
     _installed_or_skip()
-    return _run("ci", "--release", RELEASE)
+    return _run("ci", "--release", RELEASE, "--seeds", "2", "--ops", "60")
 
 
 def test_0_5_23_scheduler_builds_and_replays_a_clean_workload(ci_23: dict[str, Any]) -> None:
@@ -64,11 +64,21 @@ def test_0_5_23_alias_control_is_caught_by_the_tags(ci_23: dict[str, Any]) -> No
     assert "Mamba slot" in alias["message"] and "shared with, or was copied from, another" in alias["message"]
 
 
+def test_0_5_23_pd_prefill_hunt_runs_clean(ci_23: dict[str, Any]) -> None:
+    """0.5.23's PD prefill loop with the fake transfer backend (SGLang's own FakeKVManager/Sender):
+    a budgeted seeded hunt under the attach, the bootstrap and inflight queues as accounts."""
+    hunt = ci_23["pd_prefill_hunt"]
+    assert hunt["finding"] is None, hunt["finding"]
+    assert hunt["examples"] == 2 and hunt["ops"] == 120 and hunt["requests"] > 10, hunt
+
+
 @pytest.mark.deep
 def test_0_5_23_hunt_deep() -> None:
     """The seeded hunt on 0.5.23 (reports its finding; see spec/sglang-scheduler.md for dispositions)."""
     _installed_or_skip()
     out = _run("hunt", "--release", RELEASE, "--seeds", "8", "--ops", "200")
+    pd = _run("hunt", "--release", RELEASE, "--pd", "prefill", "--seeds", "8", "--ops", "200")
+    assert pd["release"] == RELEASE and pd["ops"] > 0 and pd["finding"] is None, pd["finding"]
     assert out["release"] == RELEASE and out["ops"] > 0
     if out["finding"] is not None:  # every finding must replay from its shrunk ops on a fresh build
         assert out["repro_finding"] is not None, out

@@ -115,6 +115,21 @@ def _replay_put_back(release: str, path: str) -> dict[str, Any]:
     return {"release": release, "finding": None if found is None else asdict(found)}
 
 
+def _pd_prefill_hunt(release: str, seeds: int, ops: int) -> dict[str, Any]:
+    """The seeded hunt on 0.5.23's PD prefill side (``fake`` transfer backend), in this process."""
+    from kvledger.engines.sglang.scheduler.build23 import PD_ENV
+
+    saved = os.environ.get(PD_ENV)
+    os.environ[PD_ENV] = "prefill"
+    try:
+        return _hunt(release, seeds, ops)
+    finally:
+        if saved is None:
+            del os.environ[PD_ENV]
+        else:
+            os.environ[PD_ENV] = saved
+
+
 def _build_seconds(release: str) -> dict[str, float]:
     """Seconds to import the release's scheduler and to build one scheduler (after the import)."""
     from kvledger.engines.sglang.scheduler.build import build_scheduler
@@ -164,8 +179,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops", type=int, default=200)
     parser.add_argument("--examples", type=int, default=50, help="machine: Hypothesis examples")
     parser.add_argument("--save", help="hunt, machine: write the shrunk finding to this repro file")
+    parser.add_argument(
+        "--pd", choices=["prefill"], help="0.5.23: build the PD prefill side (fake transfer backend)"
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault(STRICT_IDLE_CHECK, "1")
+    if args.pd:
+        from kvledger.engines.sglang.scheduler.build23 import PD_ENV
+
+        os.environ[PD_ENV] = args.pd
     start = time.perf_counter()
     if args.command == "hunt":
         out = _hunt(args.release, args.seeds, args.ops)
@@ -211,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
             # the second: a matched prefix's Mamba state is copied at the forward (the fake worker's gap)
             "deferred_cow": _replay(args.release, str(REPROS / "observed_0_5_23_deferred_cow.json")),
             "alias": _alias(args.release),
+            "pd_prefill_hunt": _pd_prefill_hunt(args.release, args.seeds, args.ops),
         }
     else:  # what CI runs per release, in one process (one import): the repro, a budgeted hunt, the control
         out = {

@@ -67,7 +67,9 @@ class _TextConfig(SimpleNamespace):
 
 def model_config_23(shape: SchedulerShape) -> SimpleNamespace:
     """The model-config fields 0.5.23's scheduler and cache builder read (no model is loaded)."""
-    hf = _TextConfig(architectures=["FakeMambaForCausalLM"], text_config=None, hidden_size=8)
+    hf = _TextConfig(
+        architectures=["FakeMambaForCausalLM"], text_config=None, hidden_size=8, num_hidden_layers=1
+    )
     # SGLang's linear-attention registry answers (spec, config); a spec whose model keeps its recurrent
     # state in the Mamba radix cache makes build_kv_cache add the MAMBA tree component
     spec = SimpleNamespace(uses_mamba_radix_cache=True)
@@ -87,6 +89,8 @@ def model_config_23(shape: SchedulerShape) -> SimpleNamespace:
         requires_mm_token_modalities=frozenset(),
         linear_attn_registry_result=(spec, SimpleNamespace()),
         is_draft_model=False,
+        num_hidden_layers=1,  # the fake KV pool's one layer (PD's KV args list the layers)
+        get_total_num_kv_heads=lambda: 1,
         # the implementation serving the model: SGLang's own (the Transformers backend would turn the
         # radix cache off for multimodal models; this one is not multimodal either way)
         _resolved_model_impl=ModelImpl.SGLANG,
@@ -110,6 +114,10 @@ class _Fake23Worker(FakeWorker):
         runner.canary_manager = None
         runner.forward_stream = None
         runner.device = "cpu"
+        # the KV pool's capacity in tokens, as the runner reports it (PD prefill sizes its queue by it)
+        runner.effective_logical_max_total_num_tokens = shape.kv_tokens
+        runner.logical_max_total_num_tokens = shape.kv_tokens
+        runner.kv_cache_dtype_str = "auto"  # ServerArgs' kv_cache_dtype default (PD's KV args carry it)
         runner.prewarm_sampling = lambda: None  # the sampler's warm-up kernels: no GPU
         # what the torch_native backend declares (AttentionBackend's default): the overlap relay keeps
         # host sequence lengths
@@ -236,18 +244,27 @@ def scheduler_class_23() -> Any:
     return CPUScheduler23
 
 
-def build_scheduler_23(shape: SchedulerShape | None = None) -> Any:
-    """A real 0.5.23 ``Scheduler`` on CPU (see the module docstring for what stands in)."""
+PD_ENV = "KVLEDGER_SCHEDULER_PD"
+"""``prefill``: build 0.5.23 as the prefill side of PD disaggregation with the ``fake`` transfer backend
+(the CLI's ``--pd prefill`` sets it, so a subprocess per release inherits it); unset: the plain loop."""
+
+
+def build_scheduler_23(shape: SchedulerShape | None = None, *, pd: str | None = None) -> Any:
+    """A real 0.5.23 ``Scheduler`` on CPU (see the module docstring for what stands in); ``pd="prefill"``
+    (default: :data:`PD_ENV`) builds the PD prefill side with the ``fake`` transfer backend, which 0.5.23
+    constructs itself (``FakeKVManager``, ``FakeKVSender``; no bootstrap server)."""
     shape = shape or SchedulerShape()
+    pd = pd if pd is not None else os.environ.get(PD_ENV) or None
     cls = scheduler_class_23()
     module = __import__("sglang.srt.managers.scheduler", fromlist=["Scheduler"])
-    args = server_args_23(shape)
+    extra = {"disaggregation_mode": "prefill", "disaggregation_transfer_backend": "fake"} if pd else {}
+    args = server_args_23(shape, **extra)
     cls.kv_shape = shape
     with _stand_ins(module):
         return cls(args, SimpleNamespace(nccl_port=0))
 
 
-def server_args_23(shape: SchedulerShape) -> Any:
+def server_args_23(shape: SchedulerShape, **extra: Any) -> Any:
     """0.5.23's ``ServerArgs`` published as a scheduler process publishes them (``runtime_context``)."""
     from sglang.srt.runtime_context import SpawnRanks, publish
     from sglang.srt.server_args import ServerArgs
@@ -263,6 +280,7 @@ def server_args_23(shape: SchedulerShape) -> Any:
         page_size=1,
         max_running_requests=shape.rows,
         random_seed=shape.seed,
+        **extra,
     )
     args._mamba_cache_chunk_size = 64
     publish(args, role="scheduler", ranks=SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0))

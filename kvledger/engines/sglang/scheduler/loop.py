@@ -48,6 +48,8 @@ def is_pd_prefill(scheduler: Any) -> bool:
 
 def pd_prefill_step(scheduler: Any) -> Any:
     """One iteration of SGLang's PD prefill loop (``event_loop_normal_disagg_prefill`` minus receive)."""
+    if is_release_23(scheduler):
+        return pd_prefill_step_23(scheduler)
     scheduler.waiting_queue.extend(scheduler.disagg_prefill_bootstrap_queue.pop_bootstrapped())
     batch = scheduler.get_next_disagg_prefill_batch_to_run()
     scheduler.cur_batch = batch
@@ -59,6 +61,31 @@ def pd_prefill_step(scheduler: Any) -> Any:
     scheduler.process_disagg_prefill_inflight_queue()
     scheduler.last_batch = batch
     scheduler.running_batch.batch_is_full = False  # SGLang's loop resets it here too
+    return batch
+
+
+def pd_prefill_step_23(scheduler: Any) -> Any:
+    """0.5.23's ``event_loop_normal_disagg_prefill`` minus receive: the batch choice returns a plan, the
+    n-gram embedding step runs in the loop, results go through ``process_batch_result`` (which dispatches
+    to the PD prefill processing), idle is ``on_idle``, then the inflight queue is polled."""
+    scheduler.waiting_queue.extend(scheduler.disagg_prefill_bootstrap_queue.pop_bootstrapped())
+    plan = scheduler.get_next_disagg_prefill_batch_to_run(
+        running_batch=scheduler.running_batch, last_batch=scheduler.last_batch
+    )
+    scheduler.running_batch = plan.running_batch
+    batch = scheduler.ngram_embedding_manager.prepare_for_forward(
+        plan.batch_to_run, chunked_req=scheduler.chunked_req
+    )
+    scheduler.cur_batch_for_debug = batch
+    scheduler.cur_batch = batch  # the attach's queue scan looks here for the batch
+    if batch:
+        result = scheduler.run_batch(batch)
+        scheduler.process_batch_result(batch, result)
+    else:
+        scheduler._sched_idled = True
+        scheduler.on_idle()
+    scheduler.process_disagg_prefill_inflight_queue()
+    scheduler.last_batch = batch
     return batch
 
 
