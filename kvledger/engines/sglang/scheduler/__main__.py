@@ -24,13 +24,13 @@ from kvledger.engines.sglang.scheduler.loop import STRICT_IDLE_CHECK
 REPROS = Path(__file__).with_name("repros")
 
 
-def _hunt(release: str, seeds: int, n_ops: int) -> dict[str, Any]:
+def _hunt(release: str, seeds: int, n_ops: int, first_seed: int = 0) -> dict[str, Any]:
     from kvledger.engines.sglang.scheduler.build import SchedulerShape, build_attached
     from kvledger.engines.sglang.scheduler.repro import replay, shrink
     from kvledger.engines.sglang.scheduler.workload import run
 
     cpu, total_ops, requests = time.process_time(), 0, 0
-    for seed in range(seeds):
+    for seed in range(first_seed, first_seed + seeds):
         report = run(build_attached(release, SchedulerShape(seed=seed)), seed, n_ops)
         total_ops += report.steps
         requests += report.requests
@@ -41,7 +41,7 @@ def _hunt(release: str, seeds: int, n_ops: int) -> dict[str, Any]:
             return {
                 "release": release,
                 "seed": seed,
-                "examples": seed + 1,
+                "examples": seed - first_seed + 1,
                 "ops": total_ops,
                 "requests": requests,
                 "cpu_s": round(time.process_time() - cpu, 2),
@@ -176,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("file", nargs="?")
     parser.add_argument("--release", required=True)
     parser.add_argument("--seeds", type=int, default=4)
+    parser.add_argument("--first-seed", type=int, default=0, help="hunt: seeds first-seed .. first-seed+seeds-1")
     parser.add_argument("--ops", type=int, default=200)
     parser.add_argument("--examples", type=int, default=50, help="machine: Hypothesis examples")
     parser.add_argument("--save", help="hunt, machine: write the shrunk finding to this repro file")
@@ -190,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[PD_ENV] = args.pd
     start = time.perf_counter()
     if args.command == "hunt":
-        out = _hunt(args.release, args.seeds, args.ops)
+        out = _hunt(args.release, args.seeds, args.ops, args.first_seed)
+        out["first_seed"] = args.first_seed
         if args.save:
             _save(
                 out,
