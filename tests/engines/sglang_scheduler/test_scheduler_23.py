@@ -72,6 +72,13 @@ def test_0_5_23_pd_prefill_hunt_runs_clean(ci_23: dict[str, Any]) -> None:
     assert hunt["examples"] == 2 and hunt["ops"] == 120 and hunt["requests"] > 10, hunt
 
 
+def test_0_5_23_seeded_hunt_with_aborts_runs_clean(ci_23: dict[str, Any]) -> None:
+    """The seeded walk with SGLang's own aborts (waiting, chunked and running requests) on 0.5.23."""
+    hunt = ci_23["abort_hunt"]
+    assert hunt["finding"] is None, hunt["finding"]
+    assert hunt["ops"] == 120 and hunt["aborted"] > 0, hunt
+
+
 @pytest.mark.deep
 def test_0_5_23_hunt_deep() -> None:
     """The seeded hunt on 0.5.23 (reports its finding; see spec/sglang-scheduler.md for dispositions)."""

@@ -24,16 +24,17 @@ from kvledger.engines.sglang.scheduler.loop import STRICT_IDLE_CHECK
 REPROS = Path(__file__).with_name("repros")
 
 
-def _hunt(release: str, seeds: int, n_ops: int, first_seed: int = 0) -> dict[str, Any]:
+def _hunt(release: str, seeds: int, n_ops: int, first_seed: int = 0, aborts: float = 0.0) -> dict[str, Any]:
     from kvledger.engines.sglang.scheduler.build import SchedulerShape, build_attached
     from kvledger.engines.sglang.scheduler.repro import replay, shrink
     from kvledger.engines.sglang.scheduler.workload import run
 
-    cpu, total_ops, requests = time.process_time(), 0, 0
+    cpu, total_ops, requests, aborted = time.process_time(), 0, 0, 0
     for seed in range(first_seed, first_seed + seeds):
-        report = run(build_attached(release, SchedulerShape(seed=seed)), seed, n_ops)
+        report = run(build_attached(release, SchedulerShape(seed=seed)), seed, n_ops, aborts)
         total_ops += report.steps
         requests += report.requests
+        aborted += sum(op[0] == "abort" for op in report.ops[: report.steps])
         if report.finding is not None:
             make = functools.partial(build_attached, release, SchedulerShape(seed=seed))
             small = shrink(make, report.ops[: report.steps], report.finding.kind)
@@ -44,6 +45,7 @@ def _hunt(release: str, seeds: int, n_ops: int, first_seed: int = 0) -> dict[str
                 "examples": seed - first_seed + 1,
                 "ops": total_ops,
                 "requests": requests,
+                "aborted": aborted,
                 "cpu_s": round(time.process_time() - cpu, 2),
                 "finding": asdict(report.finding),
                 "repro_ops": len(small),
@@ -55,6 +57,7 @@ def _hunt(release: str, seeds: int, n_ops: int, first_seed: int = 0) -> dict[str
         "examples": seeds,
         "ops": total_ops,
         "requests": requests,
+        "aborted": aborted,
         "cpu_s": round(time.process_time() - cpu, 2),
         "finding": None,
     }
@@ -176,7 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("file", nargs="?")
     parser.add_argument("--release", required=True)
     parser.add_argument("--seeds", type=int, default=4)
-    parser.add_argument("--first-seed", type=int, default=0, help="hunt: seeds first-seed .. first-seed+seeds-1")
+    parser.add_argument("--aborts", type=float, default=0.0, help="hunt: chance a non-arrival op is an abort")
+    parser.add_argument(
+        "--first-seed", type=int, default=0, help="hunt: seeds first-seed .. first-seed+seeds-1"
+    )
     parser.add_argument("--ops", type=int, default=200)
     parser.add_argument("--examples", type=int, default=50, help="machine: Hypothesis examples")
     parser.add_argument("--save", help="hunt, machine: write the shrunk finding to this repro file")
@@ -191,8 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[PD_ENV] = args.pd
     start = time.perf_counter()
     if args.command == "hunt":
-        out = _hunt(args.release, args.seeds, args.ops, args.first_seed)
-        out["first_seed"] = args.first_seed
+        out = _hunt(args.release, args.seeds, args.ops, args.first_seed, args.aborts)
+        out["first_seed"], out["aborts"] = args.first_seed, args.aborts
         if args.save:
             _save(
                 out,
@@ -236,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             "deferred_cow": _replay(args.release, str(REPROS / "observed_0_5_23_deferred_cow.json")),
             "alias": _alias(args.release),
             "pd_prefill_hunt": _pd_prefill_hunt(args.release, args.seeds, args.ops),
+            "abort_hunt": _hunt(args.release, args.seeds, args.ops, aborts=0.15),
         }
     else:  # what CI runs per release, in one process (one import): the repro, a budgeted hunt, the control
         out = {

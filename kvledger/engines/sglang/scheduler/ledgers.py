@@ -318,6 +318,11 @@ def req_memory(req: Any) -> Any:
     return getattr(req, "kv", None) or req
 
 
+def left_every_queue(scheduler: Any, req: Any) -> bool:
+    """``req`` is in none of the scheduler's queues (an abort popped it, or it was released)."""
+    return not any(req is r for attr, _ in QUEUES for r in requests_in(getattr(scheduler, attr, None)))
+
+
 def requests_in(queue: Any) -> list[Any]:
     """The SGLang requests in one scheduler queue attribute: a request, a batch, a list, a PD queue."""
     if queue is None:
