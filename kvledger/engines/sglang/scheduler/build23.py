@@ -112,7 +112,7 @@ class _Fake23Worker(FakeWorker):
         runner.mtp_draft_device_pools = ()
         runner.mtp_draft_mamba_pools = ()
         runner.canary_manager = None
-        runner.forward_stream = None
+        runner.forward_stream = torch.cpu.Stream()  # a model runner's forward stream (CPU's stub stream)
         runner.device = "cpu"
         # the KV pool's capacity in tokens, as the runner reports it (PD prefill sizes its queue by it)
         runner.effective_logical_max_total_num_tokens = shape.kv_tokens
@@ -152,6 +152,10 @@ class _Fake23Worker(FakeWorker):
 
     def register_hicache_layer_transfer_counter(self, counter: Any) -> None:
         return None
+
+    def get_worker_info(self) -> tuple[Any, ...]:
+        info = super().get_worker_info()
+        return (*info[:8], self.model_runner.forward_stream, *info[9:])  # 0.5.23 reads the forward stream
 
     def forward_batch_generation(self, batch: Any, **kwargs: Any) -> Any:
         self._deferred_mamba_actions(batch)
@@ -252,7 +256,11 @@ PD_ENV = "KVLEDGER_SCHEDULER_PD"
 def build_scheduler_23(shape: SchedulerShape | None = None, *, pd: str | None = None) -> Any:
     """A real 0.5.23 ``Scheduler`` on CPU (see the module docstring for what stands in); ``pd="prefill"``
     (default: :data:`PD_ENV`) builds the PD prefill side with the ``fake`` transfer backend, which 0.5.23
-    constructs itself (``FakeKVManager``, ``FakeKVSender``; no bootstrap server)."""
+    constructs itself (``FakeKVManager``, ``FakeKVSender``; no bootstrap server).
+
+    The overlap schedule stays off: SGLang's own argument validation refuses it with the Mamba
+    ``no_buffer`` strategy this build uses (``arg_groups/mamba_hook.validate_mamba_no_buffer``), which
+    ``ServerArgs`` skips for the "dummy" model path (spec/sglang-scheduler.md)."""
     shape = shape or SchedulerShape()
     pd = pd if pd is not None else os.environ.get(PD_ENV) or None
     cls = scheduler_class_23()
@@ -261,7 +269,19 @@ def build_scheduler_23(shape: SchedulerShape | None = None, *, pd: str | None = 
     args = server_args_23(shape, **extra)
     cls.kv_shape = shape
     with _stand_ins(module):
-        return cls(args, SimpleNamespace(nccl_port=0))
+        scheduler = cls(args, SimpleNamespace(nccl_port=0))
+    _event_loop_preamble(scheduler)
+    return scheduler
+
+
+def _event_loop_preamble(scheduler: Any) -> None:
+    """What ``run_event_loop`` sets before it dispatches to a loop that never returns (the stepped loop
+    calls the loop body itself): on CPU the schedule stream's ``synchronize`` is a no-op and the WAR
+    barrier is off unless asked for (``SGLANG_ENABLE_WAR_BARRIER``)."""
+    from sglang.srt.environ import envs
+
+    scheduler.schedule_stream.synchronize = lambda: None
+    scheduler._war_barrier_enabled = bool(envs.SGLANG_ENABLE_WAR_BARRIER.get())
 
 
 def server_args_23(shape: SchedulerShape, **extra: Any) -> Any:
@@ -274,12 +294,12 @@ def server_args_23(shape: SchedulerShape, **extra: Any) -> Any:
         device="cpu",
         attention_backend="torch_native",
         sampling_backend="pytorch",
-        disable_overlap_schedule=True,
         skip_tokenizer_init=True,
         chunked_prefill_size=shape.chunked_prefill_size,
         page_size=1,
         max_running_requests=shape.rows,
         random_seed=shape.seed,
+        disable_overlap_schedule=True,
         **extra,
     )
     args._mamba_cache_chunk_size = 64
