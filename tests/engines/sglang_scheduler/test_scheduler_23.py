@@ -79,6 +79,26 @@ def test_0_5_23_seeded_hunt_with_aborts_runs_clean(ci_23: dict[str, Any]) -> Non
     assert hunt["ops"] == 120 and hunt["aborted"] > 0, hunt
 
 
+def test_0_5_23_attach_controls(ci_23: dict[str, Any]) -> None:
+    """Faults planted outside SGLang on 0.5.23's live pools (through its ``mamba_allocator``): a foreign
+    free of a running request's slot is refused naming the holder, a slot taken for nobody is a leak at
+    the next step boundary; the identity adds up; detach leaves nothing behind."""
+    attach = ci_23["attach"]
+    identity = attach["identity"]
+    for pool, size in identity["sizes"].items():
+        assert sum(identity["accounts"][pool].values()) == size, (pool, identity)
+    foreign = attach["foreign_free"]
+    assert foreign["caught"] and "(I-NODUP-FREE / I-EXCLUSIVE)" in foreign["message"], foreign
+    assert "owner req#a[" in foreign["message"], foreign
+    leak = attach["leak"]
+    assert (
+        leak["caught"]
+        and f"mamba [{leak['slot']}] were handed out and no live request names them" in leak["message"]
+    ), leak
+    assert attach["detach"]["left"] == []
+    assert attach["stale_free_group"]["attach_audit"] == "passed"
+
+
 @pytest.mark.deep
 def test_0_5_23_hunt_deep() -> None:
     """The seeded hunt on 0.5.23 (reports its finding; see spec/sglang-scheduler.md for dispositions)."""

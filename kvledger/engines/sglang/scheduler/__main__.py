@@ -243,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             "alias": _alias(args.release),
             "pd_prefill_hunt": _pd_prefill_hunt(args.release, args.seeds, args.ops),
             "abort_hunt": _hunt(args.release, args.seeds, args.ops, aborts=0.15),
+            "attach": attach_controls(args.release),
         }
     else:  # what CI runs per release, in one process (one import): the repro, a budgeted hunt, the control
         out = {
