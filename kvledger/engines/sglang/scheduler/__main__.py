@@ -173,6 +173,40 @@ def _alias(release: str) -> dict[str, Any]:
         return {"release": release, "caught": True, "message": str(error)}
 
 
+def _ci(release: str, seeds: int, ops: int) -> dict[str, Any]:
+    """What CI runs for ``release``, in one process (one import)."""
+    if release.startswith("0.5.5"):  # CI for the PD prefill seed, one process per release
+        out = {
+            "replay": _replay(release, str(REPROS / "issue12432.json")),
+            "replay_machine": _replay(release, str(REPROS / "issue12432_machine.json")),
+            "hunt": _hunt(release, seeds, ops),
+            "put_back": _replay_put_back(release, str(REPROS / "issue12432.json")),
+            "attach": pd_attach_controls(release),
+        }
+    elif release == "0.5.23":  # the newest release: the build, replays, controls, budgeted hunts
+        out = {
+            "build_s": _build_seconds(release),
+            "replay": _replay(release, str(REPROS / "clean_0_5_23.json")),
+            # the hunt's first 0.5.23 report, settled as the attach's gap (evict_for_alloc unwrapped)
+            "evict_for_alloc": _replay(release, str(REPROS / "observed_0_5_23_evict_for_alloc.json")),
+            # the second: a matched prefix's Mamba state is copied at the forward (the fake worker's gap)
+            "deferred_cow": _replay(release, str(REPROS / "observed_0_5_23_deferred_cow.json")),
+            "alias": _alias(release),
+            "pd_prefill_hunt": _pd_prefill_hunt(release, seeds, ops),
+            "abort_hunt": _hunt(release, seeds, ops, aborts=0.15),
+            "attach": attach_controls(release),
+        }
+    else:  # what CI runs per release, in one process (one import): the repro, a budgeted hunt, the control
+        out = {
+            "replay": _replay(release, str(REPROS / "issue16067.json")),
+            "hunt": _hunt(release, seeds, ops),
+            "alias": _alias(release),
+            "attach": attach_controls(release),
+            "undersized": _replay(release, str(REPROS / "observed_0_5_10_mamba_alloc.json")),
+        }
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvledger.engines.sglang.scheduler")
     parser.add_argument("command", choices=["hunt", "replay", "alias", "ci", "machine"])
@@ -224,35 +258,8 @@ def main(argv: list[str] | None = None) -> int:
             _save(out, args.save, argv_)
     elif args.command == "alias":
         out = _alias(args.release)
-    elif args.release.startswith("0.5.5"):  # CI for the PD prefill seed, one process per release
-        out = {
-            "replay": _replay(args.release, str(REPROS / "issue12432.json")),
-            "replay_machine": _replay(args.release, str(REPROS / "issue12432_machine.json")),
-            "hunt": _hunt(args.release, args.seeds, args.ops),
-            "put_back": _replay_put_back(args.release, str(REPROS / "issue12432.json")),
-            "attach": pd_attach_controls(args.release),
-        }
-    elif args.release == "0.5.23":  # the newest release: a short clean workload replayed, the alias control
-        out = {
-            "build_s": _build_seconds(args.release),
-            "replay": _replay(args.release, str(REPROS / "clean_0_5_23.json")),
-            # the hunt's first 0.5.23 report, settled as the attach's gap (evict_for_alloc unwrapped)
-            "evict_for_alloc": _replay(args.release, str(REPROS / "observed_0_5_23_evict_for_alloc.json")),
-            # the second: a matched prefix's Mamba state is copied at the forward (the fake worker's gap)
-            "deferred_cow": _replay(args.release, str(REPROS / "observed_0_5_23_deferred_cow.json")),
-            "alias": _alias(args.release),
-            "pd_prefill_hunt": _pd_prefill_hunt(args.release, args.seeds, args.ops),
-            "abort_hunt": _hunt(args.release, args.seeds, args.ops, aborts=0.15),
-            "attach": attach_controls(args.release),
-        }
-    else:  # what CI runs per release, in one process (one import): the repro, a budgeted hunt, the control
-        out = {
-            "replay": _replay(args.release, str(REPROS / "issue16067.json")),
-            "hunt": _hunt(args.release, args.seeds, args.ops),
-            "alias": _alias(args.release),
-            "attach": attach_controls(args.release),
-            "undersized": _replay(args.release, str(REPROS / "observed_0_5_10_mamba_alloc.json")),
-        }
+    else:
+        out = _ci(args.release, args.seeds, args.ops)
     out["wall_s"] = round(time.perf_counter() - start, 2)
     sys.stdout.write("KVLEDGER-JSON " + json.dumps(out) + "\n")
     return 0

@@ -27,9 +27,10 @@ stood in for the duration of the constructor (module names, restored after):
 ``bootstrap.init_parallel_runtime`` (module name in ``sglang.srt.managers.scheduler``)
     binds OpenMP threads to NUMA nodes through ``sgl_kernel``'s CPU ops and opens a TCP rendezvous on
     the scheduler's port; stood in by the project's one-process gloo group (``file://`` rendezvous,
-    SGLang's own ``bootstrap._init_parallel_groups`` run with ``backend="gloo"`` and a ``file://``
-    rendezvous: the same WORLD, TP/PP/attention groups (size 1) and DP-attention set-up; skipped are
-    the thread binding, the device selection, Mooncake and the all-reduce flags (one process).
+    the three calls SGLang's bootstrap makes to build its groups (``init_distributed_environment`` over
+    gloo with a ``file://`` rendezvous, ``initialize_model_parallel`` at the published widths, all 1,
+    ``initialize_dp_attention``); skipped are the thread binding, the device selection, Mooncake and the
+    all-reduce flags (one process).
     ``bootstrap.init_layer_runtime`` runs as shipped.
 ``maybe_init_rust_server`` / ``init_request_receiver`` (methods)
     the embedded Rust frontend and the zmq receiver: no tokenizer process exists; requests arrive
@@ -51,6 +52,7 @@ from kvledger.engines.sglang.scheduler.build_common import (
     SchedulerShape,
     Sink,
     model_config_fields,
+    server_args,
 )
 from kvledger.engines.sglang.scheduler.release import import_scheduler
 from kvledger.engines.sglang.scheduler.worker import FakeWorker, WorkerShape
@@ -135,11 +137,10 @@ class _Fake23Worker(FakeWorker):
             max_running_requests=shape.rows,
             device="cpu",
         )
-        # model features this fake model does not have (elastic EP, HiSparse, EPLB)
+        # model features this fake model does not have (HiSparse, EPLB)
         runner.hisparse_coordinator = None
         runner.eplb_manager = None
         runner.prefill_aware_swa = False
-        runner._pending_elastic_scale_update = None
         # the pools exist already (SGLang's own, built by the worker): init_target_memory_pool keeps them
         runner.memory_pool_config = SimpleNamespace()
 
@@ -187,17 +188,23 @@ def _stand_ins(module: Any) -> Iterator[None]:
     real = module.bootstrap
 
     def init_parallel_runtime(*, server_args: Any, device: str, dist_port: int) -> None:
-        # SGLang's own group construction (WORLD, TP/PP/attention groups, DP attention), over gloo with a
-        # file rendezvous; what is skipped is the thread binding, the device selection and Mooncake. Once
-        # per process, as SGLang's own (a hunt builds one scheduler per seed in one process)
+        # the three calls SGLang's bootstrap makes to build its groups (WORLD; TP/PP/attention groups at
+        # the published widths, all 1; DP attention), over gloo with a file rendezvous; skipped are the
+        # thread binding, the device selection, Mooncake and the all-reduce flags. Once per process, as
+        # SGLang's own (a hunt builds one scheduler per seed in one process)
         global _GROUPS_BUILT
         if _GROUPS_BUILT:
             return
         _GROUPS_BUILT = True
+        from sglang.srt.distributed import parallel_state as ps
+        from sglang.srt.layers.dp_attention import initialize_dp_attention
+
         rendezvous = os.path.join(tempfile.mkdtemp(prefix="kvledger-gloo-"), "rendezvous")
-        real._init_parallel_groups(
-            backend="gloo", dist_init_method=f"file://{rendezvous}", server_args=server_args, gpu_id=0
+        ps.init_distributed_environment(
+            backend="gloo", world_size=1, rank=0, local_rank=0, distributed_init_method=f"file://{rendezvous}"
         )
+        ps.initialize_model_parallel()
+        initialize_dp_attention(server_args=server_args)
 
     module.bootstrap = SimpleNamespace(
         init_parallel_runtime=init_parallel_runtime,
@@ -276,32 +283,19 @@ def build_scheduler_23(shape: SchedulerShape | None = None, *, pd: str | None = 
 
 def _event_loop_preamble(scheduler: Any) -> None:
     """What ``run_event_loop`` sets before it dispatches to a loop that never returns (the stepped loop
-    calls the loop body itself): on CPU the schedule stream's ``synchronize`` is a no-op and the WAR
-    barrier is off unless asked for (``SGLANG_ENABLE_WAR_BARRIER``)."""
-    from sglang.srt.environ import envs
-
+    calls the loop body itself): on CPU the schedule stream's ``synchronize`` is a no-op. (Its WAR
+    barrier flag is read only by the overlap loops, which are not run here.)"""
     scheduler.schedule_stream.synchronize = lambda: None
-    scheduler._war_barrier_enabled = bool(envs.SGLANG_ENABLE_WAR_BARRIER.get())
 
 
 def server_args_23(shape: SchedulerShape, **extra: Any) -> Any:
-    """0.5.23's ``ServerArgs`` published as a scheduler process publishes them (``runtime_context``)."""
+    """0.5.23's ``ServerArgs`` (the fields every release's build sets, :func:`.build_common.server_args`)
+    published as ``run_scheduler_process`` publishes them: ``runtime_context.publish`` with the process's
+    placement (world rank 0, no DP controller, device 0)."""
     from sglang.srt.runtime_context import SpawnRanks, publish
-    from sglang.srt.server_args import ServerArgs
 
-    args = ServerArgs(
-        model_path="dummy",
-        device="cpu",
-        attention_backend="torch_native",
-        sampling_backend="pytorch",
-        skip_tokenizer_init=True,
-        chunked_prefill_size=shape.chunked_prefill_size,
-        page_size=1,
-        max_running_requests=shape.rows,
-        random_seed=shape.seed,
-        disable_overlap_schedule=True,
-        **extra,
-    )
-    args._mamba_cache_chunk_size = 64
-    publish(args, role="scheduler", ranks=SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0))
-    return args
+    def publish_scheduler(args: Any) -> None:
+        publish(args, role="scheduler", ranks=SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0))
+
+    # pp_max_micro_batch_size is left to 0.5.23's own init_model_worker, which derives it
+    return server_args(None, shape, publish=publish_scheduler, pp_default=False, **extra)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -41,7 +42,17 @@ class Sink:
         self.send_pyobj(obj)
 
 
-def server_args(module: Any, shape: SchedulerShape, **extra: Any) -> Any:
+def server_args(
+    module: Any,
+    shape: SchedulerShape,
+    *,
+    publish: Callable[[Any], None] | None = None,
+    pp_default: bool = True,
+    **extra: Any,
+) -> Any:
+    """The server arguments of a CPU scheduler build, registered for the scheduler process (``publish``:
+    how the release registers them; default ``set_global_server_args_for_scheduler``). ``pp_default``:
+    set ``pp_max_micro_batch_size`` by hand (releases before 0.5.23 read it unset)."""
     from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
     args = ServerArgs(
@@ -58,9 +69,9 @@ def server_args(module: Any, shape: SchedulerShape, **extra: Any) -> Any:
         **extra,  # e.g. the PD mode: ServerArgs' own post-init derives the PD fields from it
     )
     args._mamba_cache_chunk_size = 64
-    if getattr(args, "pp_max_micro_batch_size", None) is None:
+    if pp_default and getattr(args, "pp_max_micro_batch_size", None) is None:
         args.pp_max_micro_batch_size = shape.rows  # init_model_worker derives it on a launched server
-    set_global_server_args_for_scheduler(args)
+    (publish or set_global_server_args_for_scheduler)(args)
     return args
 
 

@@ -81,8 +81,7 @@ def pd_prefill_step_23(scheduler: Any) -> Any:
     if batch:
         result = scheduler.run_batch(batch)
         scheduler.process_batch_result(batch, result)
-    else:
-        scheduler._sched_idled = True
+    else:  # (SGLang's loop also marks the scheduler idled; only its MLX back end reads that)
         scheduler.on_idle()
     scheduler.process_disagg_prefill_inflight_queue()
     scheduler.last_batch = batch
@@ -102,8 +101,7 @@ def step_23(scheduler: Any) -> Any:
     if batch:
         result = scheduler.run_batch(batch)
         scheduler.process_batch_result(batch, result)
-    else:
-        scheduler._sched_idled = True
+    else:  # (SGLang's loop also marks the scheduler idled; only its MLX back end reads that)
         scheduler.on_idle()
     scheduler.last_batch = batch
     return batch
