@@ -21,9 +21,11 @@ stood in for the duration of the constructor (module names, restored after):
     (attention backends, CUDA graphs, sampling prewarm) are no-ops of the fake worker (no model, no
     GPU); the request limits come from ``get_worker_info``. ``kv_cache_builder.build_kv_cache`` (pools
     -> tree) then runs as shipped in ``__init__``.
-``init_soft_watchdog`` / ``init_watch_dog_memory_saver_input_blocker``'s watchdog
-    SGLang's watchdog thread signals the process when a batch does not advance; a stepped loop is idle
-    between calls by design (the memory saver and input blocker part runs as shipped).
+``create_scheduler_watchdog`` (module name in ``sglang.srt.managers.scheduler``)
+    returns no watchdog: SGLang's watchdog thread sends SIGQUIT to the parent process when the forward
+    count stops advancing while a batch is set (300 s), and a stepped loop is idle between calls by
+    design (a hunt keeps each seed's finished scheduler alive; their watchdogs killed the first long
+    hunts). The scheduler only stores the watchdog; the memory saver and input blocker run as shipped.
 ``bootstrap.init_parallel_runtime`` (module name in ``sglang.srt.managers.scheduler``)
     binds OpenMP threads to NUMA nodes through ``sgl_kernel``'s CPU ops and opens a TCP rendezvous on
     the scheduler's port; stood in by the project's one-process gloo group (``file://`` rendezvous,
@@ -184,7 +186,8 @@ _GROUPS_BUILT = False
 
 @contextlib.contextmanager
 def _stand_ins(module: Any) -> Iterator[None]:
-    """``bootstrap.init_parallel_runtime`` as the scheduler module sees it, only while ``__init__`` runs."""
+    """``bootstrap.init_parallel_runtime`` and ``create_scheduler_watchdog`` as the scheduler module sees
+    them, only while ``__init__`` runs."""
     real = module.bootstrap
 
     def init_parallel_runtime(*, server_args: Any, device: str, dist_port: int) -> None:
@@ -210,10 +213,13 @@ def _stand_ins(module: Any) -> Iterator[None]:
         init_parallel_runtime=init_parallel_runtime,
         init_layer_runtime=real.init_layer_runtime,
     )
+    real_watchdog = module.create_scheduler_watchdog
+    module.create_scheduler_watchdog = lambda *_, **__: None  # no watchdog threads (module docstring)
     try:
         yield
     finally:
         module.bootstrap = real
+        module.create_scheduler_watchdog = real_watchdog
 
 
 def scheduler_class_23() -> Any:
@@ -237,9 +243,6 @@ def scheduler_class_23() -> Any:
             )
             self.load_snapshot_writer = None
             self.recv_from_tokenizer = None
-
-        def init_soft_watchdog(self) -> None:
-            self.soft_watchdog = None
 
         def init_tp_model_worker(self) -> None:
             s = self.kv_shape
