@@ -54,6 +54,7 @@ from kvledger.engines.sglang.scheduler.build_common import (
     SchedulerShape,
     Sink,
     model_config_fields,
+    no_watchdog,
     server_args,
 )
 from kvledger.engines.sglang.scheduler.release import import_scheduler
@@ -213,13 +214,11 @@ def _stand_ins(module: Any) -> Iterator[None]:
         init_parallel_runtime=init_parallel_runtime,
         init_layer_runtime=real.init_layer_runtime,
     )
-    real_watchdog = module.create_scheduler_watchdog
-    module.create_scheduler_watchdog = lambda *_, **__: None  # no watchdog threads (module docstring)
     try:
-        yield
+        with no_watchdog(module):  # no watchdog threads (module docstring)
+            yield
     finally:
         module.bootstrap = real
-        module.create_scheduler_watchdog = real_watchdog
 
 
 def scheduler_class_23() -> Any:

@@ -3,9 +3,10 @@ and the one-process gloo group (:mod:`.build` for the ``init_*`` family, :mod:`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -115,3 +116,21 @@ def model_config_fields(shape: SchedulerShape, hf: SimpleNamespace, **per_releas
         hf_eos_token_id=None,  # no EOS: lengths come from max_new_tokens (drawn by the caller)
         **per_release,
     )
+
+
+@contextlib.contextmanager
+def no_watchdog(module: Any) -> Iterator[None]:
+    """``create_scheduler_watchdog`` (as the scheduler module ``module`` sees it) returns no watchdog while
+    a ``Scheduler`` is constructed (0.5.9 on). SGLang's watchdog thread SIGQUITs the parent process when
+    the forward count stops while a batch is set (300 s); a stepped loop is idle between calls by design,
+    and a hunt keeps each seed's finished scheduler alive (their watchdogs killed long hunts). The
+    scheduler only stores the object."""
+    real = getattr(module, "create_scheduler_watchdog", None)
+    if real is None:
+        yield
+        return
+    module.create_scheduler_watchdog = lambda *_, **__: None
+    try:
+        yield
+    finally:
+        module.create_scheduler_watchdog = real
