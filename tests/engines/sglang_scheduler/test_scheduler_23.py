@@ -99,6 +99,14 @@ def test_0_5_23_attach_controls(ci_23: dict[str, Any]) -> None:
     assert attach["stale_free_group"]["attach_audit"] == "passed"
 
 
+def test_0_5_23_machine_runs_clean(ci_23: dict[str, Any]) -> None:
+    """The Hypothesis machine's generic rules (shared prefixes, follow-up turns, aborts from every queue,
+    chunk sizes) over 0.5.23's real loop, at a CI budget."""
+    machine = ci_23["machine"]
+    assert machine["finding"] is None, machine["finding"]
+    assert machine["examples"] >= 12 and machine["operations"] > 100, machine
+
+
 @pytest.mark.deep
 def test_0_5_23_hunt_deep() -> None:
     """The seeded hunt on 0.5.23 (reports its finding; see spec/sglang-scheduler.md for dispositions)."""
@@ -106,6 +114,8 @@ def test_0_5_23_hunt_deep() -> None:
     out = _run("hunt", "--release", RELEASE, "--seeds", "8", "--ops", "200")
     pd = _run("hunt", "--release", RELEASE, "--pd", "prefill", "--seeds", "8", "--ops", "200")
     assert pd["release"] == RELEASE and pd["ops"] > 0 and pd["finding"] is None, pd["finding"]
+    machine = _run("machine", "--release", RELEASE, "--examples", "200", "--ops", "80")
+    assert machine["finding"] is None and machine["examples"] >= 200, machine
     assert out["release"] == RELEASE and out["ops"] > 0
     if out["finding"] is not None:  # every finding must replay from its shrunk ops on a fresh build
         assert out["repro_finding"] is not None, out

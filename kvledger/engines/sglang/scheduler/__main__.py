@@ -133,6 +133,12 @@ def _pd_prefill_hunt(release: str, seeds: int, ops: int) -> dict[str, Any]:
             os.environ[PD_ENV] = saved
 
 
+def _machine(release: str, examples: int, steps: int) -> dict[str, Any]:
+    from kvledger.engines.sglang.scheduler.machine import hunt_machine
+
+    return hunt_machine(release, examples, steps)
+
+
 def _build_seconds(release: str) -> dict[str, float]:
     """Seconds to import the release's scheduler and to build one scheduler (after the import)."""
     from kvledger.engines.sglang.scheduler.build import build_scheduler
@@ -195,6 +201,7 @@ def _ci(release: str, seeds: int, ops: int) -> dict[str, Any]:
             "pd_prefill_hunt": _pd_prefill_hunt(release, seeds, ops),
             "abort_hunt": _hunt(release, seeds, ops, aborts=0.15),
             "attach": attach_controls(release),
+            "machine": _machine(release, 12, 30),
         }
     else:  # what CI runs per release, in one process (one import): the repro, a budgeted hunt, the control
         out = {
