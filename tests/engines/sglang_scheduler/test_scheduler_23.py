@@ -72,6 +72,16 @@ def test_0_5_23_pd_prefill_hunt_runs_clean(ci_23: dict[str, Any]) -> None:
     assert hunt["examples"] == 2 and hunt["ops"] == 120 and hunt["requests"] > 10, hunt
 
 
+def test_0_5_23_pd_decode_hunt_runs_clean_and_its_tags_are_live(ci_23: dict[str, Any]) -> None:
+    """0.5.23's PD decode loop with the fake backend (prealloc -> transfer -> decode), aborts included,
+    transfers delivering the prompt's tags; without that delivery the first decode fails the tags."""
+    hunt = ci_23["pd_decode_hunt"]
+    assert hunt["finding"] is None, hunt["finding"]
+    assert hunt["ops"] == 120 and hunt["requests"] > 10 and hunt["aborted"] > 0, hunt
+    undelivered = ci_23["pd_decode_undelivered"]
+    assert undelivered["caught"] and "holds tag 0" in undelivered["message"], undelivered
+
+
 def test_0_5_23_seeded_hunt_with_aborts_runs_clean(ci_23: dict[str, Any]) -> None:
     """The seeded walk with SGLang's own aborts (waiting, chunked and running requests) on 0.5.23."""
     hunt = ci_23["abort_hunt"]
@@ -114,6 +124,10 @@ def test_0_5_23_hunt_deep() -> None:
     out = _run("hunt", "--release", RELEASE, "--seeds", "8", "--ops", "200")
     pd = _run("hunt", "--release", RELEASE, "--pd", "prefill", "--seeds", "8", "--ops", "200")
     assert pd["release"] == RELEASE and pd["ops"] > 0 and pd["finding"] is None, pd["finding"]
+    decode = _run(
+        "hunt", "--release", RELEASE, "--pd", "decode", "--aborts", "0.15", "--seeds", "8", "--ops", "200"
+    )
+    assert decode["ops"] > 0 and decode["finding"] is None, decode["finding"]
     machine = _run("machine", "--release", RELEASE, "--examples", "200", "--ops", "80")
     assert machine["finding"] is None and machine["examples"] >= 200, machine
     assert out["release"] == RELEASE and out["ops"] > 0

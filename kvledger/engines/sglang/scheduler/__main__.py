@@ -118,14 +118,14 @@ def _replay_put_back(release: str, path: str) -> dict[str, Any]:
     return {"release": release, "finding": None if found is None else asdict(found)}
 
 
-def _pd_prefill_hunt(release: str, seeds: int, ops: int) -> dict[str, Any]:
-    """The seeded hunt on 0.5.23's PD prefill side (``fake`` transfer backend), in this process."""
+def _pd_hunt(release: str, side: str, seeds: int, ops: int, aborts: float = 0.0) -> dict[str, Any]:
+    """The seeded hunt on one of 0.5.23's PD sides (``fake`` transfer backend), in this process."""
     from kvledger.engines.sglang.scheduler.build23 import PD_ENV
 
     saved = os.environ.get(PD_ENV)
-    os.environ[PD_ENV] = "prefill"
+    os.environ[PD_ENV] = side
     try:
-        return _hunt(release, seeds, ops)
+        return _hunt(release, seeds, ops, aborts=aborts)
     finally:
         if saved is None:
             del os.environ[PD_ENV]
@@ -137,6 +137,23 @@ def _machine(release: str, examples: int, steps: int) -> dict[str, Any]:
     from kvledger.engines.sglang.scheduler.machine import hunt_machine
 
     return hunt_machine(release, examples, steps)
+
+
+def _undelivered(release: str) -> dict[str, Any]:
+    """Control: 0.5.23's PD decode side with transfers that bring no data (the fake backend as is): the
+    first decode must fail the fake worker's tags (the decode side's tag check is live)."""
+    from kvledger.engines.sglang.scheduler.build23 import build_scheduler_23
+    from kvledger.engines.sglang.scheduler.loop import arrive, step
+    from kvledger.engines.sglang.scheduler.worker import TagMismatch
+
+    scheduler = build_scheduler_23(pd="decode", deliver=False)
+    arrive(scheduler, "a", list(range(1, 12)), 4)
+    try:
+        for _ in range(6):
+            step(scheduler)
+        return {"caught": False}
+    except TagMismatch as error:
+        return {"caught": True, "message": str(error)}
 
 
 def _build_seconds(release: str) -> dict[str, float]:
@@ -198,7 +215,9 @@ def _ci(release: str, seeds: int, ops: int) -> dict[str, Any]:
             # the second: a matched prefix's Mamba state is copied at the forward (the fake worker's gap)
             "deferred_cow": _replay(release, str(REPROS / "observed_0_5_23_deferred_cow.json")),
             "alias": _alias(release),
-            "pd_prefill_hunt": _pd_prefill_hunt(release, seeds, ops),
+            "pd_prefill_hunt": _pd_hunt(release, "prefill", seeds, ops),
+            "pd_decode_hunt": _pd_hunt(release, "decode", seeds, ops, aborts=0.15),
+            "pd_decode_undelivered": _undelivered(release),
             "abort_hunt": _hunt(release, seeds, ops, aborts=0.15),
             "attach": attach_controls(release),
             "machine": _machine(release, 12, 30),
@@ -228,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--examples", type=int, default=50, help="machine: Hypothesis examples")
     parser.add_argument("--save", help="hunt, machine: write the shrunk finding to this repro file")
     parser.add_argument(
-        "--pd", choices=["prefill"], help="0.5.23: build the PD prefill side (fake transfer backend)"
+        "--pd", choices=["prefill", "decode"], help="0.5.23: build a PD side (fake transfer backend)"
     )
     args = parser.parse_args(argv)
     os.environ.setdefault(STRICT_IDLE_CHECK, "1")

@@ -58,7 +58,7 @@ from kvledger.engines.sglang.scheduler.build_common import (
     server_args,
 )
 from kvledger.engines.sglang.scheduler.release import import_scheduler
-from kvledger.engines.sglang.scheduler.worker import FakeWorker, WorkerShape
+from kvledger.engines.sglang.scheduler.worker import FakeWorker, WorkerShape, chain
 
 RELEASE_23 = "0.5.23"
 
@@ -156,6 +156,19 @@ class _Fake23Worker(FakeWorker):
 
     def register_hicache_layer_transfer_counter(self, counter: Any) -> None:
         return None
+
+    def receive_transfer(self, req: Any) -> None:
+        """Write what a transferred request's KV and Mamba state hold after its prefill: the tag chain of
+        its prompt in its row's first cells, the last tag in its Mamba slot (PD decode, fake backend)."""
+        row = int(req.kv.req_pool_idx)
+        tokens = [int(t) for t in req.origin_input_ids]
+        locs = self.req_to_token_pool.req_to_token[row, : len(tokens)].tolist()
+        previous = 0
+        for token, loc in zip(tokens, locs, strict=True):
+            previous = chain(previous, token)
+            self.kv.k_buffer[0][loc, 0, 0] = float(previous)
+            self.kv.v_buffer[0][loc, 0, 0] = float(token)
+        self.req_to_token_pool.mamba_pool.mamba_cache.temporal[0, self._slot(row)] = float(previous)
 
     def get_worker_info(self) -> tuple[Any, ...]:
         info = super().get_worker_info()
@@ -262,7 +275,9 @@ PD_ENV = "KVLEDGER_SCHEDULER_PD"
 (the CLI's ``--pd prefill`` sets it, so a subprocess per release inherits it); unset: the plain loop."""
 
 
-def build_scheduler_23(shape: SchedulerShape | None = None, *, pd: str | None = None) -> Any:
+def build_scheduler_23(
+    shape: SchedulerShape | None = None, *, pd: str | None = None, deliver: bool = True
+) -> Any:
     """A real 0.5.23 ``Scheduler`` on CPU (see the module docstring for what stands in); ``pd="prefill"``
     (default: :data:`PD_ENV`) builds the PD prefill side with the ``fake`` transfer backend, which 0.5.23
     constructs itself (``FakeKVManager``, ``FakeKVSender``; no bootstrap server).
@@ -274,13 +289,37 @@ def build_scheduler_23(shape: SchedulerShape | None = None, *, pd: str | None = 
     pd = pd if pd is not None else os.environ.get(PD_ENV) or None
     cls = scheduler_class_23()
     module = __import__("sglang.srt.managers.scheduler", fromlist=["Scheduler"])
-    extra = {"disaggregation_mode": "prefill", "disaggregation_transfer_backend": "fake"} if pd else {}
+    extra: dict[str, Any] = (
+        {"disaggregation_mode": pd, "disaggregation_transfer_backend": "fake"} if pd else {}
+    )
+    if pd == "decode":  # the decode side reserves this many tokens per running request (default 512)
+        extra["num_reserved_decode_tokens"] = shape.max_new_tokens
     args = server_args_23(shape, **extra)
     cls.kv_shape = shape
     with _stand_ins(module):
         scheduler = cls(args, SimpleNamespace(nccl_port=0))
     _event_loop_preamble(scheduler)
+    if pd == "decode" and deliver:  # deliver=False: the control run where transfers bring no data
+        _deliver_transfers(scheduler)
     return scheduler
+
+
+def _deliver_transfers(scheduler: Any) -> None:
+    """The data a KV transfer delivers, which the ``fake`` backend does not move: when SGLang's transfer
+    queue hands a request on (``pop_transferred``), the fake worker writes the prompt's tags into the
+    request's preallocated KV cells and its Mamba slot, as the prefill side's forward would have
+    (:meth:`_Fake23Worker.receive_transfer`). Which cells and which slot is SGLang's choice, untouched."""
+    queue = scheduler.disagg_decode_transfer_queue
+    worker = scheduler.tp_worker
+    pop = queue.pop_transferred
+
+    def pop_transferred(*args: Any, **kwargs: Any) -> Any:
+        reqs = pop(*args, **kwargs)
+        for req in reqs:
+            worker.receive_transfer(req)
+        return reqs
+
+    queue.pop_transferred = pop_transferred
 
 
 def _event_loop_preamble(scheduler: Any) -> None:

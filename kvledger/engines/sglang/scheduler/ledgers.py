@@ -460,6 +460,11 @@ def _wrap_steps(sw: SchedulerWatch) -> None:
     install("process_batch_result", end)
     install("self_check_during_idle", checked)
     install("on_idle", checked)  # 0.5.23: the idle housekeeping holding the memory check
+    if getattr(s, "disagg_decode_prealloc_queue", None) is not None:
+        # PD decode's loop (0.5.23): the decode queues advance first (preallocation for new requests,
+        # finished transfers move to waiting), then the batch choice
+        install("process_decode_queue", between)
+        install("get_next_disagg_decode_batch_to_run", begin)
     if getattr(s, "disagg_prefill_bootstrap_queue", None) is not None:
         # PD prefill's loop: the step begins with its own batch choice (process_prefill_chunk runs there)
         # and ends after the inflight queue is polled (finished transfers release their requests), both

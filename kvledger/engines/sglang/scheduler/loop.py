@@ -24,7 +24,7 @@ def arrive(scheduler: Any, rid: str, tokens: list[int], max_new_tokens: int) -> 
     # 0.5.23's tokenized request carries its ids as array("q") (Req concatenates them with output_ids)
     ids = array("q", tokens) if is_release_23(scheduler) else list(tokens)
     req = Req(rid, "", ids, params, vocab_size=scheduler.model_config.vocab_size)
-    if is_pd_prefill(scheduler):
+    if is_pd(scheduler):
         # SGLang's own fake-transfer marker (as its warm-up requests carry): the bootstrap queue gives the
         # request a FakeKVSender, whose handshake completes at the first poll and transfer at send
         from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST
@@ -39,6 +39,15 @@ def arrive(scheduler: Any, rid: str, tokens: list[int], max_new_tokens: int) -> 
 def is_release_23(scheduler: Any) -> bool:
     """The 0.5.2x loop: idle housekeeping is ``on_idle``, the batch choice returns a plan."""
     return hasattr(scheduler, "on_idle")
+
+
+def is_pd_decode(scheduler: Any) -> bool:
+    """The scheduler is the decode side of PD disaggregation (it has the prealloc queue)."""
+    return getattr(scheduler, "disagg_decode_prealloc_queue", None) is not None
+
+
+def is_pd(scheduler: Any) -> bool:
+    return is_pd_prefill(scheduler) or is_pd_decode(scheduler)
 
 
 def is_pd_prefill(scheduler: Any) -> bool:
@@ -88,6 +97,26 @@ def pd_prefill_step_23(scheduler: Any) -> Any:
     return batch
 
 
+def pd_decode_step_23(scheduler: Any) -> Any:
+    """0.5.23's ``event_loop_normal_disagg_decode`` minus receive: the prefill DP-rank queries, the
+    decode queues advance (prealloc -> transfer -> waiting), then the batch choice, run and result, or
+    idle."""
+    s = scheduler
+    s.disagg_decode_prealloc_queue.prefetch_prefill_dp_rank_queries()
+    s.process_decode_queue()
+    plan = s.get_next_disagg_decode_batch_to_run(running_batch=s.running_batch)
+    s.running_batch = plan.running_batch
+    batch = s.ngram_embedding_manager.prepare_for_forward(plan.batch_to_run, chunked_req=s.chunked_req)
+    s.cur_batch_for_debug = batch
+    s.cur_batch = batch  # the attach's queue scan looks here for the batch
+    if batch:
+        s.process_batch_result(batch, s.run_batch(batch))
+    else:  # (SGLang's loop also marks the scheduler idled; only its MLX back end reads that)
+        s.on_idle()
+    s.last_batch = batch
+    return batch
+
+
 def step_23(scheduler: Any) -> Any:
     """One iteration of 0.5.23's ``event_loop_normal`` minus receive: the batch choice returns a plan
     (the batch to run and the running batch after the choice), idle housekeeping is ``on_idle``."""
@@ -112,6 +141,8 @@ def step(scheduler: Any) -> Any:
     side); returns the batch run (None when idle: the self-check ran)."""
     if is_pd_prefill(scheduler):
         return pd_prefill_step(scheduler)
+    if is_pd_decode(scheduler):
+        return pd_decode_step_23(scheduler)
     if is_release_23(scheduler):
         return step_23(scheduler)
     batch = scheduler.get_next_batch_to_run()
