@@ -232,9 +232,9 @@ def _ci(release: str, seeds: int, ops: int) -> dict[str, Any]:
             "pd_prefill_hunt": _pd_hunt(release, "prefill", seeds, ops),
             "pd_decode_hunt": _pd_hunt(release, "decode", seeds, ops, aborts=0.15),
             "pd_decode_undelivered": _undelivered(release),
-            # an open finding on the decode side (spec/sglang-scheduler.md): pinned until dispositioned
-            "open_pd_decode_leak": _pd_replay(
-                release, "decode", str(REPROS / "open_0_5_23_pd_decode_leak.json")
+            # the decode side's report, settled as the build's gap (radix cache left on at the decode side)
+            "pd_decode_radix_on": _pd_replay(
+                release, "decode", str(REPROS / "observed_0_5_23_pd_decode_radix_on.json")
             ),
             "abort_hunt": _hunt(release, seeds, ops, aborts=0.15),
             "attach": attach_controls(release),

@@ -292,8 +292,12 @@ def build_scheduler_23(
     extra: dict[str, Any] = (
         {"disaggregation_mode": pd, "disaggregation_transfer_backend": "fake"} if pd else {}
     )
-    if pd == "decode":  # the decode side reserves this many tokens per running request (default 512)
+    if pd == "decode":
+        # the decode side reserves this many tokens per running request (default 512, never fits)
         extra["num_reserved_decode_tokens"] = shape.max_new_tokens
+        # what ServerArgs' PD step sets on a decode server without the decode radix cache (which the
+        # fake backend does not support); ServerArgs skips that step for the "dummy" model path
+        extra["disable_radix_cache"] = True
     args = server_args_23(shape, **extra)
     cls.kv_shape = shape
     with _stand_ins(module):
