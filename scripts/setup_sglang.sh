@@ -17,6 +17,9 @@
 #   0.5.5.post2) the same way, with the pins measured in shared/background/sglang-scheduler-on-cpu.md:
 #   transformers 4.57.1 / tokenizers 0.22.1 / huggingface_hub 0.36.0 for 0.5.5.x and 0.5.9, transformers
 #   5.3.0 for 0.5.10; 0.5.5.x imports fastapi at module level (0.120.0, with starlette 0.48.0).
+# * einops==0.8.2 alone in .venv/einops-0.8.2 (--no-deps --target): 0.5.23's scheduler imports it at
+#   module level (kvledger.engines.sglang.scheduler.build23); appended to sys.path only by that build, so
+#   the venv's own packages are unchanged.
 # Never installs torch or triton. Idempotent: a stamp records what was installed; a second run with the
 # same pins does nothing. Prints one progress line.
 set -euo pipefail
@@ -62,9 +65,12 @@ for v in 0.5.11 0.5.12; do
     hist_want "$v" > ".venv/sglang-$v/.stamp"
   fi
 done
+SIDE_DIR=.venv/einops-0.8.2
+SIDE_PINS="einops==0.8.2"
+side_ok() { [ -d "$SIDE_DIR/einops" ] && [ "$(cat "$SIDE_DIR/.stamp" 2>/dev/null)" = "$SIDE_PINS" ]; }
 missing=""
 for v in $HISTORICAL; do hist_ok "$v" || missing="$missing $v"; done
-if main_ok && [ -z "$missing" ]; then
+if main_ok && [ -z "$missing" ] && side_ok; then
   echo "sglang extra: up to date (sglang $CURRENT in .venv, $PREVIOUS in $PREVIOUS_DIR, $HISTORICAL beside it)"
   exit 0
 fi
@@ -87,3 +93,8 @@ for v in $missing; do
   quiet .venv/bin/pip install --quiet --no-deps --target ".venv/sglang-$v" $(hist_want "$v")
   hist_want "$v" > ".venv/sglang-$v/.stamp"
 done
+if ! side_ok; then
+  rm -rf "$SIDE_DIR"
+  quiet .venv/bin/pip install --quiet --no-deps --target "$SIDE_DIR" $SIDE_PINS
+  echo "$SIDE_PINS" > "$SIDE_DIR/.stamp"
+fi

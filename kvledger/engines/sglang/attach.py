@@ -56,6 +56,11 @@ class Watch(PoolWatch):
         w = self._wrapper(tree)
         w.wrap("match_prefix", self._tree_op("match_prefix", frees_from_tree=True))
         w.wrap("evict", self._guarded_evict(self._tree_op("evict", frees_from_tree=True, lock_asserts=True)))
+        if hasattr(tree, "evict_for_alloc"):  # 0.5.23: the allocators' capacity checks evict through it
+            guarded = self._guarded_evict(
+                self._tree_op("evict_for_alloc", frees_from_tree=True, lock_asserts=True)
+            )
+            w.wrap("evict_for_alloc", guarded)
         w.wrap("insert", self._insert)
         w.wrap("inc_lock_ref", self._inc_lock)
         w.wrap("dec_lock_ref", self._dec_lock)

@@ -9,11 +9,13 @@ scoped patch (outside SGLang and outside the reference code), which the fake wor
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -24,16 +26,17 @@ from kvledger.engines.sglang.scheduler.loop import STRICT_IDLE_CHECK
 REPROS = Path(__file__).with_name("repros")
 
 
-def _hunt(release: str, seeds: int, n_ops: int) -> dict[str, Any]:
+def _hunt(release: str, seeds: int, n_ops: int, first_seed: int = 0, aborts: float = 0.0) -> dict[str, Any]:
     from kvledger.engines.sglang.scheduler.build import SchedulerShape, build_attached
     from kvledger.engines.sglang.scheduler.repro import replay, shrink
     from kvledger.engines.sglang.scheduler.workload import run
 
-    cpu, total_ops, requests = time.process_time(), 0, 0
-    for seed in range(seeds):
-        report = run(build_attached(release, SchedulerShape(seed=seed)), seed, n_ops)
+    cpu, total_ops, requests, aborted = time.process_time(), 0, 0, 0
+    for seed in range(first_seed, first_seed + seeds):
+        report = run(build_attached(release, SchedulerShape(seed=seed)), seed, n_ops, aborts)
         total_ops += report.steps
         requests += report.requests
+        aborted += sum(op[0] == "abort" for op in report.ops[: report.steps])
         if report.finding is not None:
             make = functools.partial(build_attached, release, SchedulerShape(seed=seed))
             small = shrink(make, report.ops[: report.steps], report.finding.kind)
@@ -41,9 +44,10 @@ def _hunt(release: str, seeds: int, n_ops: int) -> dict[str, Any]:
             return {
                 "release": release,
                 "seed": seed,
-                "examples": seed + 1,
+                "examples": seed - first_seed + 1,
                 "ops": total_ops,
                 "requests": requests,
+                "aborted": aborted,
                 "cpu_s": round(time.process_time() - cpu, 2),
                 "finding": asdict(report.finding),
                 "repro_ops": len(small),
@@ -55,6 +59,7 @@ def _hunt(release: str, seeds: int, n_ops: int) -> dict[str, Any]:
         "examples": seeds,
         "ops": total_ops,
         "requests": requests,
+        "aborted": aborted,
         "cpu_s": round(time.process_time() - cpu, 2),
         "finding": None,
     }
@@ -115,9 +120,71 @@ def _replay_put_back(release: str, path: str) -> dict[str, Any]:
     return {"release": release, "finding": None if found is None else asdict(found)}
 
 
+@contextlib.contextmanager
+def _pd_side(side: str) -> Iterator[None]:
+    """Builds in this block are 0.5.23's ``side`` of PD disaggregation (``fake`` transfer backend)."""
+    from kvledger.engines.sglang.scheduler.build23 import PD_ENV
+
+    saved = os.environ.get(PD_ENV)
+    os.environ[PD_ENV] = side
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ[PD_ENV]
+        else:
+            os.environ[PD_ENV] = saved
+
+
+def _pd_hunt(release: str, side: str, seeds: int, ops: int, aborts: float = 0.0) -> dict[str, Any]:
+    """The seeded hunt on one of 0.5.23's PD sides, in this process."""
+    with _pd_side(side):
+        return _hunt(release, seeds, ops, aborts=aborts)
+
+
+def _pd_replay(release: str, side: str, path: str) -> dict[str, Any]:
+    with _pd_side(side):
+        return _replay(release, path)
+
+
+def _machine(release: str, examples: int, steps: int) -> dict[str, Any]:
+    from kvledger.engines.sglang.scheduler.machine import hunt_machine
+
+    return hunt_machine(release, examples, steps)
+
+
+def _undelivered(release: str) -> dict[str, Any]:
+    """Control: 0.5.23's PD decode side with transfers that bring no data (the fake backend as is): the
+    first decode must fail the fake worker's tags (the decode side's tag check is live)."""
+    from kvledger.engines.sglang.scheduler.build23 import build_scheduler_23
+    from kvledger.engines.sglang.scheduler.loop import arrive, step
+    from kvledger.engines.sglang.scheduler.worker import TagMismatch
+
+    scheduler = build_scheduler_23(pd="decode", deliver=False)
+    arrive(scheduler, "a", list(range(1, 12)), 4)
+    try:
+        for _ in range(6):
+            step(scheduler)
+        return {"caught": False}
+    except TagMismatch as error:
+        return {"caught": True, "message": str(error)}
+
+
+def _build_seconds(release: str) -> dict[str, float]:
+    """Seconds to import the release's scheduler and to build one scheduler (after the import)."""
+    from kvledger.engines.sglang.scheduler.build import build_scheduler
+    from kvledger.engines.sglang.scheduler.release import import_scheduler
+
+    _, imported = import_scheduler(release)
+    start = time.perf_counter()
+    build_scheduler(release)
+    return {"import_s": round(imported, 2), "build_s": round(time.perf_counter() - start, 2)}
+
+
 def _alias(release: str) -> dict[str, Any]:
     """Two running requests made to share one Mamba slot (the #12432 symptom) must fail a tag check."""
     from kvledger.engines.sglang.scheduler.build import build_scheduler
+    from kvledger.engines.sglang.scheduler.ledgers import req_memory
     from kvledger.engines.sglang.scheduler.loop import arrive, step
     from kvledger.engines.sglang.scheduler.worker import TagMismatch
 
@@ -125,13 +192,16 @@ def _alias(release: str) -> dict[str, Any]:
     a = arrive(scheduler, "a", list(range(1, 11)), 6)
     b = arrive(scheduler, "b", list(range(50, 58)), 6)
     while not (
-        a.req_pool_idx is not None and b.req_pool_idx is not None and len(a.output_ids) and len(b.output_ids)
+        req_memory(a).req_pool_idx is not None
+        and req_memory(b).req_pool_idx is not None
+        and len(a.output_ids)
+        and len(b.output_ids)
     ):
         step(scheduler)  # until both are prefilled and decoding
     pool = scheduler.req_to_token_pool
     # the fault, outside SGLang: b's row now maps to a's Mamba slot (a slot handed out twice)
-    pool.req_index_to_mamba_index_mapping[b.req_pool_idx] = pool.req_index_to_mamba_index_mapping[
-        a.req_pool_idx
+    pool.req_index_to_mamba_index_mapping[req_memory(b).req_pool_idx] = pool.req_index_to_mamba_index_mapping[
+        req_memory(a).req_pool_idx
     ]
     try:
         step(scheduler)
@@ -140,20 +210,73 @@ def _alias(release: str) -> dict[str, Any]:
         return {"release": release, "caught": True, "message": str(error)}
 
 
+def _ci(release: str, seeds: int, ops: int) -> dict[str, Any]:
+    """What CI runs for ``release``, in one process (one import)."""
+    if release.startswith("0.5.5"):  # CI for the PD prefill seed, one process per release
+        out = {
+            "replay": _replay(release, str(REPROS / "issue12432.json")),
+            "replay_machine": _replay(release, str(REPROS / "issue12432_machine.json")),
+            "hunt": _hunt(release, seeds, ops),
+            "put_back": _replay_put_back(release, str(REPROS / "issue12432.json")),
+            "attach": pd_attach_controls(release),
+        }
+    elif release == "0.5.23":  # the newest release: the build, replays, controls, budgeted hunts
+        out = {
+            "build_s": _build_seconds(release),
+            "replay": _replay(release, str(REPROS / "clean_0_5_23.json")),
+            # the hunt's first 0.5.23 report, settled as the attach's gap (evict_for_alloc unwrapped)
+            "evict_for_alloc": _replay(release, str(REPROS / "observed_0_5_23_evict_for_alloc.json")),
+            # the second: a matched prefix's Mamba state is copied at the forward (the fake worker's gap)
+            "deferred_cow": _replay(release, str(REPROS / "observed_0_5_23_deferred_cow.json")),
+            "alias": _alias(release),
+            "pd_prefill_hunt": _pd_hunt(release, "prefill", seeds, ops),
+            "pd_decode_hunt": _pd_hunt(release, "decode", seeds, ops, aborts=0.15),
+            "pd_decode_undelivered": _undelivered(release),
+            # the decode side's report, settled as the build's gap (radix cache left on at the decode side)
+            "pd_decode_radix_on": _pd_replay(
+                release, "decode", str(REPROS / "observed_0_5_23_pd_decode_radix_on.json")
+            ),
+            "abort_hunt": _hunt(release, seeds, ops, aborts=0.15),
+            "attach": attach_controls(release),
+            "machine": _machine(release, 12, 30),
+        }
+    else:  # what CI runs per release, in one process (one import): the repro, a budgeted hunt, the control
+        out = {
+            "replay": _replay(release, str(REPROS / "issue16067.json")),
+            "hunt": _hunt(release, seeds, ops),
+            "alias": _alias(release),
+            "attach": attach_controls(release),
+            "undersized": _replay(release, str(REPROS / "observed_0_5_10_mamba_alloc.json")),
+        }
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvledger.engines.sglang.scheduler")
     parser.add_argument("command", choices=["hunt", "replay", "alias", "ci", "machine"])
     parser.add_argument("file", nargs="?")
     parser.add_argument("--release", required=True)
     parser.add_argument("--seeds", type=int, default=4)
+    parser.add_argument("--aborts", type=float, default=0.0, help="hunt: chance a non-arrival op is an abort")
+    parser.add_argument(
+        "--first-seed", type=int, default=0, help="hunt: seeds first-seed .. first-seed+seeds-1"
+    )
     parser.add_argument("--ops", type=int, default=200)
     parser.add_argument("--examples", type=int, default=50, help="machine: Hypothesis examples")
     parser.add_argument("--save", help="hunt, machine: write the shrunk finding to this repro file")
+    parser.add_argument(
+        "--pd", choices=["prefill", "decode"], help="0.5.23: build a PD side (fake transfer backend)"
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault(STRICT_IDLE_CHECK, "1")
+    if args.pd:
+        from kvledger.engines.sglang.scheduler.build23 import PD_ENV
+
+        os.environ[PD_ENV] = args.pd
     start = time.perf_counter()
     if args.command == "hunt":
-        out = _hunt(args.release, args.seeds, args.ops)
+        out = _hunt(args.release, args.seeds, args.ops, args.first_seed, args.aborts)
+        out["first_seed"], out["aborts"] = args.first_seed, args.aborts
         if args.save:
             _save(
                 out,
@@ -179,22 +302,8 @@ def main(argv: list[str] | None = None) -> int:
             _save(out, args.save, argv_)
     elif args.command == "alias":
         out = _alias(args.release)
-    elif args.release.startswith("0.5.5"):  # CI for the PD prefill seed, one process per release
-        out = {
-            "replay": _replay(args.release, str(REPROS / "issue12432.json")),
-            "replay_machine": _replay(args.release, str(REPROS / "issue12432_machine.json")),
-            "hunt": _hunt(args.release, args.seeds, args.ops),
-            "put_back": _replay_put_back(args.release, str(REPROS / "issue12432.json")),
-            "attach": pd_attach_controls(args.release),
-        }
-    else:  # what CI runs per release, in one process (one import): the repro, a budgeted hunt, the control
-        out = {
-            "replay": _replay(args.release, str(REPROS / "issue16067.json")),
-            "hunt": _hunt(args.release, args.seeds, args.ops),
-            "alias": _alias(args.release),
-            "attach": attach_controls(args.release),
-            "undersized": _replay(args.release, str(REPROS / "observed_0_5_10_mamba_alloc.json")),
-        }
+    else:
+        out = _ci(args.release, args.seeds, args.ops)
     out["wall_s"] = round(time.perf_counter() - start, 2)
     sys.stdout.write("KVLEDGER-JSON " + json.dumps(out) + "\n")
     return 0

@@ -14,6 +14,9 @@ Three methods of SGLang's ``Scheduler`` are overridden in a subclass (SGLang's s
     (``HybridReqToTokenPool`` with a real ``MambaPool``, a real KV allocator over a real
     ``MHATokenToKVPool``) and writes data tags on every forward.
 
+``create_scheduler_watchdog`` (module name, while ``__init__`` runs) returns no watchdog
+(:func:`.build_common.no_watchdog`: a stepped loop is idle between calls by design).
+
 Everything else in ``__init__`` runs as shipped: the tree (``MambaRadixCache``), ``SchedulePolicy``,
 chunked prefill, the disaggregation switch, the idle checker. The process group is a real one-process
 gloo group (``file://`` rendezvous), as SGLang's CPU backend uses.
@@ -28,6 +31,7 @@ from kvledger.engines.sglang.scheduler.build_common import SchedulerShape as Sch
 from kvledger.engines.sglang.scheduler.build_common import (
     Sink,
     model_config_fields,
+    no_watchdog,
     process_group,
     server_args,
 )
@@ -83,11 +87,16 @@ def build_scheduler(version: str, shape: SchedulerShape | None = None) -> Any:
     """A real SGLang ``Scheduler`` of ``version`` on CPU (see the module docstring for what stands in).
 
     0.5.5.x (monolithic ``__init__``) is built by :func:`.build05.build_scheduler_05` as the prefill side
-    of PD disaggregation (where #12432 lives), with the ``fake`` transfer backend."""
+    of PD disaggregation (where #12432 lives), with the ``fake`` transfer backend; 0.5.23 by
+    :func:`.build23.build_scheduler_23`."""
     if version.startswith("0.5.5"):
         from kvledger.engines.sglang.scheduler.build05 import build_scheduler_05
 
         return build_scheduler_05(version, shape)
+    if version == "0.5.23":  # the 0.5.2x family: runtime-context config, bootstrap, kv_cache_builder
+        from kvledger.engines.sglang.scheduler.build23 import build_scheduler_23
+
+        return build_scheduler_23(shape)
     shape = shape or SchedulerShape()
     cls = scheduler_class(version)
     module = __import__("sglang.srt.managers.scheduler", fromlist=["Scheduler"])
@@ -95,17 +104,9 @@ def build_scheduler(version: str, shape: SchedulerShape | None = None) -> Any:
     process_group()
     cls.kv_shape = shape
     port_args = SimpleNamespace(nccl_port=0)
-    return cls(
-        args,
-        port_args,
-        gpu_id=0,
-        tp_rank=0,
-        moe_ep_rank=0,
-        pp_rank=0,
-        attn_cp_rank=0,
-        moe_dp_rank=0,
-        dp_rank=None,
-    )
+    ranks = {"gpu_id": 0, "tp_rank": 0, "moe_ep_rank": 0, "pp_rank": 0, "attn_cp_rank": 0, "moe_dp_rank": 0}
+    with no_watchdog(module):
+        return cls(args, port_args, dp_rank=None, **ranks)
 
 
 def build_attached(version: str, shape: SchedulerShape | None = None) -> Any:

@@ -144,7 +144,7 @@ def build_scheduler_05(version: str, shape: SchedulerShape | None = None, *, pd:
     shape = shape or SchedulerShape()
     cls = scheduler_class_05(version)
     module = __import__("sglang.srt.managers.scheduler", fromlist=["Scheduler"])
-    pd_args = (
+    pd_args: dict[str, Any] = (
         {"disaggregation_mode": "prefill", "disaggregation_transfer_backend": "fake"}
         if pd == PD_PREFILL
         else {}

@@ -3,8 +3,10 @@ and the one-process gloo group (:mod:`.build` for the ``init_*`` family, :mod:`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -41,7 +43,17 @@ class Sink:
         self.send_pyobj(obj)
 
 
-def server_args(module: Any, shape: SchedulerShape, **extra: Any) -> Any:
+def server_args(
+    module: Any,
+    shape: SchedulerShape,
+    *,
+    publish: Callable[[Any], None] | None = None,
+    pp_default: bool = True,
+    **extra: Any,
+) -> Any:
+    """The server arguments of a CPU scheduler build, registered for the scheduler process (``publish``:
+    how the release registers them; default ``set_global_server_args_for_scheduler``). ``pp_default``:
+    set ``pp_max_micro_batch_size`` by hand (releases before 0.5.23 read it unset)."""
     from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
     args = ServerArgs(
@@ -58,9 +70,9 @@ def server_args(module: Any, shape: SchedulerShape, **extra: Any) -> Any:
         **extra,  # e.g. the PD mode: ServerArgs' own post-init derives the PD fields from it
     )
     args._mamba_cache_chunk_size = 64
-    if getattr(args, "pp_max_micro_batch_size", None) is None:
+    if pp_default and getattr(args, "pp_max_micro_batch_size", None) is None:
         args.pp_max_micro_batch_size = shape.rows  # init_model_worker derives it on a launched server
-    set_global_server_args_for_scheduler(args)
+    (publish or set_global_server_args_for_scheduler)(args)
     return args
 
 
@@ -104,3 +116,21 @@ def model_config_fields(shape: SchedulerShape, hf: SimpleNamespace, **per_releas
         hf_eos_token_id=None,  # no EOS: lengths come from max_new_tokens (drawn by the caller)
         **per_release,
     )
+
+
+@contextlib.contextmanager
+def no_watchdog(module: Any) -> Iterator[None]:
+    """``create_scheduler_watchdog`` (as the scheduler module ``module`` sees it) returns no watchdog while
+    a ``Scheduler`` is constructed (0.5.9 on). SGLang's watchdog thread SIGQUITs the parent process when
+    the forward count stops while a batch is set (300 s); a stepped loop is idle between calls by design,
+    and a hunt keeps each seed's finished scheduler alive (their watchdogs killed long hunts). The
+    scheduler only stores the object."""
+    real = getattr(module, "create_scheduler_watchdog", None)
+    if real is None:
+        yield
+        return
+    module.create_scheduler_watchdog = lambda *_, **__: None
+    try:
+        yield
+    finally:
+        module.create_scheduler_watchdog = real

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvledger.contracts.errors import ContractViolation
+from kvledger.engines.sglang.scheduler.ledgers import req_memory
 
 
 def _running_pair(release: str) -> tuple[Any, Any]:
@@ -16,9 +17,15 @@ def _running_pair(release: str) -> tuple[Any, Any]:
 
     scheduler = build_attached(release)
     a = arrive(scheduler, "a", list(range(1, 11)), 6)
-    while not (a.req_pool_idx is not None and len(a.output_ids)):
+    while not (req_memory(a).req_pool_idx is not None and len(a.output_ids)):
         step(scheduler)  # until a is prefilled and decoding
     return scheduler, a
+
+
+def mamba_slots(req_pool: Any) -> Any:
+    """What hands out and takes back Mamba slots: the ``MambaPool`` itself until 0.5.2x, its
+    ``mamba_allocator`` in 0.5.23 (the pool there is a pure state store)."""
+    return req_pool.mamba_pool if hasattr(req_pool.mamba_pool, "free") else req_pool.mamba_allocator
 
 
 def attach_controls(release: str) -> dict[str, Any]:
@@ -32,14 +39,14 @@ def attach_controls(release: str) -> dict[str, Any]:
     out["identity"] = {"accounts": sw.accounts(), "sizes": sizes, "steps": sw.steps}
     # a foreign free: a slot request a holds, freed between steps by a caller that does not hold it
     try:
-        scheduler.req_to_token_pool.mamba_pool.free(a.mamba_pool_idx.reshape(1))
+        mamba_slots(scheduler.req_to_token_pool).free(req_memory(a).mamba_pool_idx.reshape(1))
         out["foreign_free"] = {"caught": False}
     except ContractViolation as error:
         out["foreign_free"] = {"caught": True, "message": str(error)[:1500]}
     out["stale_free_group"] = _stale_free_group(scheduler)
     # a leak: a Mamba slot taken off SGLang's free list for nobody (no request names it)
     scheduler, a = _running_pair(release)
-    taken = scheduler.req_to_token_pool.mamba_pool.alloc(1)
+    taken = mamba_slots(scheduler.req_to_token_pool).alloc(1)
     try:
         while not a.finished():
             step(scheduler)
@@ -111,7 +118,7 @@ def pd_attach_controls(release: str) -> dict[str, Any]:
         except ContractViolation as error:
             out[name] = {"caught": True, "message": str(error)[:1500]}
     scheduler, a = _chunked(release)
-    taken = scheduler.req_to_token_pool.mamba_pool.alloc(1)
+    taken = mamba_slots(scheduler.req_to_token_pool).alloc(1)
     try:
         step(scheduler)
         out["leak"] = {"caught": False}

@@ -120,7 +120,7 @@ class SchedulerWatch:
         return self._owners[key]
 
     def _named(self, live: LiveRequest) -> Iterator[tuple[Ledger, np.ndarray, str]]:
-        req, w = live.req, self.watch
+        req, w = req_memory(live.req), self.watch
         row = getattr(req, "req_pool_idx", None)
         if row is not None and w.rows is not None:
             yield w.rows, np.array([int(row)], dtype=np.int64), "req_pool_idx"
@@ -312,6 +312,17 @@ class SchedulerWatch:
         self.watch.detach()
 
 
+def req_memory(req: Any) -> Any:
+    """Where a ``Req`` keeps its memory handles (row, Mamba slot, KV lengths): the request itself before
+    0.5.14, its ``kv`` record after (0.5.23)."""
+    return getattr(req, "kv", None) or req
+
+
+def left_every_queue(scheduler: Any, req: Any) -> bool:
+    """``req`` is in none of the scheduler's queues (an abort popped it, or it was released)."""
+    return not any(req is r for attr, _ in QUEUES for r in requests_in(getattr(scheduler, attr, None)))
+
+
 def requests_in(queue: Any) -> list[Any]:
     """The SGLang requests in one scheduler queue attribute: a request, a batch, a list, a PD queue."""
     if queue is None:
@@ -399,8 +410,10 @@ def _wrap_steps(sw: SchedulerWatch) -> None:
                 if verdict is None:
                     raise
                 raise verdict from error
-            if batch:
-                sw.check_batch(batch)
+            # 0.5.23 returns a plan (the batch to run, the running batch after the choice)
+            chosen = getattr(batch, "batch_to_run", batch)
+            if chosen:
+                sw.check_batch(chosen)
             return batch
 
         return call
@@ -446,6 +459,12 @@ def _wrap_steps(sw: SchedulerWatch) -> None:
     install("abort_request", between)
     install("process_batch_result", end)
     install("self_check_during_idle", checked)
+    install("on_idle", checked)  # 0.5.23: the idle housekeeping holding the memory check
+    if getattr(s, "disagg_decode_prealloc_queue", None) is not None:
+        # PD decode's loop (0.5.23): the decode queues advance first (preallocation for new requests,
+        # finished transfers move to waiting), then the batch choice
+        install("process_decode_queue", between)
+        install("get_next_disagg_decode_batch_to_run", begin)
     if getattr(s, "disagg_prefill_bootstrap_queue", None) is not None:
         # PD prefill's loop: the step begins with its own batch choice (process_prefill_chunk runs there)
         # and ends after the inflight queue is polled (finished transfers release their requests), both

@@ -127,9 +127,9 @@ def machine_for(release: str) -> type[RuleBasedStateMachine]:
 
 
 def _gone(scheduler: Any, req: Any) -> bool:
-    from kvledger.engines.sglang.scheduler.ledgers import QUEUES, requests_in
+    from kvledger.engines.sglang.scheduler.ledgers import left_every_queue
 
-    return not any(req is r for attr, _ in QUEUES for r in requests_in(getattr(scheduler, attr, None)))
+    return left_every_queue(scheduler, req)
 
 
 def hunt_machine(release: str, examples: int, steps: int) -> dict[str, Any]:

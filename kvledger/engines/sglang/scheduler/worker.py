@@ -145,10 +145,14 @@ class FakeWorker:
             for i, row in enumerate(rows):
                 nexts.append(self._forward_row(row, seq_lens[i] - 1, [ids[i]], [out[i]]))
         else:
+            # the extend lengths: extend_seq_lens / extend_prefix_lens until 0.5.2x, extend_lens /
+            # prefix_lens in 0.5.23
+            lens = getattr(batch, "extend_seq_lens", None) or batch.extend_lens
+            prefixes = getattr(batch, "extend_prefix_lens", None) or batch.prefix_lens
             start = 0
             for i, row in enumerate(rows):
-                n = batch.extend_seq_lens[i]
-                cached = batch.extend_prefix_lens[i]
+                n = lens[i]
+                cached = prefixes[i]
                 nexts.append(self._forward_row(row, cached, ids[start : start + n], out[start : start + n]))
                 start += n
         return GenerationBatchResult(

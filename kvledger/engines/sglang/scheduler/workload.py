@@ -72,8 +72,25 @@ def _prompt(rng: random.Random, prefixes: list[list[int]], limit: int) -> list[i
     return (base + tail)[: max(1, limit)]
 
 
-def run(scheduler: Any, seed: int, n_ops: int) -> RunReport:
-    """Draw ``n_ops`` operations from ``seed`` and run them; stops at the first failure."""
+def _abort(scheduler: Any, req: Any, live: list[Any], ops: list[tuple[Any, ...]]) -> list[Any]:
+    """SGLang's own abort of ``req`` (as the tokenizer manager sends it); the live list without it once
+    SGLang has taken it out of every queue (a running request is marked and released at the next step)."""
+    from sglang.srt.managers.io_struct import AbortReq
+
+    from kvledger.engines.sglang.scheduler.ledgers import left_every_queue
+
+    ops.append(("abort", req.rid))
+    scheduler.abort_request(AbortReq(rid=req.rid))
+    return [r for r in live if r is not req] if left_every_queue(scheduler, req) else live
+
+
+def run(scheduler: Any, seed: int, n_ops: int, aborts: float = 0.0) -> RunReport:
+    """Draw ``n_ops`` operations from ``seed`` and run them; stops at the first failure.
+
+    ``aborts``: the chance that a non-arrival operation is SGLang's own ``abort_request`` for a live
+    request (waiting, chunked or running) instead of a loop step. 0 (the default) draws nothing for it, so
+    the seeded runs and their saved repros stay as they were; above 0 the rids end in "." (SGLang's abort
+    matches rids by prefix, and "r1" would also name "r10")."""
     os.environ.setdefault(STRICT_IDLE_CHECK, "1")
     rng = random.Random(seed)
     prefixes = [[rng.randrange(1, 1000) for _ in range(rng.randint(4, 20))] for _ in range(3)]
@@ -91,10 +108,12 @@ def run(scheduler: Any, seed: int, n_ops: int) -> RunReport:
                     tokens = (list(prev.origin_input_ids) + list(prev.output_ids) + tail)[:limit]
                 else:
                     tokens = _prompt(rng, prefixes, limit)
-                rid = f"r{i}"
+                rid = f"r{i}." if aborts else f"r{i}"
                 op: tuple[Any, ...] = ("arrive", rid, tokens, rng.randint(1, 12))
                 ops.append(op)
                 live.append(arrive(scheduler, rid, tokens, op[3]))
+            elif aborts and live and rng.random() < aborts:
+                live = _abort(scheduler, rng.choice(live), live, ops)
             else:
                 ops.append(("step",))
                 step(scheduler)
