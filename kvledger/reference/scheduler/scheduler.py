@@ -432,7 +432,9 @@ class Scheduler:
             adder.new_chunked_req = adder.add_chunked_req(chunked)
         stopper: Req | None = None
         stop_result = AddReqResult.CONTINUE
-        for req in list(self.waiting):
+        scanned = 0  # the head of the queue looked at: O(scanned) per step, not O(queue) (issue 38)
+        for req in self.waiting:  # the loop leaves the queue as it is: no copy of it
+            scanned += 1
             if running_bs + len(adder.can_run_list) >= self.config.max_running_requests:
                 break
             cow = self.mamba_pool is not None and self.memory.is_mamba_tree
@@ -448,7 +450,7 @@ class Scheduler:
         if not adder.can_run_list:
             return None
         admitted = set(map(id, adder.can_run_list))
-        self.waiting = [r for r in self.waiting if id(r) not in admitted]
+        self.waiting[:scanned] = [r for r in self.waiting[:scanned] if id(r) not in admitted]
         new_chunked = adder.new_chunked_req
         out_cache_loc = self.memory.prepare_extend(adder.can_run_list, new_chunked)
         if out_cache_loc is None:
