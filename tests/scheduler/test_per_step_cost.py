@@ -10,11 +10,14 @@ waiting list every step (15 % of a 64x release run); it now looks at the head it
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from kvledger.contracts import switch
 from kvledger.contracts.errors import ContractViolation
 from kvledger.contracts.owners import BATCH_INFLIGHT, REQ_RUNNING
+from kvledger.reference.engine import build_parts
 from kvledger.reference.scheduler import ReqState, Scheduler
 from kvledger.reference.scheduler.request import Req
 from tests.scheduler.harness import Setup, build
@@ -134,3 +137,18 @@ def test_the_admission_scan_looks_at_the_head_of_the_queue_only() -> None:
     assert served == list(range(len(served))) and len(served) >= 290  # first come, first served
     sched.run_until_idle(10_000)
     assert sched.stats.finished == 300
+
+
+@pytest.mark.parametrize("every_step", [True, False], ids=["checked", "unchecked"])
+def test_ended_requests_are_not_kept_where_no_check_takes_them(every_step: bool) -> None:
+    """Memory stays flat: with the per-step checks off (the release level, ``check_every_step=False``) no
+    end is remembered for a check that never runs; with them on, every one is let go once released."""
+    parts = build_parts(Setup(tree="radix", hybrid=False, kv_tokens=512, rows=4, max_running=2))
+    config = dataclasses.replace(parts.config, check_every_step=every_step)
+    sched = Scheduler(config, **parts.scheduler_kwargs())
+    for rid in range(40):
+        sched.add_request(rid, [3, rid, 1], 2)
+        sched.step()
+    sched.run_until_idle(1000)
+    assert sched.stats.finished == 40
+    assert len(sched.ended_requests) == 0

@@ -751,7 +751,8 @@ class Scheduler:
 
     def _finish_state(self, req: Req, state: ReqState, reason: str) -> None:
         req.state = state
-        self.ended_requests.ended(req)  # the next I-OWNER-RELEASE check looks at it
+        if self.accounting.enabled:  # the per-step check runs (and empties it): else the set would only grow
+            self.ended_requests.ended(req)
         req.finish_reason = reason
         req.finish_step = self.step_no
         self.done.append(req)
