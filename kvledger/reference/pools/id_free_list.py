@@ -207,8 +207,10 @@ class IdFreeList:
         a = self.alloc_host(n, owner, op)
         if a is None:
             return None
-        t = self._device_tensor(a)
-        if n > SMALL and self._on_cpu:
+        if not self._on_cpu:
+            return self._device_tensor(a)
+        t = torch.from_numpy(a)
+        if n > SMALL:
             handed = self._handed
             if len(handed) >= HANDED_KEPT:
                 handed.clear()  # ids freed through other tensors never come back here: stay bounded
