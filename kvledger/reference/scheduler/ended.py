@@ -12,14 +12,27 @@ queued request stays: at quiescence, under ``KVLEDGER_RECOUNT_EVERY_STEP`` and f
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kvledger.contracts.errors import ContractViolation
 
 if TYPE_CHECKING:
     from kvledger.contracts.owners import Account
     from kvledger.reference.scheduler.request import Req
-    from kvledger.reference.scheduler.scheduler import Scheduler
+
+
+class _SchedulerView(Protocol):
+    """What the check reads of the scheduler (a protocol: this module is imported by ``scheduler``)."""
+
+    @property
+    def parked_accounts(self) -> frozenset[Account]: ...
+
+    @property
+    def accounting(self) -> Any: ...
+
+    def queued_request(self, rid: int) -> Req | None: ...
+
+    def queued_requests(self) -> Iterable[Req]: ...
 
 
 class EndedRequests:
@@ -39,7 +52,7 @@ class EndedRequests:
         """``req`` has just ended (finished, aborted or rejected). Post: the next check looks at it."""
         self._unchecked[req] = None
 
-    def check(self, sched: Scheduler, *, every_queued: bool) -> None:
+    def check(self, sched: _SchedulerView, *, every_queued: bool) -> None:
         """Raise ContractViolation (I-OWNER-RELEASE) for an ended request neither released nor parked.
 
         Looks at the requests ended since the last check and those parked then; with ``every_queued`` at
@@ -67,7 +80,7 @@ def _not_released(reqs: Iterable[Req], parked: frozenset[Account]) -> list[Req]:
     return [r for r in reqs if r.state.is_done and r.owner.account not in parked]
 
 
-def _violation(sched: Scheduler, r: Req) -> ContractViolation:
+def _violation(sched: _SchedulerView, r: Req) -> ContractViolation:
     held = {
         name: sorted(pool.ledger.holdings(r.owner))[:8]
         for name, pool in sched.accounting.pools_by_name().items()
