@@ -154,3 +154,46 @@ def test_a_long_free_onto_a_lifo_free_list_goes_to_its_head_in_order() -> None:
     free_list.free_checked(ids[12:], A)
     assert free_list.available() == 32
     free_list.audit()
+
+
+# ---- issue 38: a long free reads the host array alloc handed out under the tensor (IdFreeList._host_view)
+def _two_blocks() -> tuple[TokenToKVPoolAllocator, torch.Tensor, torch.Tensor]:
+    pool = TokenToKVPoolAllocator(64, checks=debug_level(False))
+    a, b = pool.alloc(12, A), pool.alloc(12, A)
+    assert a is not None and b is not None
+    return pool, a, b
+
+
+def test_a_tensor_written_after_alloc_is_freed_as_it_reads_now() -> None:
+    """The remembered array is the tensor's memory, not a copy: an id written into it after alloc is what
+    the free validates (here an id already free: a double free, refused whole)."""
+    pool, a, b = _two_blocks()
+    pool.free(b, A)
+    a[3] = b[0]
+    expect_rejected(pool, DoubleFree, lambda: pool.free(a, A))
+    a[3] = a[4]
+    expect_rejected(pool, DuplicateIds, lambda: pool.free(a, A))
+
+
+def test_views_and_copies_of_a_handed_out_tensor_free_what_they_read() -> None:
+    pool, a, b = _two_blocks()
+    before = pool.free_ids()
+    pool.free(a[:10], A)  # same address, fewer ids: not the remembered array
+    pool.free(a[10:], A)
+    expect_rejected(pool, DuplicateIds, lambda: pool.free(b.as_strided((12,), (0,)), A))  # same address
+    pool.free(b.clone(), A)
+    assert pool.free_ids() == before + a.tolist() + b.tolist()
+    pool.audit()
+
+
+def test_the_remembered_arrays_stay_bounded_and_a_forgotten_one_still_frees() -> None:
+    from kvledger.reference.pools.id_free_list import HANDED_KEPT
+
+    pool = TokenToKVPoolAllocator(16 * (HANDED_KEPT + 8), checks=debug_level(False))
+    blocks = [pool.alloc(16, A) for _ in range(HANDED_KEPT + 8)]
+    assert len(pool.free_list._handed) <= HANDED_KEPT
+    for ids in blocks:
+        assert ids is not None
+        pool.free(ids, A)
+    assert pool.available_size() == pool.size and not pool.free_list._handed
+    pool.audit()

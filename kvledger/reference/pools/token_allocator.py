@@ -52,6 +52,7 @@ class TokenToKVPoolAllocator(IdPool):
         self.size = size
         self._ids = self._init_pool(name, device, 1, size, reuse="fifo", checks=checks)
         self._free_what = f"{name}.free"
+        self._on_cpu = self.device.type == "cpu"
 
     @snapshot(lambda self: self._ids.available(), name="available")
     @ensure(lambda self, n, result: result is None or result.numel() == n)
@@ -109,7 +110,11 @@ class TokenToKVPoolAllocator(IdPool):
     )
     def free(self, ids: Any, owner: Owner) -> None:
         """Return ``owner``'s slots. Inside a free group they are buffered until ``free_group_end``."""
-        t = as_index_tensor(ids, self.device, self._free_what)
+        # A 1-D int64 CPU tensor (what alloc returns) skips as_index_tensor's call (issue 38: release's free).
+        if type(ids) is torch.Tensor and ids.dtype is torch.int64 and ids.is_cpu and self._on_cpu and ids.dim() == 1:
+            t = ids
+        else:
+            t = as_index_tensor(ids, self.device, self._free_what)
         if type(owner) is not Owner:  # one comparison on the fast path
             check_owner(owner)
         self._ids.free_checked(t, owner, "free", "slot")
