@@ -12,12 +12,13 @@ queued request stays: at quiescence, under ``KVLEDGER_RECOUNT_EVERY_STEP`` and f
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from kvledger.contracts.errors import ContractViolation
 
 if TYPE_CHECKING:
     from kvledger.contracts.owners import Account
+    from kvledger.reference.scheduler.accounting import Accounting
     from kvledger.reference.scheduler.request import Req
 
 
@@ -28,7 +29,7 @@ class _SchedulerView(Protocol):
     def parked_accounts(self) -> frozenset[Account]: ...
 
     @property
-    def accounting(self) -> Any: ...
+    def accounting(self) -> Accounting: ...
 
     def queued_request(self, rid: int) -> Req | None: ...
 
