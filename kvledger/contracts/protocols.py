@@ -20,7 +20,7 @@ spec stays independent of every implementation.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from kvledger.contracts.ledger_by_level import AnyLedger
@@ -201,19 +201,44 @@ class InsertLike(Protocol):
 
 
 @dataclass
-class CacheCounts:
-    """A prefix cache's own counters, kept in this record: KV tokens and (Mamba cache) state slots of
-    unlocked (evictable) and locked (protected) nodes, the root excluded.
+class KindCounts:
+    """One cached pool kind's counters in a prefix cache: units (tokens for KV, slots for states) held by
+    unlocked (evictable) and locked (protected) nodes, the root excluded. Kept by the kind's tree component."""
+
+    evictable: int = 0
+    protected: int = 0
+
+
+@dataclass
+class CacheCounts(KindCounts):
+    """A prefix cache's own counters, kept in this record: ``evictable`` / ``protected`` are the full KV's
+    tokens (the tree's base kind, ``kv``); every other kind the cache holds at its nodes has its
+    :class:`KindCounts` in ``kinds`` under the pool kind's name (``"mamba"``: state slots).
 
     Public so the scheduler reads them every step without evaluating the cache's class invariants on each
     read (its per-step identity checks these very counters against the ledger); ``evictable_size()`` and
     the other accessors are the checked reads. Never written from outside the cache.
     """
 
-    evictable: int = 0
-    protected: int = 0
-    mamba_evictable: int = 0
-    mamba_protected: int = 0
+    kinds: dict[str, KindCounts] = field(default_factory=dict)
+
+    def of(self, kind: str) -> KindCounts:
+        """The counters of pool kind ``kind`` (``kv``: this record; a kind the cache does not hold: zeros)."""
+        if kind == "kv":
+            return self
+        return self.kinds.get(kind) or KindCounts()
+
+    @property
+    def mamba_evictable(self) -> int:
+        """The Mamba states' evictable slots (0 without a Mamba component)."""
+        k = self.kinds.get("mamba")
+        return 0 if k is None else k.evictable
+
+    @property
+    def mamba_protected(self) -> int:
+        """The Mamba states' protected slots (0 without a Mamba component)."""
+        k = self.kinds.get("mamba")
+        return 0 if k is None else k.protected
 
 
 class CacheSizes(Protocol):
