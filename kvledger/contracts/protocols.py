@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from kvledger.contracts.ledger_by_level import AnyLedger
 from kvledger.contracts.owners import Owner
@@ -255,6 +255,11 @@ class CacheSizes(Protocol):
     @property
     def root(self) -> Any: ...
 
+    def cached_kinds(self) -> tuple[str, ...]:
+        """The pool kinds (``PoolKind.name``) this cache holds at its nodes: ``kv`` first, then one per tree
+        component (``mamba``: the Mamba radix cache). What a caller asks instead of a per-variant switch."""
+        ...
+
     def inc_lock_ref(self, node: Any) -> LockLike: ...
 
     def dec_lock_ref(self, lock: Any) -> None: ...
@@ -269,12 +274,7 @@ class CacheSizes(Protocol):
 
 
 class PrefixCache(CacheSizes, Protocol):
-    """``RadixCache``: KV ids keyed by token ids."""
-
-    @property
-    def caches_mamba(self) -> Literal[False]:
-        """Which variant this is (a ``MambaPrefixCache`` says True): what the scheduler branches on."""
-        ...
+    """``RadixCache``: KV ids keyed by token ids (and what its components hold, kinds other than Mamba)."""
 
     def match_prefix(self, key: Sequence[int]) -> MatchLike: ...
 
@@ -284,10 +284,8 @@ class PrefixCache(CacheSizes, Protocol):
 
 
 class MambaPrefixCache(CacheSizes, Protocol):
-    """``MambaRadixCache``: KV ids plus a Mamba state at node ends (copy-on-write on a match)."""
-
-    @property
-    def caches_mamba(self) -> Literal[True]: ...
+    """``MambaRadixCache``: KV ids plus a Mamba state at node ends (copy-on-write on a match); its
+    ``cached_kinds()`` name ``mamba``."""
 
     def match_prefix(
         self, key: Sequence[int], *, cow_owner: Owner | None = None, cow_slot: torch.Tensor | None = None
@@ -307,6 +305,10 @@ class MambaPrefixCache(CacheSizes, Protocol):
         ledger move (``"donate"``: a Mamba V2 tracking slot handed over)."""
         ...
 
+    def match_prefix_kv(self, key: Sequence[int]) -> MatchLike:
+        """The longest cached KV prefix whatever states its nodes hold (SGLang's ``skip_mamba_match``)."""
+        ...
+
     def evict_mamba(self, num_slots: int) -> int: ...
 
     def mamba_evictable_size(self) -> int: ...
@@ -316,3 +318,16 @@ class MambaPrefixCache(CacheSizes, Protocol):
 
 AnyPrefixCache = PrefixCache | MambaPrefixCache
 """The cache a scheduler may be given (or None: no prefix cache)."""
+
+
+def caches_kind(tree: CacheSizes | None, kind: str) -> bool:
+    """Whether ``tree`` holds pool kind ``kind`` at its nodes (False without a tree)."""
+    return tree is not None and kind in tree.cached_kinds()
+
+
+def mamba_cache_of(tree: AnyPrefixCache | None) -> MambaPrefixCache | None:
+    """``tree`` as the Mamba cache it is when it caches the ``mamba`` kind, else None (the one place the
+    kind-keyed answer is turned into the Mamba cache's type)."""
+    if tree is not None and caches_kind(tree, "mamba"):
+        return cast(MambaPrefixCache, tree)
+    return None

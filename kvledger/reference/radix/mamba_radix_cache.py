@@ -34,7 +34,7 @@ I-TOMBSTONE holds in both modes.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import torch
 
@@ -108,7 +108,6 @@ def _cow_slot_is_callers(cache: MambaRadixCache, cow_owner: object, result: Matc
 class MambaRadixCache(RadixTreeBase):
     """Prefix cache of KV ids plus Mamba state slots at node ends."""
 
-    caches_mamba: Literal[True] = True
     STRUCTURE_STEPS: ClassVar[Mapping[str, str]] = {**RadixTreeBase.STRUCTURE_STEPS, "copy_state": "_copy_state"}
 
     def __init__(

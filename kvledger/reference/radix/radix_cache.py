@@ -20,7 +20,7 @@ Cheap identities run around every public call (class invariants); the O(tree) re
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
@@ -68,8 +68,6 @@ def _locked_lock_ref(lock: Any) -> int | None:
 @invariant(lambda self: self.root.lock_ref == 1, "I-LOCK-TREE: the root stays locked exactly once")
 class RadixCache(RadixTreeBase):
     """Prefix cache of KV ids keyed by token ids; every node's KV is owned by ``node.kv_owner``."""
-
-    caches_mamba: Literal[False] = False
 
     def __init__(
         self,
