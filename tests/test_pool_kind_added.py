@@ -151,6 +151,9 @@ class HostCopies(TreeComponent):
     def has_data(self, node: TreeNode) -> bool:
         return node.id in self.slots
 
+    def held(self, node: TreeNode) -> tuple[list[int], Owner] | None:
+        return ([self.slots[node.id]], self.owners[node.id]) if node.id in self.slots else None
+
     def commit_insert(self, node: TreeNode, arg: object, owner: Owner, op: str) -> bool:
         if node.id in self.slots or not node.key:
             return False
@@ -370,11 +373,14 @@ def test_a_short_host_pool_takes_back_the_trees_unlocked_copies() -> None:
     s.add_request(1, list(range(1, 9)), 4)
     s.run_until_idle(100)
     copies = _copies(s)
-    assert s.host_pool.available_size() == 2 - len(copies.slots)
+    first = set(copies.slots)
+    assert first and s.host_pool.available_size() == 2 - len(first)
     for rid in (2, 3):  # new prompts: each admission needs a host slot the tree holds
         s.add_request(rid, list(range(10 * rid, 10 * rid + 8)), 4)
     s.run_until_idle(200)
     assert all(s.requests[rid].finish_step is not None for rid in (2, 3))
+    assert not first & set(copies.slots)  # the first prompt's copies went back to the pool, its KV stayed
+    assert s.tree is not None and s.tree.match_prefix(list(range(1, 9))).device_indices.numel() >= 8
 
 
 @needs_contracts
@@ -390,5 +396,7 @@ def test_a_component_lock_that_forgets_its_counters_is_caught() -> None:
 
     copies.lock = lock_without_counts  # type: ignore[method-assign]
     s.add_request(2, list(range(1, 9)), 4)
-    with pytest.raises(ContractViolation, match="I-"):
+    with pytest.raises(ContractViolation, match=r"I-CAP: negative terms \{'protected': -1\}: \[host\]") as caught:
         s.run_until_idle(100)
+    # The ids are right, the counters wrong: the census claims the tree's copies through the component.
+    assert "[host] no id in dispute" in str(caught.value)

@@ -241,6 +241,21 @@ class CacheCounts(KindCounts):
         return 0 if k is None else k.protected
 
 
+class TreeComponentLike(Protocol):
+    """One cached kind's part of a prefix cache (``cache.component(kind)``): its counters, and what a node
+    holds of the kind (read by the census behind a failure report)."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def counts(self) -> KindCounts: ...
+
+    def held(self, node: Any) -> tuple[list[int], Owner] | None:
+        """The ledger ids ``node`` holds of this kind and their owner (None: nothing, or not by id)."""
+        ...
+
+
 class CacheSizes(Protocol):
     """What every prefix cache reports (SGLang's names), and its audit."""
 
@@ -258,6 +273,10 @@ class CacheSizes(Protocol):
     def cached_kinds(self) -> tuple[str, ...]:
         """The pool kinds (``PoolKind.name``) this cache holds at its nodes: ``kv`` first, then one per tree
         component (``mamba``: the Mamba radix cache). What a caller asks instead of a per-variant switch."""
+        ...
+
+    def component(self, kind: str) -> TreeComponentLike:
+        """The tree component of pool kind ``kind`` (InvalidArgument if the cache does not hold it)."""
         ...
 
     def inc_lock_ref(self, node: Any) -> LockLike: ...

@@ -78,6 +78,10 @@ class TreeComponent:
     def free_node(self, node: TreeNode, op: str) -> None:
         """``node`` (unlocked, a leaf) is being deleted: give back what it holds of this kind."""
 
+    def held(self, node: TreeNode) -> tuple[list[int], Owner] | None:
+        """The ledger ids ``node`` holds of this kind and their owner, for the census (None: nothing)."""
+        return None
+
     # ------------------------------------------------------------------ match and insert
     def match_len(self, nodes: Sequence[TreeNode]) -> int:
         """How many nodes of a matched root-to-leaf path this kind can serve a request from."""

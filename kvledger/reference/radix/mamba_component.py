@@ -108,6 +108,11 @@ class MambaComponent(TreeComponent):
     def keeps_leaf(self, node: TreeNode) -> bool:
         return node.mamba_value is not None
 
+    def held(self, node: TreeNode) -> tuple[list[int], Owner] | None:
+        if node.mamba_value is None or node.mamba_owner is None:
+            return None
+        return [int(node.mamba_value[0])], node.mamba_owner
+
     def free_node(self, node: TreeNode, op: str) -> None:
         if node.mamba_value is not None:
             self.free_state(node, op)
