@@ -148,9 +148,6 @@ class HostCopies(TreeComponent):
     def on_new_node(self, node: TreeNode) -> None:
         self.owners[node.id] = Owner("node.host", node.id, CACHE_EVICTABLE)
 
-    def has_data(self, node: TreeNode) -> bool:
-        return node.id in self.slots
-
     def held(self, node: TreeNode) -> tuple[list[int], Owner] | None:
         return ([self.slots[node.id]], self.owners[node.id]) if node.id in self.slots else None
 

@@ -67,10 +67,6 @@ class TreeComponent:
     def on_split(self, upper: TreeNode, child: TreeNode) -> None:
         """``child`` was cut: ``upper`` took its first tokens. The kind's data stays at the child's end."""
 
-    def has_data(self, node: TreeNode) -> bool:
-        """Whether ``node`` holds this kind's data now."""
-        return True
-
     def keeps_leaf(self, node: TreeNode) -> bool:
         """Whether an unlocked leaf may stay in the tree as it is (False: the tree deletes it)."""
         return True

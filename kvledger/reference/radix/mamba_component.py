@@ -12,7 +12,7 @@ branching point on its chunk grid). :class:`~.mamba_radix_cache.MambaRadixCache`
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import torch
@@ -97,13 +97,22 @@ class MambaComponent(TreeComponent):
         self.checked = bool(self.ledger.enabled)
         self.lru = LRUList(2, f"{name}.mamba")
         self.name = name
+        self._evict_states: Callable[[int], int] | None = None
+
+    def bind_eviction(self, evict_states: Callable[[int], int]) -> None:
+        """The tree's state eviction (``MambaRadixCache.evict_mamba``: a state goes with its leaf, or its node
+        becomes a tombstone, which is the tree's structure): what :meth:`evict_component` runs."""
+        self._evict_states = evict_states
+
+    def evict_component(self, amount: int) -> int:
+        """Free ``amount`` unlocked states, state-LRU first (the tree's ``evict_mamba``)."""
+        if self._evict_states is None:
+            raise InvalidArgument(f"{self.name}: the Mamba component's eviction runs through its tree")
+        return self._evict_states(amount)
 
     # ------------------------------------------------------------------ nodes
     def on_new_node(self, node: TreeNode) -> None:
         node.mamba_owner = Owner("node.mamba", node.id, CACHE_EVICTABLE)
-
-    def has_data(self, node: TreeNode) -> bool:
-        return node.mamba_value is not None
 
     def keeps_leaf(self, node: TreeNode) -> bool:
         return node.mamba_value is not None

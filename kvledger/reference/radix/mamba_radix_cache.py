@@ -129,6 +129,7 @@ class MambaRadixCache(RadixTreeBase):
             self.mamba.policy = ExtraBuffer(mamba_cache_chunk_size, self.page_size, name)
         self.mamba_pool = mamba_pool
         self._mamba_lru = self.mamba.lru
+        self.mamba.bind_eviction(lambda n: self.evict_mamba(n))  # component("mamba").evict_component(n)
         # counts.kinds["mamba"]: state slots of non-tombstone nodes with mamba_lock_ref == 0 (evictable)
         # and > 0 (protected), kept by the component.
 
