@@ -102,7 +102,7 @@ class RadixTreeBase:
         for comp in self._extra:
             self._components[comp.kind] = comp
             self.counts.kinds[comp.kind] = comp.counts
-            comp.attach(self.tick)
+            comp.attach(self._next_time)
         self._tree_id = next(_tree_ids)
         self._empty = torch.empty((0,), dtype=torch.int64, device=self.device)
         self.root = self._make_node((), self._empty, None)
@@ -129,7 +129,7 @@ class RadixTreeBase:
             raise InvalidArgument(f"{self.name} caches {list(self._components)}, not {kind!r}")
         return comp
 
-    def tick(self) -> int:
+    def _next_time(self) -> int:
         """The next recency time (one clock for every list of this tree: the full one and its components')."""
         self._clock += 1
         return self._clock
