@@ -29,12 +29,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from kvledger.contracts.owners import CACHE_EVICTABLE, CACHE_PROTECTED, FREE, PENDING_FREE, Account
 
-CacheSide = Literal["kv", "mamba"]
-"""Which side of a prefix cache holds ids of a kind: its KV pages, or its Mamba states."""
+CacheSide = str
+"""Which part of a prefix cache holds ids of a kind: the name of the kind its tree component caches
+(``kv``: the full component, the nodes' KV; ``mamba``: the Mamba component's states; any registered kind).
+Open: a new kind with a tree component names itself here and needs no edit of this module."""
 
 HeldUnits = Callable[[Any, Any], int]
 """``(scheduler, request) -> units`` the request holds by its own bookkeeping."""

@@ -20,8 +20,8 @@ spec stays independent of every implementation.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from kvledger.contracts.ledger_by_level import AnyLedger
 from kvledger.contracts.owners import Owner
@@ -201,19 +201,59 @@ class InsertLike(Protocol):
 
 
 @dataclass
-class CacheCounts:
-    """A prefix cache's own counters, kept in this record: KV tokens and (Mamba cache) state slots of
-    unlocked (evictable) and locked (protected) nodes, the root excluded.
+class KindCounts:
+    """One cached pool kind's counters in a prefix cache: units (tokens for KV, slots for states) held by
+    unlocked (evictable) and locked (protected) nodes, the root excluded. Kept by the kind's tree component."""
+
+    evictable: int = 0
+    protected: int = 0
+
+
+@dataclass
+class CacheCounts(KindCounts):
+    """A prefix cache's own counters, kept in this record: ``evictable`` / ``protected`` are the full KV's
+    tokens (the tree's base kind, ``kv``); every other kind the cache holds at its nodes has its
+    :class:`KindCounts` in ``kinds`` under the pool kind's name (``"mamba"``: state slots).
 
     Public so the scheduler reads them every step without evaluating the cache's class invariants on each
     read (its per-step identity checks these very counters against the ledger); ``evictable_size()`` and
     the other accessors are the checked reads. Never written from outside the cache.
     """
 
-    evictable: int = 0
-    protected: int = 0
-    mamba_evictable: int = 0
-    mamba_protected: int = 0
+    kinds: dict[str, KindCounts] = field(default_factory=dict)
+
+    def of(self, kind: str) -> KindCounts:
+        """The counters of pool kind ``kind`` (``kv``: this record; a kind the cache does not hold: zeros)."""
+        if kind == "kv":
+            return self
+        return self.kinds.get(kind) or KindCounts()
+
+    @property
+    def mamba_evictable(self) -> int:
+        """The Mamba states' evictable slots (0 without a Mamba component)."""
+        k = self.kinds.get("mamba")
+        return 0 if k is None else k.evictable
+
+    @property
+    def mamba_protected(self) -> int:
+        """The Mamba states' protected slots (0 without a Mamba component)."""
+        k = self.kinds.get("mamba")
+        return 0 if k is None else k.protected
+
+
+class TreeComponentLike(Protocol):
+    """One cached kind's part of a prefix cache (``cache.component(kind)``): its counters, and what a node
+    holds of the kind (read by the census behind a failure report)."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def counts(self) -> KindCounts: ...
+
+    def held(self, node: Any) -> tuple[list[int], Owner] | None:
+        """The ledger ids ``node`` holds of this kind and their owner (None: nothing, or not by id)."""
+        ...
 
 
 class CacheSizes(Protocol):
@@ -230,6 +270,15 @@ class CacheSizes(Protocol):
     @property
     def root(self) -> Any: ...
 
+    def cached_kinds(self) -> tuple[str, ...]:
+        """The pool kinds (``PoolKind.name``) this cache holds at its nodes: ``kv`` first, then one per tree
+        component (``mamba``: the Mamba radix cache). What a caller asks instead of a per-variant switch."""
+        ...
+
+    def component(self, kind: str) -> TreeComponentLike:
+        """The tree component of pool kind ``kind`` (InvalidArgument if the cache does not hold it)."""
+        ...
+
     def inc_lock_ref(self, node: Any) -> LockLike: ...
 
     def dec_lock_ref(self, lock: Any) -> None: ...
@@ -244,12 +293,7 @@ class CacheSizes(Protocol):
 
 
 class PrefixCache(CacheSizes, Protocol):
-    """``RadixCache``: KV ids keyed by token ids."""
-
-    @property
-    def caches_mamba(self) -> Literal[False]:
-        """Which variant this is (a ``MambaPrefixCache`` says True): what the scheduler branches on."""
-        ...
+    """``RadixCache``: KV ids keyed by token ids (and what its components hold, kinds other than Mamba)."""
 
     def match_prefix(self, key: Sequence[int]) -> MatchLike: ...
 
@@ -259,10 +303,8 @@ class PrefixCache(CacheSizes, Protocol):
 
 
 class MambaPrefixCache(CacheSizes, Protocol):
-    """``MambaRadixCache``: KV ids plus a Mamba state at node ends (copy-on-write on a match)."""
-
-    @property
-    def caches_mamba(self) -> Literal[True]: ...
+    """``MambaRadixCache``: KV ids plus a Mamba state at node ends (copy-on-write on a match); its
+    ``cached_kinds()`` name ``mamba``."""
 
     def match_prefix(
         self, key: Sequence[int], *, cow_owner: Owner | None = None, cow_slot: torch.Tensor | None = None
@@ -282,6 +324,10 @@ class MambaPrefixCache(CacheSizes, Protocol):
         ledger move (``"donate"``: a Mamba V2 tracking slot handed over)."""
         ...
 
+    def match_prefix_kv(self, key: Sequence[int]) -> MatchLike:
+        """The longest cached KV prefix whatever states its nodes hold (SGLang's ``skip_mamba_match``)."""
+        ...
+
     def evict_mamba(self, num_slots: int) -> int: ...
 
     def mamba_evictable_size(self) -> int: ...
@@ -291,3 +337,16 @@ class MambaPrefixCache(CacheSizes, Protocol):
 
 AnyPrefixCache = PrefixCache | MambaPrefixCache
 """The cache a scheduler may be given (or None: no prefix cache)."""
+
+
+def caches_kind(tree: CacheSizes | None, kind: str) -> bool:
+    """Whether ``tree`` holds pool kind ``kind`` at its nodes (False without a tree)."""
+    return tree is not None and kind in tree.cached_kinds()
+
+
+def mamba_cache_of(tree: AnyPrefixCache | None) -> MambaPrefixCache | None:
+    """``tree`` as the Mamba cache it is when it caches the ``mamba`` kind, else None (the one place the
+    kind-keyed answer is turned into the Mamba cache's type)."""
+    if tree is not None and caches_kind(tree, "mamba"):
+        return cast(MambaPrefixCache, tree)
+    return None

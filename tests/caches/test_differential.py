@@ -613,7 +613,7 @@ def _first_v2_divergence() -> Divergence | None:
 def test_a_wrong_branching_rule_is_found_by_the_v2_differential(monkeypatch: pytest.MonkeyPatch) -> None:
     """Round the deepest state's length instead of the matched length: on the grid (no contract fires),
     but wrong, and the V2 differential run notices."""
-    import kvledger.reference.radix.mamba_radix_cache as mamba_module
+    import kvledger.reference.radix.mamba_component as mamba_module  # the V2 policy computes it
 
     monkeypatch.setattr(
         mamba_module, "branching_seqlen", lambda matched, state, chunk: (state // chunk * chunk) or None

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-import kvledger.reference.radix.mamba_radix_cache as mamba_module
+import kvledger.reference.radix.mamba_component as mamba_module  # the V2 policy computes the branching point
 from kvledger.contracts import switch
 from kvledger.contracts.errors import ContractViolation, InvalidArgument
 from kvledger.reference.engine import EngineSpec, TreeKind

@@ -424,12 +424,19 @@ def _tree_rows(mamba: bool, paged: bool) -> dict[str, list[Row]]:
         "dec_lock_ref": DEC,
         "evict": _count_rows("evict"),
         "observe_steps": OBSERVE,
+        "component": COMPONENT,
     }
     if mamba:
         rows["match_prefix_kv"] = _key_rows("match_prefix_kv")  # the PD decode's KV-only match (issue 27)
         rows["evict_full"] = _count_rows("evict_full")
         rows["evict_mamba"] = _count_rows("evict_mamba")
     return rows
+
+
+COMPONENT = [  # the tree component of a pool kind (issue 36 item 2)
+    Row(OUT_OF_RANGE, "a kind the tree does not cache", "InvalidArgument", lambda s: s.cache.component("nope")),
+    Row(WRONG_TYPE, "a kind that is not a name", "InvalidArgument", lambda s: s.cache.component(1)),
+]
 
 
 OBSERVE = [
@@ -468,6 +475,7 @@ _VIEWS = {  # the read-only views for recorders and snapshots
     "clock": lambda s: s.cache.clock,
     "live_locks": lambda s: s.cache.live_locks(),
     "lru_order": lambda s: s.cache.lru_order(),
+    "cached_kinds": lambda s: s.cache.cached_kinds(),
 }
 
 QUERIES: list[Query] = [
@@ -481,4 +489,5 @@ QUERIES: list[Query] = [
     *(Query(f"RadixCache.{n}", "plain_cache", call, "a read-only view") for n, call in _VIEWS.items()),
     *(Query(f"MambaRadixCache.{n}", "mamba_cache", call, "a read-only view") for n, call in _VIEWS.items()),
     Query("MambaRadixCache.mamba_lru_order", "mamba_cache", lambda s: s.cache.mamba_lru_order(), "a view"),
+    Query("MambaRadixCache.mamba_cache_chunk_size", "mamba_cache", lambda s: s.cache.mamba_cache_chunk_size, "grid"),
 ]

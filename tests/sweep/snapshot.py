@@ -131,7 +131,7 @@ def _cache(cache: Any) -> dict[str, Any]:
         "counters": (cache.counts.evictable, cache.counts.protected, cache.clock),
         "locks": tuple(sorted((id(lk), lk.released, lk.took_mamba, lk.node.id) for lk in cache.live_locks())),
     }
-    if cache.caches_mamba:
+    if "mamba" in cache.cached_kinds():
         out["mamba_lru"] = tuple(n.id for n in cache.mamba_lru_order())
         out["mamba_counters"] = (cache.counts.mamba_evictable, cache.counts.mamba_protected)
     return out

@@ -28,7 +28,7 @@ requests into the running batch, decode.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import torch
 
@@ -41,6 +41,7 @@ from kvledger.contracts.owners import (
     PD_DECODE_WAITING,
     REQ_RUNNING,
 )
+from kvledger.contracts.protocols import mamba_cache_of
 from kvledger.contracts.seams import seam
 from kvledger.contracts.sizing import check_decode_sizing
 from kvledger.reference.disagg import landing
@@ -253,8 +254,8 @@ class DecodeScheduler(PDScheduler):
         if self.tree is None:
             return 0
         key, tree = req.origin_input_ids, self.tree
-        # ``match_prefix_kv`` is the reference MambaRadixCache's (the builder's decode tree), not the protocol's.
-        res = cast(Any, tree).match_prefix_kv(key) if tree.caches_mamba else tree.match_prefix(key)
+        mamba_tree = mamba_cache_of(tree)
+        res = tree.match_prefix(key) if mamba_tree is None else mamba_tree.match_prefix_kv(key)
         cached = int(res.device_indices.numel())
         if cached == 0:
             return 0

@@ -13,7 +13,7 @@ from typing import cast
 
 import torch
 
-from kvledger.contracts.protocols import AnyPrefixCache, MambaStatePool
+from kvledger.contracts.protocols import AnyPrefixCache, MambaStatePool, mamba_cache_of
 from kvledger.reference.scheduler.counters import Counters
 from kvledger.reference.scheduler.holdings import AllocationFailed, Undo
 from kvledger.reference.scheduler.request import Req
@@ -43,8 +43,9 @@ class DecodeTrackingSlots:
         """Pre: ``req`` holds no tracking slots. Post: it holds ``k`` (recorded in ``undo``), or
         :class:`AllocationFailed` when the pool is short even after evicting the decode tree's unlocked states."""
         short = self.k - self.counters.mamba_available()
-        if short > 0 and self.tree is not None and self.tree.caches_mamba:
-            self.tree.evict_mamba(short)  # unlocked states of the decode's tree
+        mamba_tree = mamba_cache_of(self.tree)
+        if short > 0 and mamba_tree is not None:
+            mamba_tree.evict_mamba(short)  # unlocked states of the decode's tree
         track = self.pool.alloc(self.k, req.owner)
         if track is None:
             raise AllocationFailed("pd tracking")

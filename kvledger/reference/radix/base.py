@@ -1,9 +1,15 @@
 """The machinery both radix caches share: walk, split, touch, insert planning, full locks, deletion.
 
+A tree is its full component (kind ``kv``, :mod:`.full_component`: the KV every node owns) plus one tree
+component per other cached kind (:mod:`.component`), called at each point where what a node holds
+matters: a node made, split or deleted, a match's length, an insert's argument, a lock and its release,
+a leaf that may not stay (a tombstone), the counters and the audit.
+
 Public methods (and their contracts) live in ``RadixCache`` and ``MambaRadixCache``; this base only has
-private helpers, so icontract's class invariants (checked around public methods only) may be broken
-temporarily inside them. Control plane only: tensors are sliced, concatenated and compared, never
-written; KV ids return to the allocator through its free path with the owning node's ``Owner``.
+private helpers (and the read-only views, ``cached_kinds`` and ``component``), so icontract's class
+invariants (checked around public methods only) may be broken temporarily inside them. Control plane
+only: tensors are sliced, concatenated and compared, never written; KV ids return to the allocator
+through its free path with the owning node's ``Owner``.
 """
 
 from __future__ import annotations
@@ -25,13 +31,13 @@ from kvledger.contracts.errors import (
     LockNotHeld,
     PrefixMismatch,
 )
-from kvledger.contracts.owners import CACHE_EVICTABLE, CACHE_PROTECTED, Owner
+from kvledger.contracts.owners import Owner
 from kvledger.contracts.protocols import CacheCounts, KVAllocator
 from kvledger.contracts.switch import require
 from kvledger.reference.pools.validate import as_index_tensor, check_count, check_name, check_owner
+from kvledger.reference.radix.component import TreeComponent
+from kvledger.reference.radix.full_component import FullComponent
 from kvledger.reference.radix.keys import as_key, common_prefix_len
-from kvledger.reference.radix.kv_side import KVSide
-from kvledger.reference.radix.lru import LRUList
 from kvledger.reference.radix.results import LockRef
 from kvledger.reference.radix.tree_node import TreeNode
 
@@ -64,9 +70,16 @@ StepWrapper = Callable[[Callable[..., Any]], Callable[..., Any]]
 class RadixTreeBase:
     """State and private helpers common to the plain and the Mamba radix cache."""
 
-    def __init__(self, token_to_kv_pool_allocator: KVAllocator, page_size: int | None, name: str) -> None:
+    def __init__(
+        self,
+        token_to_kv_pool_allocator: KVAllocator,
+        page_size: int | None,
+        name: str,
+        components: Sequence[TreeComponent] = (),
+    ) -> None:
         check_name(name)
-        kv = KVSide(token_to_kv_pool_allocator)
+        full = FullComponent(token_to_kv_pool_allocator, name)
+        kv = full.kv
         ps = kv.alloc_page if page_size is None else check_count(page_size, "page_size")
         if ps < 1 or ps % kv.alloc_page:
             raise InvalidArgument(
@@ -77,17 +90,49 @@ class RadixTreeBase:
         self.name = name
         self.device = kv.device
         self._on_cpu = kv.device.type == "cpu"
+        self._full = full
         self._kv = kv
+        self._full_lru = full.lru
+        self._extra = self._check_components(components)
+        self._components: dict[str, TreeComponent] = {"kv": full}
+        # evictable: tokens of non-root nodes with lock_ref == 0; protected: ... with lock_ref > 0; every
+        # other kind's counters in counts.kinds. Public: the scheduler reads them every step (CacheCounts).
+        self.counts: CacheCounts = full.counts
+        self._clock = 0
+        for comp in self._extra:
+            self._components[comp.kind] = comp
+            self.counts.kinds[comp.kind] = comp.counts
+            comp.attach(self._next_time)
         self._tree_id = next(_tree_ids)
         self._empty = torch.empty((0,), dtype=torch.int64, device=self.device)
-        self.root = TreeNode(self._tree_id, (), self._empty, None)
+        self.root = self._make_node((), self._empty, None)
         self.root.lock_ref = 1  # the root is permanently locked and never counted (SGLang)
-        # evictable: tokens of non-root nodes with lock_ref == 0; protected: ... with lock_ref > 0 (and the
-        # Mamba cache's state counters). Public: the scheduler reads them every step (see CacheCounts).
-        self.counts = CacheCounts()
         self._locks: set[LockRef] = set()  # live lock handles: I-LOCK-TREE recounts own(n) from them
-        self._clock = 0
-        self._full_lru = LRUList(0, f"{name}.full")
+
+    def _check_components(self, components: Sequence[TreeComponent]) -> tuple[TreeComponent, ...]:
+        kinds = [getattr(c, "kind", None) for c in components]
+        if not all(isinstance(c, TreeComponent) for c in components):
+            raise InvalidArgument(f"{self.name}: components must be TreeComponents, got {kinds}")
+        if len(set(kinds)) != len(kinds) or "kv" in kinds:
+            raise InvalidArgument(f"{self.name}: one component per kind besides the full one (kv), got {kinds}")
+        return tuple(components)
+
+    # ------------------------------------------------------------------ components by kind
+    def cached_kinds(self) -> tuple[str, ...]:
+        """The pool kinds this tree holds at its nodes, by name: ``kv`` first, then its components'."""
+        return tuple(self._components)
+
+    def component(self, kind: str) -> TreeComponent:
+        """The tree component of pool kind ``kind``; InvalidArgument if this tree does not cache that kind."""
+        comp = self._components.get(kind)
+        if comp is None:
+            raise InvalidArgument(f"{self.name} caches {list(self._components)}, not {kind!r}")
+        return comp
+
+    def _next_time(self) -> int:
+        """The next recency time (one clock for every list of this tree: the full one and its components')."""
+        self._clock += 1
+        return self._clock
 
     # The counters by their historical private names (the tree's own code and the tests that break them).
     @property
@@ -166,7 +211,21 @@ class RadixTreeBase:
 
     # ------------------------------------------------------------------ nodes and recency
     def _make_node(self, key: tuple[int, ...], value: torch.Tensor, parent: TreeNode | None) -> TreeNode:
-        return TreeNode(self._tree_id, key, value, parent)
+        node = TreeNode(self._tree_id, key, value, parent)
+        for comp in self._extra:
+            comp.on_new_node(node)
+        return node
+
+    def _keeps_leaf(self, node: TreeNode) -> bool:
+        """Whether every component lets the unlocked leaf ``node`` stay (False: a tombstone leaf)."""
+        return all(comp.keeps_leaf(node) for comp in self._extra)
+
+    def _match_len(self, nodes: Sequence[TreeNode]) -> int:
+        """How many nodes of a matched path every component can serve a request from."""
+        n = len(nodes)
+        for comp in self._extra:
+            n = min(n, comp.match_len(nodes[:n]))
+        return n
 
     def _touch(self, node: TreeNode) -> None:
         """Mark ``node``'s KV most recently used in the full list (position and time move together:
@@ -227,9 +286,9 @@ class RadixTreeBase:
         # Views, not copies: tree values are never written in place, and both halves stay tree-owned.
         upper = self._make_node(child.key[:m], child.value[:m], parent)
         upper.lock_ref = child.lock_ref
-        if child.lock_ref > 0:
-            upper.kv_owner.set_account(CACHE_PROTECTED, "split")
-        self._kv.adopt(upper.value, child.kv_owner, upper.kv_owner, "split")
+        self._full.on_split(upper, child)
+        for comp in self._extra:
+            comp.on_split(upper, child)
         child.key = child.key[m:]
         child.value = child.value[m:]
         parent.children[upper.key[:ps]] = upper
@@ -369,32 +428,27 @@ class RadixTreeBase:
                     f"{self.name}.{op}: {node!r} would go below zero (lock_ref {node.lock_ref})"
                 )
             node = node.parent
-        if lock.took_mamba and lock.node.mamba_lock_ref < 1:
-            raise LockNotHeld(f"{self.name}.{op}: {lock.node!r} mamba_lock_ref would go below zero")
+        for comp in self._extra:
+            if comp.kind in lock.took:
+                comp.check_unlock(lock, op)
         return lock
 
     def _lock_path(self, node: TreeNode) -> None:
         """Full lock from ``node`` to the root (root excluded); 0 -> 1 moves the KV to protected."""
-        root = self.root
-        while node is not root:
-            if node.lock_ref == 0:
-                n = len(node.key)  # == len(value); a tuple's len is cheaper than a tensor's
-                self._evictable -= n
-                self._protected += n
-                node.kv_owner.set_account(CACHE_PROTECTED, "lock")
-            node.lock_ref += 1
-            node = node.parent  # type: ignore[assignment]
+        self._full.lock_path(node, self.root)
 
     def _unlock_path(self, node: TreeNode) -> None:
-        root = self.root
-        while node is not root:
-            if node.lock_ref == 1:
-                n = len(node.key)  # == len(value); a tuple's len is cheaper than a tensor's
-                self._evictable += n
-                self._protected -= n
-                node.kv_owner.set_account(CACHE_EVICTABLE, "unlock")
-            node.lock_ref -= 1
-            node = node.parent  # type: ignore[assignment]
+        self._full.unlock_path(node, self.root)
+
+    def _lock_components(self, node: TreeNode) -> frozenset[str]:
+        """Each component's own lock on ``node``, where it applies now: the kinds a handle records."""
+        return frozenset(comp.kind for comp in self._extra if comp.lock(node))
+
+    def _unlock_components(self, lock: LockRef) -> None:
+        """Undo exactly the component locks ``lock`` recorded (I-LOCK-SYMMETRY)."""
+        for comp in self._extra:
+            if comp.kind in lock.took:
+                comp.unlock(lock.node)
 
     # ------------------------------------------------------------------ deletion
     def _unlink_leaf(self, node: TreeNode) -> int:
@@ -406,13 +460,47 @@ class RadixTreeBase:
             raise ContractViolation(
                 f"I-KEYS: {parent!r} does not hold {node!r} under its first page (#36696)"
             )
-        self._full_lru.remove(node)
+        for comp in self._extra:
+            comp.free_node(node, "evict")
         n = len(node.key)
-        self._evictable -= n
-        self._kv.free(node.value, node.kv_owner, "evict")
+        self._full.free_node(node, "evict")
         node.live = False
         node.parent = None  # break the reference to the tree (B13-style host-memory hygiene)
         return n
+
+    def _prune_tombstones(self, node: TreeNode) -> tuple[TreeNode, int]:
+        """Delete ``node`` and its ancestors while each is an unlocked leaf some component does not let stay
+        (a tombstone leaf: I-TOMBSTONE). Returns the first node kept and the tokens freed."""
+        freed = 0
+        root = self.root
+        while node is not root and not node.children and node.lock_ref == 0 and not self._keeps_leaf(node):
+            parent = node.parent
+            assert parent is not None
+            freed += self._evict_leaf(node)
+            node = parent
+        return node, freed
+
+    def _evict_leaf(self, node: TreeNode) -> int:
+        return self._unlink_leaf(node)
+
+    def _evict_lru(self, num_tokens: int) -> int:
+        """Free at least ``num_tokens`` KV tokens: unlocked leaves in full-LRU order, each with what its
+        components hold, cascading to parents that become unlocked tombstone leaves. Returns tokens freed."""
+        check_count(num_tokens, "num_tokens")
+        freed = 0
+        root = self.root
+        x = self._oldest_unlocked_leaf()
+        while freed < num_tokens and x is not None:
+            nxt = self._unlocked_leaf_from(self._full_lru.newer(x))
+            parent = x.parent
+            assert parent is not None
+            freed += self._evict_leaf(x)
+            top, cascaded = self._prune_tombstones(parent)
+            freed += cascaded
+            if top is not root and not top.children and top.lock_ref == 0:
+                nxt = self._oldest_unlocked_leaf()  # a new candidate leaf, possibly older than nxt
+            x = nxt
+        return freed
 
     def _oldest_unlocked_leaf(self) -> TreeNode | None:
         return self._unlocked_leaf_from(self._full_lru.oldest())
@@ -425,37 +513,30 @@ class RadixTreeBase:
         return node
 
     # ------------------------------------------------------------------ audit
-    def _own_locks(self) -> tuple[Counter[int], Counter[int]]:
+    def _own_locks(self) -> tuple[Counter[int], dict[str, Counter[int]]]:
         own: Counter[int] = Counter()
-        own_mamba: Counter[int] = Counter()
+        by_kind: dict[str, Counter[int]] = {comp.kind: Counter() for comp in self._extra}
         for lock in self._locks:
             if lock.released or not lock.node.live or lock.node.tree_id != self._tree_id:
                 raise ContractViolation(f"I-LOCK-TREE: the live-lock registry holds a stale {lock!r}")
             own[id(lock.node)] += 1
-            if lock.took_mamba:
-                own_mamba[id(lock.node)] += 1
-        return own, own_mamba
+            for kind in lock.took:
+                by_kind[kind][id(lock.node)] += 1
+        return own, by_kind
 
-    def _audit_full(self) -> tuple[list[TreeNode], Counter[int]]:
-        """The full-KV recounts (§5.2); returns the nodes and the per-node Mamba lock holders."""
+    def _audit_tree(self) -> None:
+        """The full-KV recounts (§5.2), then each component's own."""
         nodes = tree_checks.collect_nodes(self.root)
         for node in nodes:
             if not node.live or node.tree_id != self._tree_id:
                 raise ContractViolation(f"I-KEYS: {node!r} is reachable but marked deleted or foreign")
         tree_checks.check_node_keys(self.root, nodes, self.page_size)
-        own, own_mamba = self._own_locks()
+        own, by_kind = self._own_locks()
         tree_checks.check_lock_tree(self.root, nodes, own)
         tree_checks.check_size_counters(nodes, self._evictable, self._protected)
-        kv = self._kv
-        for node in nodes:
-            if not kv.page_structured(node.value):
-                raise ContractViolation(f"I-NODE-NONEMPTY: {node!r} does not own whole allocator pages")
-        if kv.checked:
-            tree_checks.check_no_alias(nodes, lambda n: kv.ledger_ids(n.value).tolist(), kv.ledger.holdings)
-        else:
-            tree_checks.check_no_alias(nodes, lambda n: n.value.tolist())
-        tree_checks.check_lru("full", self._full_lru.oldest_first(), nodes)
-        return nodes, own_mamba
+        self._full.audit(self.root, nodes, own)
+        for comp in self._extra:
+            comp.audit(self.root, nodes, by_kind[comp.kind])
 
     # ------------------------------------------------------------------ sizes (SGLang's names)
     def evictable_size(self) -> int:

@@ -34,47 +34,37 @@ I-TOMBSTONE holds in both modes.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, Literal, cast
+from typing import Any, ClassVar
 
 import torch
 
 from kvledger.contracts import tree_checks
 from kvledger.contracts.errors import InvalidArgument
-from kvledger.contracts.mamba_track import branching_seqlen
 from kvledger.contracts.owners import CACHE_EVICTABLE, CACHE_PROTECTED, Owner
 from kvledger.contracts.protocols import KVAllocator, MambaStatePool
 from kvledger.contracts.seams import seam
 from kvledger.contracts.switch import ensure, invariant, require, snapshot
-from kvledger.reference.pools.id_free_list import free_list_of
-from kvledger.reference.pools.validate import as_index_tensor, check_count, check_in_range
+from kvledger.reference.pools.validate import check_count
 from kvledger.reference.radix.base import InsertPlan, RadixTreeBase
-from kvledger.reference.radix.lru import LRUList
+from kvledger.reference.radix.mamba_component import (
+    ExtraBuffer,
+    MambaComponent,
+    NoBuffer,
+    check_mamba_pool,
+)
 from kvledger.reference.radix.radix_cache import kv_counters_agree
 from kvledger.reference.radix.results import InsertResult, LockRef, MatchResult
 from kvledger.reference.radix.tree_node import TreeNode
 
-MAMBA_POOL_API = ("device", "size", "ledger", "alloc", "free", "_free_unchecked", "_copy_unchecked")
-"""What the Mamba tree calls on its state pool (kvledger's ``MambaPool``, or an adapter with the same)."""
-
-
-def check_mamba_pool(pool: Any, self_device: torch.device | None) -> Any:
-    missing = [name for name in MAMBA_POOL_API if not hasattr(pool, name)]
-    if pool is None or missing:
-        raise InvalidArgument(
-            f"mamba_pool: expected a MambaPool, got {type(pool).__name__} (missing {missing})"
-        )
-    if self_device is not None and pool.device != self_device:
-        raise InvalidArgument(f"mamba_pool is on {pool.device}, the KV allocator on {self_device}")
-    return pool
-
 
 def mamba_counters_agree(cache: MambaRadixCache) -> bool:
     """The cheap form of I-MAMBA-DEF: state counters == the Mamba ledger's CACHE_* accounts."""
-    led = cache._m_ledger
+    comp = cache.mamba
+    led = comp.ledger
     if not led.enabled:
         return True
     return bool(
-        led.count(CACHE_EVICTABLE) == cache._m_evictable and led.count(CACHE_PROTECTED) == cache._m_protected
+        led.count(CACHE_EVICTABLE) == comp.counts.evictable and led.count(CACHE_PROTECTED) == comp.counts.protected
     )
 
 
@@ -97,7 +87,7 @@ def _cow_slot_is_callers(cache: MambaRadixCache, cow_owner: object, result: Matc
         return True
     if cow_owner is None or result.cow_slot.numel() != 1:
         return False
-    return not cache._m_checked or cache._m_ledger.owner_of(int(result.cow_slot)) is cow_owner
+    return not cache.mamba.checked or cache.mamba.ledger.owner_of(int(result.cow_slot)) is cow_owner
 
 
 @invariant(
@@ -118,7 +108,6 @@ def _cow_slot_is_callers(cache: MambaRadixCache, cow_owner: object, result: Matc
 class MambaRadixCache(RadixTreeBase):
     """Prefix cache of KV ids plus Mamba state slots at node ends."""
 
-    caches_mamba: Literal[True] = True
     STRUCTURE_STEPS: ClassVar[Mapping[str, str]] = {**RadixTreeBase.STRUCTURE_STEPS, "copy_state": "_copy_state"}
 
     def __init__(
@@ -131,60 +120,48 @@ class MambaRadixCache(RadixTreeBase):
         name: str = "mamba_radix",
     ) -> None:
         check_mamba_pool(mamba_pool, self_device=None)
-        super().__init__(token_to_kv_pool_allocator, page_size, name)
+        # The V2 policy checks its chunk against the tree's page size (the allocator's when page_size is
+        # None): the component starts as V1 and takes its policy once the base has checked the page size.
+        self.mamba = MambaComponent(mamba_pool, name, NoBuffer())
+        super().__init__(token_to_kv_pool_allocator, page_size, name, (self.mamba,))
         check_mamba_pool(mamba_pool, self_device=self.device)
-        if mamba_cache_chunk_size is not None:
-            check_count(mamba_cache_chunk_size, "mamba_cache_chunk_size")
-            if mamba_cache_chunk_size < 1 or mamba_cache_chunk_size % self.page_size:
-                raise InvalidArgument(
-                    f"{name}: mamba_cache_chunk_size {mamba_cache_chunk_size} must be a positive multiple of"
-                    f" the page size {self.page_size}"
-                )
-        # None: V1 (no_buffer). Set: V2 (extra_buffer), the grid of branching points.
-        self.mamba_cache_chunk_size = mamba_cache_chunk_size
+        if mamba_cache_chunk_size is not None:  # V2 (extra_buffer): the grid of branching points
+            self.mamba.policy = ExtraBuffer(mamba_cache_chunk_size, self.page_size, name)
         self.mamba_pool = mamba_pool
-        try:  # the pool's per-id state: what a release build checks a caller's slot against
-            self._m_ids: Any = free_list_of(mamba_pool)
-        except TypeError:  # an adapter that is not built on an IdFreeList
-            self._m_ids = None
-        self._m_ledger = mamba_pool.ledger
-        self._m_checked = bool(self._m_ledger.enabled)
-        self._mamba_lru = LRUList(2, f"{name}.mamba")
-        # counts.mamba_evictable: state slots of non-tombstone nodes with mamba_lock_ref == 0;
-        # counts.mamba_protected: ... with mamba_lock_ref > 0 (both start at 0).
-        self.root.mamba_owner = Owner("node.mamba", self.root.id, CACHE_EVICTABLE)
+        self._mamba_lru = self.mamba.lru
+        self.mamba.bind_eviction(lambda n: self.evict_mamba(n))  # component("mamba").evict_component(n)
+        # counts.kinds["mamba"]: state slots of non-tombstone nodes with mamba_lock_ref == 0 (evictable)
+        # and > 0 (protected), kept by the component.
+
+    @property
+    def mamba_cache_chunk_size(self) -> int | None:
+        """None: V1 (no_buffer). Set: V2 (extra_buffer), the chunk grid of branching points."""
+        return self.mamba.policy.chunk_size
 
     def mamba_lru_order(self) -> tuple[TreeNode, ...]:
         """The nodes of the Mamba (state) LRU list, least recently used first (a read-only view)."""
         return tuple(self._mamba_lru.oldest_first())
 
+    # The component's counters by their historical private names (the tests that break them).
     @property
     def _m_evictable(self) -> int:
-        return self.counts.mamba_evictable
+        return self.mamba.counts.evictable
 
     @_m_evictable.setter
     def _m_evictable(self, n: int) -> None:
-        self.counts.mamba_evictable = n
+        self.mamba.counts.evictable = n
 
     @property
     def _m_protected(self) -> int:
-        return self.counts.mamba_protected
+        return self.mamba.counts.protected
 
     @_m_protected.setter
     def _m_protected(self, n: int) -> None:
-        self.counts.mamba_protected = n
-
-    # ------------------------------------------------------------------ node hooks
-    def _make_node(self, key: tuple[int, ...], value: torch.Tensor, parent: TreeNode | None) -> TreeNode:
-        node = TreeNode(self._tree_id, key, value, parent)
-        node.mamba_owner = Owner("node.mamba", node.id, CACHE_EVICTABLE)
-        return node
+        self.mamba.counts.protected = n
 
     def _touch_state(self, node: TreeNode) -> None:
         """Mark ``node``'s state most recently used in the state list (its own stamp: I-LRU-ORDER)."""
-        self._clock += 1
-        node.mamba_access_time = self._clock
-        self._mamba_lru.move_to_mru(node)
+        self.mamba.touch(node)
 
     # ------------------------------------------------------------------ match
     @ensure(
@@ -233,9 +210,8 @@ class MambaRadixCache(RadixTreeBase):
             slot = self._copy_on_write(last, cow_owner, dst)
         value = self._concat(path)
         branching = None
-        if self.mamba_cache_chunk_size is not None and len(nodes) > len(path):
-            matched = sum(len(n.key) for n in nodes)
-            branching = branching_seqlen(matched, int(value.numel()), self.mamba_cache_chunk_size)
+        if len(nodes) > len(path):
+            branching = self.mamba.policy.branching(sum(len(n.key) for n in nodes), int(value.numel()))
         return MatchResult(value, last, slot, branching)
 
     @ensure(
@@ -255,10 +231,7 @@ class MambaRadixCache(RadixTreeBase):
 
     def _best_prefix(self, nodes: Sequence[TreeNode]) -> int:
         """How many nodes of the matched path to keep: up to the deepest one with a state."""
-        n = len(nodes)
-        while n and nodes[n - 1].mamba_value is None:
-            n -= 1
-        return n
+        return self.mamba.match_len(nodes)
 
     def _check_cow_args(self, cow_owner: Any, cow_slot: Any) -> torch.Tensor | None:
         if cow_owner is None:
@@ -272,25 +245,7 @@ class MambaRadixCache(RadixTreeBase):
         return self._check_slot(cow_slot, cow_owner, "match_prefix(cow_slot)")
 
     def _check_slot(self, slot: Any, owner: Owner, op: str) -> torch.Tensor:
-        pool = self.mamba_pool
-        t = slot
-        if not (  # the common case (a pool's own 1-slot int64 tensor) checked without a tensor reduction
-            isinstance(t, torch.Tensor)
-            and t.dtype == torch.int64
-            and t.device == pool.device
-            and t.dim() == 1
-            and t.numel() == 1
-            and 1 <= int(t) <= pool.size
-        ):
-            t = as_index_tensor(slot, pool.device, f"{self.name}.{op}")
-            if t.numel() != 1:
-                raise InvalidArgument(f"{self.name}.{op}: one state slot expected, got {t.numel()}")
-            check_in_range(t, 1, pool.size, pool.name, "slot")
-        if self._m_ids is not None and not self._m_ids.is_held(int(t)):
-            raise InvalidArgument(f"{self.name}.{op}: state slot {int(t)} is not handed out (free)")
-        if self._m_checked:
-            self._m_ledger.require_held_by(t, owner, f"{self.name}.{op}")
-        return t
+        return self.mamba.check_slot(slot, owner, op)
 
     def _copy_on_write(self, src: TreeNode, owner: Owner, dst: torch.Tensor | None) -> torch.Tensor | None:
         if dst is not None:
@@ -326,9 +281,7 @@ class MambaRadixCache(RadixTreeBase):
         "I-COW-SOURCE: the copy source still holds its state (it must stay pinned until the copy)",
     )
     def _copy_state(self, src: TreeNode, dst: torch.Tensor) -> None:
-        # Trusted fast path: dst was validated (or just allocated) for the caller, src is a tree slot
-        # (I-MAMBA-VALUE). The pool schedules the copy; its batch reads src before src can change.
-        self.mamba_pool._copy_unchecked(cast(torch.Tensor, src.mamba_value), dst)
+        self.mamba.copy_state(src, dst)
 
     # ------------------------------------------------------------------ insert
     @snapshot(lambda self: self._evictable, name="evictable")
@@ -376,9 +329,11 @@ class MambaRadixCache(RadixTreeBase):
         if not plan.key:
             return InsertResult(0, False)
         end, _ = self._apply_insert(plan)
-        if slot is None or end.mamba_value is not None:
+        if not self.mamba.commit_insert(end, slot, owner, state_op):
             return InsertResult(plan.prefix_len, False, end)
-        self._adopt_state(end, slot, owner, state_op)
+        # SGLang: insert_mru into the state list, reset_node_mru in the full one, at one fresh time
+        end.last_access_time = end.mamba_access_time
+        self._full_lru.move_to_mru(end)
         return InsertResult(plan.prefix_len, True, end)
 
     def _check_insert_slot(self, mamba_slot: Any, owner: Owner, plan: InsertPlan) -> torch.Tensor | None:
@@ -390,22 +345,6 @@ class MambaRadixCache(RadixTreeBase):
                 )
             return None
         return self._check_slot(mamba_slot, owner, "insert(mamba_slot)")
-
-    def _adopt_state(self, node: TreeNode, slot: torch.Tensor, owner: Owner, op: str = "insert") -> None:
-        """``node`` (new, or a tombstone being revived) takes ``slot`` from ``owner``, as the most recent
-        in both lists (SGLang: ``insert_mru`` into the state list, ``reset_node_mru`` in the full one)."""
-        assert node.mamba_owner is not None
-        if self._m_checked:
-            self._m_ledger.transfer(slot, owner, node.mamba_owner, op)
-        node.mamba_value = slot.clone()
-        if node.mamba_lock_ref == 0:  # always true: tombstones carry no state lock (I-MAMBA-LOCK)
-            self._m_evictable += 1
-        # One fresh time for both lists: the node becomes the most recent KV and the most recent state.
-        self._clock += 1
-        node.last_access_time = self._clock
-        self._full_lru.move_to_mru(node)
-        node.mamba_access_time = self._clock
-        self._mamba_lru.push_mru(node)
 
     # ------------------------------------------------------------------ locks
     @snapshot(lambda self, node: _attr_of_node(node, "lock_ref"), name="lock_ref")
@@ -428,13 +367,7 @@ class MambaRadixCache(RadixTreeBase):
     def inc_lock_ref(self, node: TreeNode) -> LockRef:
         """Full lock from ``node`` to the root; state lock on ``node`` only, if it has a state now."""
         self._check_node(node, "inc_lock_ref")
-        took = node.mamba_value is not None
-        if took:
-            if node.mamba_lock_ref == 0:
-                self._m_evictable -= 1
-                self._m_protected += 1
-                node.mamba_owner.set_account(CACHE_PROTECTED, "lock")  # type: ignore[union-attr]
-            node.mamba_lock_ref += 1
+        took = self._lock_components(node)
         self._lock_path(node)
         lock = LockRef(node, took, self._tree_id)
         self._locks.add(lock)
@@ -459,11 +392,7 @@ class MambaRadixCache(RadixTreeBase):
         self._check_lock(lock, "dec_lock_ref")
         node = lock.node
         if self._mamba_component_to_release(lock):
-            if node.mamba_lock_ref == 1:
-                self._m_evictable += 1
-                self._m_protected -= 1
-                node.mamba_owner.set_account(CACHE_EVICTABLE, "unlock")  # type: ignore[union-attr]
-            node.mamba_lock_ref -= 1
+            self.mamba.unlock(node)
         self._unlock_path(node)
         lock.released = True
         self._locks.discard(lock)
@@ -493,21 +422,7 @@ class MambaRadixCache(RadixTreeBase):
     def evict_full(self, num_tokens: int) -> int:
         """Free at least ``num_tokens`` KV tokens: unlocked leaves (with their states) in full-LRU order,
         cascading to tombstone parents that become unlocked leaves. Returns tokens freed."""
-        check_count(num_tokens, "num_tokens")
-        freed = 0
-        root = self.root
-        x = self._oldest_unlocked_leaf()
-        while freed < num_tokens and x is not None:
-            nxt = self._unlocked_leaf_from(self._full_lru.newer(x))
-            parent = x.parent
-            assert parent is not None
-            freed += self._evict_leaf(x)
-            top, cascaded = self._prune_tombstones(parent)
-            freed += cascaded
-            if top is not root and not top.children and top.lock_ref == 0:
-                nxt = self._oldest_unlocked_leaf()  # a new candidate leaf, possibly older than nxt
-            x = nxt
-        return freed
+        return self._evict_lru(num_tokens)
 
     def evict(self, num_tokens: int) -> int:
         """Same as :meth:`evict_full` (the scheduler's KV eviction)."""
@@ -548,22 +463,11 @@ class MambaRadixCache(RadixTreeBase):
         return freed
 
     def _state_unlocked_from(self, node: TreeNode | None) -> TreeNode | None:
-        lru = self._mamba_lru
-        while node is not None and node.mamba_lock_ref > 0:
-            node = lru.newer(node)
-        return node
+        return self.mamba.unlocked_from(node)
 
     @require(lambda node: node.mamba_lock_ref == 0, "I-EVICT-LOCKED: a locked state is never tombstoned")
     def _tombstone(self, node: TreeNode) -> None:
-        self._free_state(node, "evict_mamba")
-
-    def _free_state(self, node: TreeNode, op: str) -> None:
-        slot = node.mamba_value
-        assert slot is not None and node.mamba_owner is not None
-        self.mamba_pool._free_unchecked(slot, node.mamba_owner, op)
-        self._mamba_lru.remove(node)
-        node.mamba_value = None
-        self._m_evictable -= 1
+        self.mamba.free_state(node, "evict_mamba")
 
     @require(
         lambda node: node.lock_ref == 0 and node.mamba_lock_ref == 0,
@@ -572,23 +476,7 @@ class MambaRadixCache(RadixTreeBase):
     @require(lambda node: not node.children, "I-MODEL-SHRINK: only leaves are evicted")
     def _evict_leaf(self, node: TreeNode) -> int:
         """Delete an unlocked leaf: its state (if any) and its KV go back to their pools. Returns tokens."""
-        if node.mamba_value is not None:
-            self._free_state(node, "evict")
         return self._unlink_leaf(node)
-
-    def _prune_tombstones(self, node: TreeNode) -> tuple[TreeNode, int]:
-        """Delete ``node`` and its ancestors while each is an unlocked tombstone leaf (I-TOMBSTONE).
-
-        Returns the first node kept and the tokens freed.
-        """
-        freed = 0
-        root = self.root
-        while node is not root and node.mamba_value is None and not node.children and node.lock_ref == 0:
-            parent = node.parent
-            assert parent is not None
-            freed += self._evict_leaf(node)
-            node = parent
-        return node, freed
 
     # ------------------------------------------------------------------ sizes and audit
     def full_evictable_size(self) -> int:
@@ -609,20 +497,10 @@ class MambaRadixCache(RadixTreeBase):
 
     def audit(self) -> None:
         """§5.2 recounts + I-MAMBA-DEF, I-MAMBA-LOCK, I-TOMBSTONE, I-MAMBA-VALUE, state-list I-LRU-ORDER."""
-        nodes, own_mamba = self._audit_full()
-        tree_checks.check_mamba_counters(nodes, self._m_evictable, self._m_protected)
-        tree_checks.check_mamba_lock(nodes, own_mamba)
-        tree_checks.check_tombstones(self.root, nodes)
-        tree_checks.check_mamba_values(nodes, self._m_ledger.holdings if self._m_checked else None)
-        tree_checks.check_lru(
-            "mamba",
-            self._mamba_lru.oldest_first(),
-            [n for n in nodes if n.mamba_value is not None],
-            time_of=lambda n: n.mamba_access_time,
-        )
+        self._audit_tree()
 
     def __repr__(self) -> str:
-        mode = "V1" if self.mamba_cache_chunk_size is None else f"V2 chunk={self.mamba_cache_chunk_size}"
+        mode = self.mamba.policy.label
         return (
             f"MambaRadixCache({self.name}, {mode}, page={self.page_size},"
             f" full E/P={self._evictable}/{self._protected},"

@@ -19,17 +19,18 @@ Cheap identities run around every public call (class invariants); the O(tree) re
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
 from kvledger.contracts import tree_checks
+from kvledger.contracts.errors import InvalidArgument
 from kvledger.contracts.owners import CACHE_EVICTABLE, CACHE_PROTECTED, Owner
 from kvledger.contracts.protocols import KVAllocator
 from kvledger.contracts.switch import ensure, invariant, require, snapshot
-from kvledger.reference.pools.validate import check_count
 from kvledger.reference.radix.base import RadixTreeBase
+from kvledger.reference.radix.component import TreeComponent
 from kvledger.reference.radix.results import LockRef, MatchResult
 from kvledger.reference.radix.tree_node import TreeNode
 
@@ -68,12 +69,16 @@ def _locked_lock_ref(lock: Any) -> int | None:
 class RadixCache(RadixTreeBase):
     """Prefix cache of KV ids keyed by token ids; every node's KV is owned by ``node.kv_owner``."""
 
-    caches_mamba: Literal[False] = False
-
     def __init__(
-        self, token_to_kv_pool_allocator: KVAllocator, *, page_size: int | None = None, name: str = "radix"
+        self,
+        token_to_kv_pool_allocator: KVAllocator,
+        *,
+        page_size: int | None = None,
+        name: str = "radix",
+        components: Sequence[TreeComponent] = (),
     ) -> None:
-        super().__init__(token_to_kv_pool_allocator, page_size, name)
+        """``components``: the tree components of the other kinds it caches at its nodes (one per kind)."""
+        super().__init__(token_to_kv_pool_allocator, page_size, name, components)
 
     # ------------------------------------------------------------------ match
     @ensure(lambda result: result.device_indices.dtype == torch.int64)
@@ -98,6 +103,8 @@ class RadixCache(RadixTreeBase):
         refreshed in the LRU list, child more recent than parent.
         """
         _, nodes = self._match_key(key)
+        if self._extra:
+            nodes = nodes[: self._match_len(nodes)]
         self._touch_path(nodes)
         return MatchResult(self._concat(nodes), nodes[-1] if nodes else self.root)
 
@@ -110,7 +117,15 @@ class RadixCache(RadixTreeBase):
         "the tree grows by exactly the tokens that were not cached yet (an unlocked new leaf)",
     )
     @ensure(lambda self, OLD: self._protected == OLD.protected, "insert never changes what is locked")
-    def insert(self, key: Sequence[int], value: torch.Tensor, owner: Owner, protected_len: int = 0) -> int:
+    def insert(
+        self,
+        key: Sequence[int],
+        value: torch.Tensor,
+        owner: Owner,
+        protected_len: int = 0,
+        *,
+        component_args: Mapping[str, object] | None = None,
+    ) -> int:
         """Cache ``key -> value``; returns the length that was already cached (``prefix_len``).
 
         ``value[:protected_len]``: the tree's own ids that the caller matched and still locks (checked).
@@ -118,11 +133,23 @@ class RadixCache(RadixTreeBase):
         ``value[prefix_len:]``: adopted by a new leaf (ledger transfer from ``owner``).
         Bad input (unaligned key, length mismatch, wrong protected ids, ids ``owner`` does not hold)
         raises a typed error before anything changes.
+        ``component_args``: kind -> what that component's node at the key's end adopts (checked first).
         """
         plan = self._plan_insert(key, value, owner, protected_len)
+        args = self._component_args(component_args, plan.creates_leaf, owner)
         if plan.key:
-            self._apply_insert(plan)
+            end, _ = self._apply_insert(plan)
+            for comp in self._extra:
+                comp.commit_insert(end, args.get(comp.kind), owner, "insert")
         return plan.prefix_len
+
+    def _component_args(
+        self, given: Mapping[str, object] | None, creates_leaf: bool, owner: Owner
+    ) -> dict[str, object]:
+        given = {} if given is None else given
+        if not isinstance(given, Mapping) or any(kind not in self._components for kind in given):
+            raise InvalidArgument(f"{self.name}.insert: component_args must name kinds of {self.cached_kinds()}")
+        return {comp.kind: comp.check_insert(given.get(comp.kind), owner, creates_leaf) for comp in self._extra}
 
     # ------------------------------------------------------------------ locks
     @snapshot(lambda self, node: _lock_ref_of(node), name="lock_ref")
@@ -133,8 +160,9 @@ class RadixCache(RadixTreeBase):
     def inc_lock_ref(self, node: TreeNode) -> LockRef:
         """Lock ``node`` and its path to the root against eviction; returns the handle to release."""
         self._check_node(node, "inc_lock_ref")
+        took = self._lock_components(node) if self._extra else frozenset()
         self._lock_path(node)
-        lock = LockRef(node, False, self._tree_id)
+        lock = LockRef(node, took, self._tree_id)
         self._locks.add(lock)
         return lock
 
@@ -146,9 +174,14 @@ class RadixCache(RadixTreeBase):
     def dec_lock_ref(self, lock: LockRef) -> None:
         """Release a lock from :meth:`inc_lock_ref`; a stale, foreign or doubled release is a typed error."""
         self._check_lock(lock, "dec_lock_ref")
+        if lock.took:
+            self._unlock_components(lock)
         self._unlock_path(lock.node)
         lock.released = True
         self._locks.discard(lock)
+        node = lock.node
+        if self._extra and node is not self.root and node.lock_ref == 0 and not node.children:
+            self._prune_tombstones(node)
 
     # ------------------------------------------------------------------ evict
     @snapshot(lambda self: self._evictable, name="evictable")
@@ -164,24 +197,9 @@ class RadixCache(RadixTreeBase):
     def evict(self, num_tokens: int) -> int:
         """Free at least ``num_tokens`` tokens (if that many are unlocked), LRU leaves first.
 
-        Returns the tokens freed.
+        Returns the tokens freed. A component's tombstone leaves left behind go too (their tokens count).
         """
-        check_count(num_tokens, "num_tokens")
-        freed = 0
-        x = self._oldest_unlocked_leaf()
-        while freed < num_tokens and x is not None:
-            nxt = self._unlocked_leaf_from(self._full_lru.newer(x))
-            parent = x.parent
-            freed += self._evict_leaf(x)
-            if (
-                parent is not self.root
-                and parent is not None
-                and not parent.children
-                and parent.lock_ref == 0
-            ):
-                nxt = self._oldest_unlocked_leaf()  # the parent is a new candidate, possibly older than nxt
-            x = nxt
-        return freed
+        return self._evict_lru(num_tokens)
 
     @require(lambda node: node.lock_ref == 0, "I-EVICT-LOCKED: eviction never touches a locked node")
     @require(lambda node: not node.children, "only leaves are evicted")
@@ -195,7 +213,7 @@ class RadixCache(RadixTreeBase):
 
         Raises ContractViolation naming the invariant and the evidence.
         """
-        self._audit_full()
+        self._audit_tree()
 
     def __repr__(self) -> str:
         return (

@@ -33,19 +33,30 @@ class MatchResult:
 class LockRef:
     """A live lock on ``node`` (and its path to the root), returned by ``inc_lock_ref``.
 
-    ``took_mamba`` records whether the lock also pinned the node's state, so ``dec_lock_ref`` undoes
-    exactly that (I-LOCK-SYMMETRY, B14) instead of re-reading ``node.mamba_value``. ``tree_id`` names the
-    cache that issued it; ``released`` turns a second release into a typed error.
+    ``took`` records the kinds whose component lock it also took on the node (``{"mamba"}`` when it pinned
+    the node's state), so ``dec_lock_ref`` undoes exactly that (I-LOCK-SYMMETRY, B14) instead of re-reading
+    the node. A bool is read as the Mamba record (the historical form: ``True`` is ``{"mamba"}``).
+    ``tree_id`` names the cache that issued it; ``released`` turns a second release into a typed error.
     """
 
     node: TreeNode
-    took_mamba: bool
+    took: frozenset[str]
     tree_id: int
     released: bool = False
 
+    def __post_init__(self) -> None:
+        if isinstance(self.took, bool):
+            self.took = frozenset({"mamba"}) if self.took else frozenset()
+
+    @property
+    def took_mamba(self) -> bool:
+        """Whether the lock pinned the node's Mamba state (the B14 record)."""
+        return "mamba" in self.took
+
     def __repr__(self) -> str:
+        others = sorted(self.took - {"mamba"})
         return (
-            f"LockRef({self.node!r}, took_mamba={self.took_mamba},"
+            f"LockRef({self.node!r}, took_mamba={self.took_mamba},{f' took={others},' if others else ''}"
             f" tree={self.tree_id}, released={self.released})"
         )
 

@@ -28,7 +28,15 @@ from contextlib import contextmanager
 from kvledger.contracts.arith import ceil_to_page, floor_to_page, remaining_new_tokens_clipped
 from kvledger.contracts.mamba_track import mamba_slot_demand
 from kvledger.contracts.owners import REQ_CHUNKED, REQ_RUNNING
-from kvledger.contracts.protocols import AnyPrefixCache, KVAllocator, MambaStatePool, NodeLike, ReqRowPool
+from kvledger.contracts.pool_kinds import MAMBA
+from kvledger.contracts.protocols import (
+    AnyPrefixCache,
+    KVAllocator,
+    MambaStatePool,
+    NodeLike,
+    ReqRowPool,
+    caches_kind,
+)
 from kvledger.reference.scheduler.cache_paths.base import lock
 from kvledger.reference.scheduler.config import SchedulerConfig
 from kvledger.reference.scheduler.counters import Counters
@@ -81,7 +89,7 @@ class PrefillAdder:
         self.rows_reserved = 0
         self.mamba_reserved = 0
         # Tracking slots an admitted request needs (Mamba V2 with the Mamba radix cache), else 0.
-        self.ping_pong = config.mamba_ping_pong_size if tree is not None and tree.caches_mamba else 0
+        self.ping_pong = config.mamba_ping_pong_size if caches_kind(tree, MAMBA.name) else 0
         self.can_run_list: list[Req] = []
         self.new_chunked_req: Req | None = None
         self.last_appended = False

@@ -57,11 +57,12 @@ def census(
     tree = s.tree
     if tree is not None and cached is not None:
         page = s.config.page_size
+        comp = None if cached == "kv" else tree.component(cached)  # the kind's tree component
         for node in collect_nodes(tree.root):
-            if cached == "kv":
+            if comp is None:
                 out.claim({t // page for t in node.value.tolist()}, node.kv_owner)
-            elif getattr(node, "mamba_value", None) is not None:
-                out.claim([int(node.mamba_value[0])], node.mamba_owner)
+            elif (held := comp.held(node)) is not None:
+                out.claim(*held)
     for r in s.live_requests():
         out.claim(ids_of(r), r.owner)
     return out

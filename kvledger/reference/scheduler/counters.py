@@ -13,6 +13,7 @@ an adapter) is read through its public accessors.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable
 
 from kvledger.contracts.pool_kinds import CacheSide
@@ -60,9 +61,15 @@ class Counters:
         return c.evictable, c.protected, c.mamba_evictable, c.mamba_protected
 
     def cache_terms(self) -> dict[CacheSide, tuple[int, int]]:
-        """(evictable, protected) per side of the tree (``PoolKind.cached``); zeros without a tree."""
-        kv_e, kv_p, m_e, m_p = self.tree_counters()
-        return {"kv": (kv_e, kv_p), "mamba": (m_e, m_p)}
+        """(evictable, protected) per kind the tree caches (``PoolKind.cached``, read from each tree
+        component's counters); zeros for a kind it does not cache, and without a tree."""
+        terms: dict[CacheSide, tuple[int, int]] = defaultdict(_zeros)
+        c = self._counts
+        if c is not None:
+            terms["kv"] = (c.evictable, c.protected)
+            for kind, k in c.kinds.items():
+                terms[kind] = (k.evictable, k.protected)
+        return terms
 
     def kv_evictable(self) -> int:
         return 0 if self._counts is None else self._counts.evictable
@@ -73,3 +80,7 @@ class Counters:
 
 def _zero() -> int:
     return 0
+
+
+def _zeros() -> tuple[int, int]:
+    return 0, 0

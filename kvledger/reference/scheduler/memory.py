@@ -33,11 +33,13 @@ import torch
 from kvledger.contracts.arith import ceil_to_page, pages_needed
 from kvledger.contracts.errors import ContractViolation
 from kvledger.contracts.owners import REQ_CHUNKED, REQ_RUNNING, REQ_WAITING, Account
+from kvledger.contracts.pool_kinds import MAMBA
 from kvledger.contracts.protocols import (
     AnyPrefixCache,
     KVAllocator,
     MambaStatePool,
     ReqRowPool,
+    caches_kind,
 )
 from kvledger.contracts.seams import seam
 from kvledger.contracts.switch import ensure, snapshot
@@ -80,7 +82,7 @@ class ReqMemory:
         self.mamba_pool = mamba_pool
         self.tree = tree
         self.page_size = page_size
-        self.is_mamba_tree = tree is not None and tree.caches_mamba
+        self.is_mamba_tree = caches_kind(tree, MAMBA.name)
         self.fault_injector = fault_injector
         # One object per cache variant (no cache, plain radix, Mamba V1, Mamba V2), chosen here once.
         self.path: CachePath = cache_path_for(

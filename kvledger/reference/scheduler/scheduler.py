@@ -21,8 +21,8 @@ from kvledger.contracts.errors import BatchNotInFlight, ContractViolation, Inval
 from kvledger.contracts.handles import HandleClaim, check_handles_owned
 from kvledger.contracts.ledger import Ledger
 from kvledger.contracts.owners import BATCH_INFLIGHT, REQ_CHUNKED, REQ_WAITING, Account
-from kvledger.contracts.pool_kinds import POOL_KINDS, PoolKind
-from kvledger.contracts.protocols import AnyPrefixCache, KVAllocator, MambaStatePool, ReqRowPool
+from kvledger.contracts.pool_kinds import MAMBA, POOL_KINDS, PoolKind
+from kvledger.contracts.protocols import AnyPrefixCache, KVAllocator, MambaStatePool, ReqRowPool, caches_kind
 from kvledger.contracts.seams import seam
 from kvledger.contracts.switch import ensure, invariant
 from kvledger.reference.pools.validate import check_positive
@@ -101,7 +101,7 @@ class Scheduler:
             )
         if tree is not None and getattr(tree, "page_size", config.page_size) != config.page_size:
             raise InvalidArgument("tree page_size differs from the scheduler's")
-        mamba_tree = tree is not None and tree.caches_mamba
+        mamba_tree = caches_kind(tree, MAMBA.name)
         if mamba_tree and not config.extra_buffer and config.page_size != 1:
             raise InvalidArgument(
                 "the Mamba radix cache with mamba_scheduler_strategy 'no_buffer' (V1) caches states at token"

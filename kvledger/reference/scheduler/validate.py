@@ -8,13 +8,16 @@ wiring that would corrupt silently: a tree built over another allocator or anoth
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 from kvledger.contracts.errors import InvalidArgument, KVLedgerError
+from kvledger.contracts.pool_kinds import MAMBA
+from kvledger.contracts.protocols import CacheSizes, caches_kind
 
 KV_ALLOCATOR_API = ("page_size", "size", "device", "ledger", "alloc", "free", "available_size")
 ROWS_API = ("size", "max_context_len", "device", "ledger", "alloc", "free", "read", "write", "write_each")
 MAMBA_POOL_API = ("size", "device", "ledger", "alloc", "free", "fork_from")
-TREE_API = ("page_size", "caches_mamba", "counts", "match_prefix", "insert", "inc_lock_ref", "dec_lock_ref", "evict")
+TREE_API = ("page_size", "cached_kinds", "counts", "match_prefix", "insert", "inc_lock_ref", "dec_lock_ref", "evict")
 
 MAX_TOKEN_ID = 2**63 - 1
 """Without a vocabulary to check against, a token must still fit the int64 tensors it ends up in."""
@@ -54,7 +57,7 @@ def check_collaborators(
         built_on = getattr(tree, "token_to_kv_pool_allocator", kv_allocator)
         if built_on is not kv_allocator:
             raise InvalidArgument("Scheduler: the tree caches another allocator's KV, not kv_allocator's")
-        if getattr(tree, "caches_mamba", False):  # in TREE_API: present
+        if caches_kind(cast(CacheSizes, tree), MAMBA.name):  # cached_kinds is in TREE_API: present
             if mamba_pool is None:
                 raise InvalidArgument("Scheduler: a Mamba radix cache needs the mamba_pool it caches states of")
             if getattr(tree, "mamba_pool", mamba_pool) is not mamba_pool:

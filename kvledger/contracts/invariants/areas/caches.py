@@ -227,7 +227,7 @@ AREA = Area(
             parts=STATE,
             checks=(
                 recount(f"{TREE}:check_tombstones"),
-                contract(f"{MAMBA}:MambaRadixCache._prune_tombstones", "the cascade"),
+                contract(f"{BASE}:RadixTreeBase._prune_tombstones", "the cascade (any component's tombstone leaf)"),
             ),
             exercised_by=MAMBA_MACHINES,
         ),

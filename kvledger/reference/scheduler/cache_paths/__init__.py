@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 from kvledger.contracts.errors import InvalidArgument
-from kvledger.contracts.protocols import AnyPrefixCache
+from kvledger.contracts.protocols import AnyPrefixCache, PrefixCache, mamba_cache_of
 from kvledger.reference.scheduler.cache_paths.base import CachePath, Matched, MemoryPools, NoTracking
 from kvledger.reference.scheduler.cache_paths.mamba_v1 import MambaV1Path
 from kvledger.reference.scheduler.cache_paths.mamba_v2 import MambaV2Path
@@ -30,12 +32,13 @@ def cache_path_for(pools: MemoryPools, tree: AnyPrefixCache | None, tracking: Ma
         if tracking is not None:
             raise InvalidArgument("Mamba V2 tracking needs the Mamba radix cache")
         return NoCachePath(pools)
-    if not tree.caches_mamba:
+    mamba_tree = mamba_cache_of(tree)  # the cached kinds say which path: Mamba states, or KV only
+    if mamba_tree is None:
         if tracking is not None:
             raise InvalidArgument("Mamba V2 tracking needs the Mamba radix cache, not the plain one")
-        return RadixPath(pools, tree)  # caches_mamba is Literal[False]: the plain cache
+        return RadixPath(pools, cast(PrefixCache, tree))
     if pools.mamba_pool is None:
         raise InvalidArgument("a Mamba radix cache needs the mamba_pool it caches states of")
     if tracking is None:
-        return MambaV1Path(pools, tree, pools.mamba_pool)
-    return MambaV2Path(pools, tree, pools.mamba_pool, tracking)
+        return MambaV1Path(pools, mamba_tree, pools.mamba_pool)
+    return MambaV2Path(pools, mamba_tree, pools.mamba_pool, tracking)
