@@ -12,8 +12,9 @@ import contextlib
 import dataclasses
 import os
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
+from unittest import mock
 
 import torch
 
@@ -168,17 +169,9 @@ def unified_radix_cache(
 TREE_CORE_ENV = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"
 
 
-@contextlib.contextmanager
-def _environ(name: str, value: str) -> Iterator[None]:
-    previous = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if previous is None:
-            del os.environ[name]
-        else:
-            os.environ[name] = previous
+def _environ(name: str, value: str) -> contextlib.AbstractContextManager[Any]:
+    """``name=value`` in this process's environment for the block (restored after)."""
+    return mock.patch.dict(os.environ, {name: value})
 
 
 def mamba_radix_cache(allocator: Any, rows: Any, modules: SGLangModules | None = None) -> Any:

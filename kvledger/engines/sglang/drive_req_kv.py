@@ -47,6 +47,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 from kvledger.engines.sglang import build
 from kvledger.engines.sglang.attach import Watch, watch
 from kvledger.engines.sglang.drive_requests import new_request
+from kvledger.engines.sglang.hunting import hunt_machine
 from kvledger.engines.sglang.loader import load
 
 PAGE_SIZES = (1, 2, 4)
@@ -301,27 +302,7 @@ class SGLangReqKvMachine(RuleBasedStateMachine):
 
 def hunt(examples: int, steps: int = 30) -> dict[str, Any]:
     """Run the machine; the first violation (shrunk) and the rule calls Hypothesis printed, or None."""
-    import io
-    from contextlib import redirect_stdout
-
-    from hypothesis import HealthCheck, settings
-    from hypothesis.stateful import run_state_machine_as_test
-
-    buf = io.StringIO()
-    try:
-        with redirect_stdout(buf):
-            run_state_machine_as_test(
-                SGLangReqKvMachine,
-                settings=settings(
-                    max_examples=examples, stateful_step_count=steps, deadline=None, derandomize=True,
-                    suppress_health_check=list(HealthCheck), print_blob=False, report_multiple_bugs=False,
-                ),
-            )  # fmt: skip
-    except Exception as exc:  # a violation, or SGLang's own assertion: the finding
-        text = buf.getvalue().splitlines() + list(getattr(exc, "__notes__", []))
-        calls = [ln.strip() for ln in text if ln.strip().startswith("state.") and "teardown" not in ln]
-        return {"found": f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}", "steps": calls}
-    return {"found": None, "steps": []}
+    return hunt_machine(SGLangReqKvMachine, examples, steps)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,18 +12,14 @@ or ``null``.
 
 from __future__ import annotations
 
-import io
 import json
 import sys
-from contextlib import redirect_stdout
 from typing import Any
-
-from hypothesis import HealthCheck, settings
-from hypothesis.stateful import run_state_machine_as_test
 
 from kvledger.contracts.errors import ContractViolation
 from kvledger.engines.sglang.drive_mamba import FOUND_0520, SGLangMambaMachine, SGLangUnifiedMambaMachine
 from kvledger.engines.sglang.drive_requests import SGLangRequestMachine
+from kvledger.engines.sglang.hunting import hunt_machine
 from kvledger.engines.sglang.loader import load
 
 MACHINES: dict[str, type[SGLangMambaMachine]] = {
@@ -50,28 +46,9 @@ def replay(calls: tuple[str, ...] = FOUND_0520, tree: str = "mamba") -> str | No
 
 
 def hunt(examples: int, steps: int = 40, tree: str = "mamba") -> dict[str, Any]:
-    """Run the machine; the first violation found (shrunk) and the steps Hypothesis printed, or None."""
+    """Run the machine; the first violation (shrunk) and the rule calls Hypothesis printed, or None."""
     load()
-    buf = io.StringIO()
-    try:
-        with redirect_stdout(buf):
-            run_state_machine_as_test(
-                MACHINES[tree],
-                settings=settings(
-                    max_examples=examples, stateful_step_count=steps, deadline=None, derandomize=True,
-                    suppress_health_check=list(HealthCheck), print_blob=False, report_multiple_bugs=False,
-                ),
-            )  # fmt: skip
-    except Exception as exc:  # the violation (or a crash of SGLang's own assertions): report it
-        text = buf.getvalue().splitlines() + list(getattr(exc, "__notes__", []))
-        calls = [
-            line.strip()
-            for line in text
-            if line.strip().startswith("state.") and not line.strip().startswith("state.teardown(")
-        ]
-        first = (str(exc).splitlines() or [""])[0]
-        return {"found": f"{type(exc).__name__}: {first}", "steps": calls}
-    return {"found": None, "steps": []}
+    return hunt_machine(MACHINES[tree], examples, steps)
 
 
 def main() -> None:

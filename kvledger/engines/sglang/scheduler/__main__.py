@@ -15,10 +15,10 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from kvledger.engines.sglang.scheduler.controls import attach_controls, pd_attach_controls
 from kvledger.engines.sglang.scheduler.loop import STRICT_IDLE_CHECK
@@ -120,20 +120,11 @@ def _replay_put_back(release: str, path: str) -> dict[str, Any]:
     return {"release": release, "finding": None if found is None else asdict(found)}
 
 
-@contextlib.contextmanager
-def _pd_side(side: str) -> Iterator[None]:
+def _pd_side(side: str) -> contextlib.AbstractContextManager[Any]:
     """Builds in this block are 0.5.23's ``side`` of PD disaggregation (``fake`` transfer backend)."""
     from kvledger.engines.sglang.scheduler.build23 import PD_ENV
 
-    saved = os.environ.get(PD_ENV)
-    os.environ[PD_ENV] = side
-    try:
-        yield
-    finally:
-        if saved is None:
-            del os.environ[PD_ENV]
-        else:
-            os.environ[PD_ENV] = saved
+    return mock.patch.dict(os.environ, {PD_ENV: side})
 
 
 def _pd_hunt(release: str, side: str, seeds: int, ops: int, aborts: float = 0.0) -> dict[str, Any]:
