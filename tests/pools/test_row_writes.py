@@ -10,13 +10,19 @@ import torch
 from kvledger.contracts.errors import ContractViolation
 from kvledger.contracts.owners import REQ_RUNNING, Owner
 from kvledger.reference.pools import PagedTokenToKVPoolAllocator, ReqToTokenPool, TokenToKVPoolAllocator
+from tests.levels import debug_level
 
 
 def pools(page_size: int = 1, n_rows: int = 2) -> tuple[ReqToTokenPool, Any]:
-    kv = TokenToKVPoolAllocator(32) if page_size == 1 else PagedTokenToKVPoolAllocator(32, page_size)
-    rows = ReqToTokenPool(n_rows, 16)
+    level = debug_level()  # the row-write guard reads both pools' ledgers, whatever the process's level
+    kv = (
+        TokenToKVPoolAllocator(32, checks=level)
+        if page_size == 1
+        else PagedTokenToKVPoolAllocator(32, page_size, checks=level)
+    )
+    rows = ReqToTokenPool(n_rows, 16, checks=level)
     rows.attach_kv_owners(kv)
-    assert rows.row_writes is not None  # tests run with contracts on: both ledgers are real
+    assert rows.row_writes is not None  # both ledgers are real
     return rows, kv
 
 
