@@ -71,9 +71,11 @@ ISSUES = {"0.5.9": ("#16067", "0.5.10"), "0.5.5.post1": ("#12432", "0.5.5.post2"
 
 def _save(out: dict[str, Any], path: str, argv: list[str]) -> None:
     """Write a hunt's or the machine's shrunk finding as a repro file (the shape of
-    ``repros/issue16067.json``; ``replay`` reads both)."""
+    ``repros/issue16067.json``; ``replay`` reads both). A clean run writes nothing and says so on stderr:
+    its report (seeds, ops, requests) still goes to stdout, as without ``--save``."""
     if out.get("finding") is None:
-        raise SystemExit(f"nothing to save: {argv[0]} on {out['release']} found nothing")
+        print(f"nothing to save: {argv[0]} on {out['release']} found nothing", file=sys.stderr)
+        return
     issue, fixed = ISSUES.get(out["release"], ("", ""))
     finding = out["repro_finding"] or out["finding"]
     command = f"python -m kvledger.engines.sglang.scheduler {' '.join(argv)}"
