@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--pd", choices=["prefill", "decode"], help="0.5.23: build a PD side (fake transfer backend)"
     )
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # the repro file may follow the options
     os.environ.setdefault(STRICT_IDLE_CHECK, "1")
     if args.pd:
         from kvledger.engines.sglang.scheduler.build23 import PD_ENV

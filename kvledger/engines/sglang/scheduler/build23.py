@@ -271,8 +271,8 @@ def scheduler_class_23() -> Any:
 
 
 PD_ENV = "KVLEDGER_SCHEDULER_PD"
-"""``prefill``: build 0.5.23 as the prefill side of PD disaggregation with the ``fake`` transfer backend
-(the CLI's ``--pd prefill`` sets it, so a subprocess per release inherits it); unset: the plain loop."""
+"""``prefill`` / ``decode``: build 0.5.23 as that side of PD disaggregation with the ``fake`` transfer
+backend (the CLI's ``--pd`` sets it, so a subprocess per release inherits it); unset: the plain loop."""
 
 
 def build_scheduler_23(
