@@ -10,8 +10,13 @@ option the user typed, not a default they never saw.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, NoReturn
+
+from kvledger.argtypes import grouped
+from kvledger.argtypes import int_in as int_in  # re-exported: the subcommands take their value types here
+from kvledger.argtypes import probability as probability
+from kvledger.argtypes import seconds as seconds
 
 USAGE_ERROR = 2
 INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
@@ -80,49 +85,10 @@ def usage_error(command: str, message: str) -> int:
 
 
 # --------------------------------------------------------------------------------------- value types
-def _plain(n: int) -> str:
-    return f"{n:,}"
-
-
-def int_in(low: int, high: int | None = None) -> Callable[[str], int]:
-    """An integer in ``low .. high`` (``high`` None: no upper bound, for seeds)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-        if high is not None and value > high:
-            raise argparse.ArgumentTypeError(f"must be <= {_plain(high)}, got {_plain(value)}")
-        return value
-
-    parse.__name__ = f"integer >= {low}" if high is None else f"integer in {low}..{high}"
-    return parse
-
-
-def seconds(text: str) -> float:
-    """A positive number of seconds."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return value
-
-
-def probability(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be a probability in [0, 1], got {value}")
-    return value
+# Bounded value types live below every floor (kvledger/argtypes.py), so a tool's own CLI (an engine's
+# hunt) refuses the same bad values with the same words; re-exported here for the subcommands.
 
 
 def bounded_help(text: str, low: int, high: int, default: object = "%(default)s") -> str:
     """``text`` followed by the option's range and default, as every size option states them."""
-    return f"{text} ({low} to {_plain(high)}; default: {default})"
+    return f"{text} ({low} to {grouped(high)}; default: {default})"

@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+from kvledger.argtypes import int_in, probability
 from kvledger.engines.sglang.scheduler.controls import attach_controls, pd_attach_controls
 from kvledger.engines.sglang.scheduler.loop import STRICT_IDLE_CHECK
+from kvledger.engines.sglang.scheduler.release import OWN_RELEASE, SCHEDULER_RELEASES
 
 REPROS = Path(__file__).with_name("repros")
 
@@ -248,19 +250,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvledger.engines.sglang.scheduler")
     parser.add_argument("command", choices=["hunt", "replay", "alias", "ci", "machine"])
     parser.add_argument("file", nargs="?")
-    parser.add_argument("--release", required=True)
-    parser.add_argument("--seeds", type=int, default=4)
-    parser.add_argument("--aborts", type=float, default=0.0, help="hunt: chance a non-arrival op is an abort")
+    parser.add_argument("--release", required=True, choices=sorted(SCHEDULER_RELEASES))
+    parser.add_argument("--seeds", type=int_in(1), default=4)
+    parser.add_argument("--aborts", type=probability, default=0.0, help="hunt: chance a non-arrival op is an abort")
     parser.add_argument(
-        "--first-seed", type=int, default=0, help="hunt: seeds first-seed .. first-seed+seeds-1"
+        "--first-seed", type=int_in(0), default=0, help="hunt: seeds first-seed .. first-seed+seeds-1"
     )
-    parser.add_argument("--ops", type=int, default=200)
-    parser.add_argument("--examples", type=int, default=50, help="machine: Hypothesis examples")
+    parser.add_argument("--ops", type=int_in(1), default=200)
+    parser.add_argument("--examples", type=int_in(1), default=50, help="machine: Hypothesis examples")
     parser.add_argument("--save", help="hunt, machine: write the shrunk finding to this repro file")
     parser.add_argument(
         "--pd", choices=["prefill", "decode"], help="0.5.23: build a PD side (fake transfer backend)"
     )
     args = parser.parse_intermixed_args(argv)  # the repro file may follow the options
+    if args.pd and args.release != OWN_RELEASE:
+        parser.error(f"--pd builds {OWN_RELEASE}'s PD sides; 0.5.5.x runs its PD prefill loop without it")
     os.environ.setdefault(STRICT_IDLE_CHECK, "1")
     if args.pd:
         from kvledger.engines.sglang.scheduler.build23 import PD_ENV
