@@ -20,7 +20,7 @@ import os
 
 from hypothesis import HealthCheck, settings
 
-from kvledger.campaign import example_database
+from kvledger.campaign import STEPS_PER_EXAMPLE, example_database
 
 # Every profile's parent is Hypothesis's own ``default`` profile, never the profile that happens to be
 # loaded: with ``CI`` set, Hypothesis loads its built-in ``ci`` profile before this file runs, and a
@@ -62,7 +62,7 @@ settings.register_profile(
     "fuzz",  # HypoFuzz / long campaigns: a shared example database directory (README, spec/museum.md)
     parent=_HYPOTHESIS_DEFAULT,
     max_examples=10_000,
-    stateful_step_count=60,
+    stateful_step_count=STEPS_PER_EXAMPLE,  # the campaign's items replay with the same budget
     deadline=None,
     database=example_database(os.environ.get("KVLEDGER_FUZZ_DB", ".hypothesis/fuzz-db")),
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],

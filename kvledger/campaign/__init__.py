@@ -10,7 +10,14 @@ real Redis server for a campaign that has none. Nothing in the reference imports
 from kvledger.campaign.database import DatabaseSpecError, describe, example_database, is_redis_url
 from kvledger.campaign.redis_server import RedisServerError, local_redis_server, redis_server_binary
 
+# One step budget for every process that writes or replays the shared database: HypoFuzz workers (the
+# ``fuzz`` profile) and the campaign's own items. A choice sequence is replayed step by step; a process
+# with a smaller budget cuts a longer example short and replays a failure found past its last step as a
+# pass (the campaign then loses a failure HypoFuzz recorded).
+STEPS_PER_EXAMPLE = 60
+
 __all__ = [
+    "STEPS_PER_EXAMPLE",
     "DatabaseSpecError",
     "RedisServerError",
     "describe",

@@ -68,7 +68,9 @@ def _wait_until_ready(proc: subprocess.Popen[bytes], url: str) -> None:
         while True:
             if proc.poll() is not None:
                 err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-                raise RedisServerError(f"redis-server exited with status {proc.returncode}: {err.strip()[-500:]}")
+                raise RedisServerError(
+                    f"redis-server exited with status {proc.returncode}: {err.strip()[-500:]}"
+                )
             try:
                 if client.ping():
                     return

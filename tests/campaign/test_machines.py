@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.reporting import with_reporter
 from hypothesis.stateful import run_state_machine_as_test
 
-from kvledger.campaign import example_database
+from kvledger.campaign import STEPS_PER_EXAMPLE, example_database
 from kvledger.museum.hunt import machine_class, repro_for_failure
 from kvledger.museum.machines import MACHINES
 
@@ -44,7 +44,7 @@ DATABASE = example_database(os.environ.get("KVLEDGER_FUZZ_DB", ".hypothesis/fuzz
 def _settings() -> settings:
     return settings(
         max_examples=EXAMPLES,
-        stateful_step_count=40,
+        stateful_step_count=STEPS_PER_EXAMPLE,  # HypoFuzz's budget: its failures replay whole
         deadline=None,
         derandomize=False,
         database=DATABASE,

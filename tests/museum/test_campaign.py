@@ -9,6 +9,7 @@ and only replays the database fails the same way. The examples/s figures are mea
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import signal
@@ -21,6 +22,7 @@ from typing import Any
 
 import pytest
 import redis
+from hypothesis import settings
 
 from kvledger.campaign import local_redis_server
 from kvledger.campaign.database import KEY_PREFIX
@@ -154,6 +156,23 @@ def _replay_while_fuzzing(common: list[str]) -> tuple[int, dict[str, Any]]:
             break
         time.sleep(5)
     return rc, replay
+
+
+def test_campaign_items_replay_as_many_steps_as_hypofuzz_draws() -> None:
+    """A failure HypoFuzz records at step 45 must replay as a failure in the campaign's items: with a
+    smaller ``stateful_step_count`` there, Hypothesis stops the replayed example before the failing step
+    and ``--replay-only`` reports a clean run (CI saw exactly that once HypoFuzz took more than 40 steps)."""
+    spec = importlib.util.spec_from_file_location(
+        "campaign_items", ROOT / "tests" / "campaign" / "test_machines.py"
+    )
+    assert spec is not None and spec.loader is not None
+    items = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(items)
+    fuzz = settings.get_profile("fuzz")
+    assert items._settings().stateful_step_count == fuzz.stateful_step_count, (
+        items._settings().stateful_step_count,
+        fuzz.stateful_step_count,
+    )
 
 
 @pytest.mark.slow
