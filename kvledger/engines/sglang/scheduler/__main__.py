@@ -248,7 +248,7 @@ def _ci(release: str, seeds: int, ops: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvledger.engines.sglang.scheduler")
-    parser.add_argument("command", choices=["hunt", "replay", "alias", "ci", "machine", "serve-cpu"])
+    parser.add_argument("command", choices=["hunt", "replay", "alias", "ci", "machine", "serve-cpu", "pd-faults"])
     parser.add_argument("file", nargs="?")
     parser.add_argument("--release", required=True, choices=sorted(SCHEDULER_RELEASES))
     parser.add_argument("--seeds", type=int_in(1), default=4)
@@ -273,8 +273,8 @@ def main(argv: list[str] | None = None) -> int:
         help="serve-cpu: one more SGLang plugin for the scheduler process (a planted bug in a test)",
     )
     args = parser.parse_intermixed_args(argv)  # the repro file may follow the options
-    if args.command == "serve-cpu" and args.release != OWN_RELEASE:
-        parser.error(f"serve-cpu runs {OWN_RELEASE}'s run_scheduler_process (the venv's own release)")
+    if args.command in ("serve-cpu", "pd-faults") and args.release != OWN_RELEASE:
+        parser.error(f"{args.command} runs {OWN_RELEASE} only (the venv's own; earlier fake PD backends cannot fail)")
     if any("=" not in p or ":" not in p for p in args.plugin):
         parser.error("--plugin takes NAME=MODULE:FUNCTION")
     if args.pd and args.release != OWN_RELEASE:
@@ -313,6 +313,10 @@ def main(argv: list[str] | None = None) -> int:
             _save(out, args.save, argv_)
     elif args.command == "alias":
         out = _alias(args.release)
+    elif args.command == "pd-faults":
+        from kvledger.engines.sglang.scheduler.controls import pd_failure_controls
+
+        out = pd_failure_controls()
     elif args.command == "serve-cpu":
         from kvledger.engines.sglang.scheduler.serve_cpu import WAVES, serve_on_cpu
 
