@@ -25,3 +25,12 @@ def _leak(result: Any, scheduler: Any, batch: Any, *_: Any, **__: Any) -> None:
     if any(str(req.rid).startswith("planted") for req in batch.reqs):
         vars(scheduler)["planted_leak"] = scheduler.token_to_kv_pool_allocator.alloc(1)
     return None
+
+
+def forget_the_batch_being_run() -> None:
+    """The attach's gap the first served run showed, put back in the child (a scoped change of the
+    attach's queue list, outside SGLang): ``cur_batch_for_debug``, where a launched ``event_loop_normal``
+    keeps the batch it runs, is not read as a queue."""
+    from kvledger.engines.sglang.scheduler import ledgers
+
+    ledgers.QUEUES = tuple(q for q in ledgers.QUEUES if q[0] != "cur_batch_for_debug")

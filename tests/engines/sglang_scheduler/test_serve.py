@@ -191,3 +191,15 @@ def test_cli_modes_match_the_plugin_and_arguments_are_required(capsys: Any) -> N
     assert "after '--'" in capsys.readouterr().err
     assert serve.sglang_arguments(["--model-path", "m"])[-1] == serve.NO_OVERLAP
     assert serve.sglang_arguments(["--model-path", "m", serve.NO_OVERLAP]).count(serve.NO_OVERLAP) == 1
+
+
+@pytest.mark.deep
+def test_served_loop_needs_the_batch_being_run_as_a_queue() -> None:
+    """Regression: a launched ``event_loop_normal`` keeps the batch it runs in ``cur_batch_for_debug``
+    only; with that queue put back out of the attach's list, the clean first wave's prefill batch reads
+    as a leak at its step's end (what the first served run reported)."""
+    _installed_or_skip()
+    put_back = "kvledger_put_back=tests.engines.sglang_scheduler.serve_plant:forget_the_batch_being_run"
+    out, _ = _serve_cpu("--on-violation", "log", "--plugin", put_back)
+    assert out["violations_after_wave"][0] >= 1, out
+    assert "a leak" in out["violations"][0]["message"]
