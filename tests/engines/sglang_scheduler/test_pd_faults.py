@@ -51,8 +51,8 @@ def test_machine_with_failure_rules_is_clean_on_0_5_23(side: str) -> None:
     out = _run("machine", "--release", "0.5.23", "--pd", side, "--examples", "30", "--ops", "60")
     assert out["finding"] is None, out
     assert out["transfer_failures"] > 0, out
-    if side == "prefill":
-        assert out["clock_moves"] > 0, out
+    # the clock matters to the fake sender's deadline only: moved on the prefill side, never on decode
+    assert (out["clock_moves"] > 0) is (side == "prefill"), out
 
 
 @pytest.mark.deep

@@ -28,7 +28,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from kvledger.engines.sglang.scheduler.loop import STRICT_IDLE_CHECK, arrive, step
+from kvledger.engines.sglang.scheduler.loop import STRICT_IDLE_CHECK, arrive, is_pd_prefill, step
 
 TOKENS = st.integers(1, 999)
 
@@ -136,11 +136,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.ops.append(("fail", rid))
         type(self).transfer_failures += fail_transfer(self.scheduler, rid)
 
-    @precondition(lambda self: self.pd_failures)
+    @precondition(lambda self: self.pd_failures and is_pd_prefill(self.scheduler))
     @rule(fraction=st.sampled_from([0.25, 0.5, 1.0, 2.0]))
     def time_passes(self, fraction: float) -> None:
         """The wall clock moves on by a fraction of SGLang's transfer waiting timeout (the fake sender's
-        deadline; a stepped loop is otherwise far faster than the clock)."""
+        deadline, the prefill side's only: the fake receiver has none; a stepped loop is otherwise far
+        faster than the clock)."""
         from kvledger.engines.sglang.scheduler.pd_faults import transfer_clock, waiting_timeout
 
         type(self).operations += 1
