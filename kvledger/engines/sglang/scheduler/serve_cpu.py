@@ -38,6 +38,8 @@ from kvledger.engines.sglang.scheduler.serve import attached_environment
 
 STAND_IN_ENTRY = ("kvledger_cpu_scheduler", "kvledger.engines.sglang.scheduler.serve_cpu:stand_in")
 SCHEDULER_CLASS = "sglang.srt.managers.scheduler.Scheduler"
+READY_TIMEOUT_S = 300.0
+"""How long the launching process waits for the child's ready message (its imports and the build)."""
 
 
 def stand_in() -> None:
@@ -181,7 +183,8 @@ def _run_child(
     start = time.monotonic()
     child.start()
     try:
-        out["ready"] = reader.recv() if reader.poll(timeout_s) else None
+        # the child's imports take 10-25 s on a quiet machine; a loaded CI runner may take far longer
+        out["ready"] = reader.recv() if reader.poll(READY_TIMEOUT_S) else None
         out["ready_s"] = round(time.monotonic() - start, 2)
         to_scheduler, from_scheduler = sockets
         quits, report = seen
