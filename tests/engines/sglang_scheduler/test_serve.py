@@ -203,3 +203,27 @@ def test_served_loop_needs_the_batch_being_run_as_a_queue() -> None:
     out, _ = _serve_cpu("--on-violation", "log", "--plugin", put_back)
     assert out["violations_after_wave"][0] >= 1, out
     assert "a leak" in out["violations"][0]["message"]
+
+
+def test_launcher_runs_sglangs_entry_point_with_the_plugin_visible(monkeypatch: Any, tmp_path: Path) -> None:
+    """``kvledger sglang-serve`` runs ``sglang.launch_server`` as ``python -m`` would, with SGLang's
+    arguments (overlap off), while the attach's entry point is discoverable and the switch is set; all of
+    it is gone when the server returns. (SGLang's server itself needs fastapi/uvicorn and a model: not
+    here; serve-cpu runs the scheduler-process half.)"""
+    seen: dict[str, Any] = {}
+
+    def run_module(name: str, run_name: str, alter_sys: bool) -> None:
+        seen.update(name=name, run_name=run_name, argv=list(sys.argv))
+        seen["env"] = (os.environ.get(serve_plugin.ATTACH_ENV), os.environ.get(serve_plugin.REPORT_ENV))
+        seen["plugins"] = {ep.name: ep.value for ep in entry_points(group=serve.PLUGIN_GROUP)}
+
+    monkeypatch.setattr(serve.runpy, "run_module", run_module)
+    monkeypatch.delenv(serve_plugin.ATTACH_ENV, raising=False)
+    report = str(tmp_path / "v.jsonl")
+    assert cli_main(["sglang-serve", "--report", report, "--", "--model-path", "m", "--port", "3"]) == 0
+    assert seen["name"] == "sglang.launch_server" and seen["run_name"] == "__main__"
+    assert seen["argv"][1:] == ["--model-path", "m", "--port", "3", serve.NO_OVERLAP]
+    assert seen["env"] == ("raise", report)
+    assert seen["plugins"]["kvledger_attach"] == serve.ATTACH_ENTRY[1]
+    assert serve_plugin.ATTACH_ENV not in os.environ
+    assert "kvledger_attach" not in {ep.name for ep in entry_points(group=serve.PLUGIN_GROUP)}
