@@ -172,8 +172,6 @@ def _run_child(
     seen: tuple[list[float], Path],
     timeout_s: float,
 ) -> dict[str, Any]:
-    from sglang.srt.managers.io_struct import sock_send
-
     quits = seen[0]
     out: dict[str, Any] = {}
     spawn = multiprocessing.get_context("spawn")  # SGLang's engine sets this start method
@@ -182,6 +180,10 @@ def _run_child(
     child = spawn.Process(target=run_scheduler_on_cpu, args=(payload, writer))
     start = time.monotonic()
     child.start()
+    # SGLang's message module is imported while the child imports and builds (two cores, not one after
+    # the other)
+    from sglang.srt.managers.io_struct import sock_send
+
     try:
         # the child's imports take 10-25 s on a quiet machine; a loaded CI runner may take far longer
         out["ready"] = reader.recv() if reader.poll(READY_TIMEOUT_S) else None
