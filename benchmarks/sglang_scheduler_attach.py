@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from typing import Any
 
 
@@ -58,9 +57,13 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.seeds, args.ops = 2, 100
-    if not os.path.isdir(os.path.join(sys.prefix, f"sglang-{args.release}", "sglang")):
-        reason = f"SGLang {args.release} is not installed beside the venv (bash scripts/setup_sglang.sh)"
-        print(json.dumps({"benchmark": "sglang_scheduler_attach", "skipped": reason}))
+    from kvledger.contracts.errors import InvalidArgument
+    from kvledger.engines.sglang.scheduler.release import release_dir
+
+    try:  # a side-by-side folder, or the venv's own release (0.5.23)
+        release_dir(args.release)
+    except InvalidArgument as missing:
+        print(json.dumps({"benchmark": "sglang_scheduler_attach", "skipped": str(missing)}))
         return
     os.environ.setdefault("SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE", "1")
     print(json.dumps(measure(args.release, args.seeds, args.ops)))

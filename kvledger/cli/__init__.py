@@ -21,12 +21,12 @@ import os
 import sys
 from types import ModuleType
 
-from kvledger.cli import audit, explore, hunt, museum, simulate
+from kvledger.cli import audit, explore, hunt, museum, sglang_serve, simulate
 from kvledger.cli.checks import environment_level_error
 from kvledger.cli.options import BROKEN_PIPE, INTERRUPTED, USAGE_ERROR, Parser, UsageError, usage_error
 from kvledger.process import interrupt
 
-COMMANDS: dict[str, ModuleType] = {m.NAME: m for m in (simulate, audit, hunt, museum, explore)}
+COMMANDS: dict[str, ModuleType] = {m.NAME: m for m in (simulate, audit, hunt, museum, explore, sglang_serve)}
 
 DESCRIPTION = (
     "kvledger: the memory bookkeeping of an LLM serving engine (KV slots and pages, request rows, Mamba"

@@ -248,7 +248,7 @@ def _ci(release: str, seeds: int, ops: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvledger.engines.sglang.scheduler")
-    parser.add_argument("command", choices=["hunt", "replay", "alias", "ci", "machine"])
+    parser.add_argument("command", choices=["hunt", "replay", "alias", "ci", "machine", "serve-cpu", "pd-faults"])
     parser.add_argument("file", nargs="?")
     parser.add_argument("--release", required=True, choices=sorted(SCHEDULER_RELEASES))
     parser.add_argument("--seeds", type=int_in(1), default=4)
@@ -262,7 +262,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--pd", choices=["prefill", "decode"], help="0.5.23: build a PD side (fake transfer backend)"
     )
+    parser.add_argument(
+        "--on-violation", choices=["raise", "log"], default="raise", help="serve-cpu: the launcher's option"
+    )
+    parser.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="NAME=MODULE:FUNCTION",
+        help="serve-cpu: one more SGLang plugin for the scheduler process (a planted bug in a test)",
+    )
     args = parser.parse_intermixed_args(argv)  # the repro file may follow the options
+    if args.command in ("serve-cpu", "pd-faults") and args.release != OWN_RELEASE:
+        parser.error(f"{args.command} runs {OWN_RELEASE} only (the venv's own; earlier fake PD backends cannot fail)")
+    if any("=" not in p or ":" not in p for p in args.plugin):
+        parser.error("--plugin takes NAME=MODULE:FUNCTION")
     if args.pd and args.release != OWN_RELEASE:
         parser.error(f"--pd builds {OWN_RELEASE}'s PD sides; 0.5.5.x runs its PD prefill loop without it")
     os.environ.setdefault(STRICT_IDLE_CHECK, "1")
@@ -299,6 +313,15 @@ def main(argv: list[str] | None = None) -> int:
             _save(out, args.save, argv_)
     elif args.command == "alias":
         out = _alias(args.release)
+    elif args.command == "pd-faults":
+        from kvledger.engines.sglang.scheduler.controls import pd_failure_controls
+
+        out = pd_failure_controls()
+    elif args.command == "serve-cpu":
+        from kvledger.engines.sglang.scheduler.serve_cpu import WAVES, serve_on_cpu
+
+        plugins = dict(p.split("=", 1) for p in args.plugin)
+        out = serve_on_cpu(WAVES, on_violation=args.on_violation, extra_plugins=plugins)
     else:
         out = _ci(args.release, args.seeds, args.ops)
     out["wall_s"] = round(time.perf_counter() - start, 2)

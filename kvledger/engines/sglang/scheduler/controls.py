@@ -130,3 +130,81 @@ def pd_attach_controls(release: str) -> dict[str, Any]:
         "pool_wrapped": sorted(k for k in vars(scheduler.req_to_token_pool) if k in ("alloc", "free")),
     }
     return out
+
+
+def _pd_prefill_attached() -> Any:
+    from kvledger.engines.sglang.scheduler.build23 import build_scheduler_23
+    from kvledger.engines.sglang.scheduler.ledgers import attach_scheduler
+
+    scheduler = build_scheduler_23(pd="prefill")
+    attach_scheduler(scheduler)
+    return scheduler
+
+
+def _drain(scheduler: Any, reqs: list[Any], limit: int = 40) -> int:
+    from kvledger.engines.sglang.scheduler.loop import step
+
+    steps = 0
+    while not all(r.finished() for r in reqs) and steps < limit:
+        step(scheduler)
+        steps += 1
+    step(scheduler)  # one idle step more: the last transfers are polled and released
+    return steps
+
+
+def _outcome(req: Any) -> dict[str, Any]:
+    reason = req.finished_reason
+    message = getattr(reason, "message", None)  # FINISH_ABORT carries SGLang's error message
+    return {"finished": bool(req.finished()), "reason": type(reason).__name__, "message": str(message)[:300]}
+
+
+def pd_failure_controls() -> dict[str, Any]:
+    """PD prefill (0.5.23, fake backend) under the attach, with the failures of :mod:`.pd_faults`: a
+    transfer failing in the bootstrap queue, a chunked request's transfer failing mid-prefill, a waiting
+    request's sender timing out (the clock moved past SGLang's waiting timeout); every step's identity
+    holds and the failed requests end aborted. Then a failure path made to forget its release (a scoped
+    patch of the name SGLang's prefill module calls, outside SGLang) must be named as a leak."""
+    from kvledger.engines.sglang.scheduler.loop import arrive, step
+    from kvledger.engines.sglang.scheduler.pd_faults import fail_transfer, transfer_clock, waiting_timeout
+
+    out: dict[str, Any] = {}
+    scheduler = _pd_prefill_attached()
+    a = arrive(scheduler, "boot.", list(range(1, 9)), 2)
+    out["bootstrap_failed"] = fail_transfer(scheduler, "boot.")
+    long_, waiter = arrive(scheduler, "long.", list(range(1, 41)), 2), arrive(scheduler, "wait.", [7, 8, 9], 2)
+    step(scheduler)  # boot. fails at its bootstrap poll; long.'s first chunk runs; wait. waits
+    step(scheduler)  # wait.'s sender is polled in the waiting queue: its deadline clock starts
+    out["chunked_is_long"] = scheduler.chunked_req is long_
+    out["mid_prefill_failed"] = fail_transfer(scheduler, "long.")
+    transfer_clock().advance(2 * waiting_timeout())
+    out["steps"] = _drain(scheduler, [a, long_, waiter]) + 2
+    out["outcomes"] = {r.rid: _outcome(r) for r in (a, long_, waiter)}
+    sw = scheduler.kvledger_watch
+    out["accounts"] = sw.accounts()
+    out["checked_steps"] = sw.steps
+    sw.detach()
+    out["forgotten_release"] = _forgotten_release()
+    return out
+
+
+def _forgotten_release() -> dict[str, Any]:
+    """The chunked request's transfer fails with SGLang's prefill module calling a ``release_kv_cache``
+    that does nothing (a scoped patch of the module name, restored after): its KV, row and Mamba slot
+    are left to nobody, which the attach must name at that step's end."""
+    from unittest import mock
+
+    from kvledger.engines.sglang.scheduler.loop import arrive, step
+    from kvledger.engines.sglang.scheduler.pd_faults import fail_transfer
+
+    scheduler = _pd_prefill_attached()
+    long_ = arrive(scheduler, "long.", list(range(1, 41)), 2)
+    step(scheduler)
+    fail_transfer(scheduler, "long.")
+    try:
+        with mock.patch("sglang.srt.disaggregation.prefill.release_kv_cache", lambda *_, **__: None):
+            _drain(scheduler, [long_])
+        return {"caught": False}
+    except ContractViolation as error:
+        return {"caught": True, "kind": type(error).__name__, "message": str(error)[:1500]}
+    finally:
+        scheduler.kvledger_watch.detach()

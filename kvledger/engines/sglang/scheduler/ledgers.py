@@ -49,6 +49,9 @@ QUEUES = (
     ("chunked_req", "chunked"),
     ("running_batch", "running"),
     ("cur_batch", "batch"),  # the batch this step ran (the loop sets last_batch after process_batch_result)
+    # 0.5.23's own loops keep the batch being run here until last_batch is set (a launched server's
+    # event_loop_normal sets no cur_batch: without this its prefill batch's rows read as leaked)
+    ("cur_batch_for_debug", "batch"),
     ("last_batch", "batch"),
     ("waiting_queue", "waiting"),
     ("disagg_prefill_bootstrap_queue", "pd_bootstrap"),
@@ -96,6 +99,9 @@ class SchedulerWatch:
     _owners: dict[tuple[str, str], Owner] = field(default_factory=dict)
     _handed: list[tuple[Ledger, np.ndarray, Owner]] = field(default_factory=list)
     wrapped_names: list[str] = field(default_factory=list)  # scheduler attributes the attach set
+    # who hears of a violation (None: it raises in the scheduler's step). A live server's attach
+    # (:mod:`.serve_plugin`) logs it with its evidence, then raises or detaches per its option
+    on_violation: Callable[[ContractViolation, BaseException | None], None] | None = None
 
     # ------------------------------------------------------------------ the requests
     def live_requests(self, *, finishing: bool = False) -> list[LiveRequest]:
@@ -400,20 +406,34 @@ def _wrap_steps(sw: SchedulerWatch) -> None:
             setattr(s, name, make(getattr(s, name)))
             sw.wrapped_names.append(name)
 
+    def report(error: ContractViolation, cause: BaseException | None = None) -> None:
+        # the checks run after SGLang's own code: a listener that does not raise lets the step's result
+        # through; SGLang's own error (``cause``) is re-raised by the caller either way
+        if sw.on_violation is None:
+            raise error from cause
+        sw.on_violation(error, cause)
+
+    def guarded(check: Callable[..., None], *args: Any) -> None:
+        try:
+            check(*args)
+        except ContractViolation as error:
+            report(error)
+
     def begin(original: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
-            sw.take_back()
+            guarded(sw.take_back)
             try:
                 batch = original(*args, **kwargs)
             except AssertionError as error:
                 verdict = sw.classify_exhaustion(error)
                 if verdict is None:
                     raise
-                raise verdict from error
+                report(verdict, error)
+                raise
             # 0.5.23 returns a plan (the batch to run, the running batch after the choice)
             chosen = getattr(batch, "batch_to_run", batch)
             if chosen:
-                sw.check_batch(chosen)
+                guarded(sw.check_batch, chosen)
             return batch
 
         return call
@@ -422,9 +442,9 @@ def _wrap_steps(sw: SchedulerWatch) -> None:
         # a scheduler event between two steps (an abort): the scheduler acts for its requests, then the
         # identity is checked as after a step
         def call(*args: Any, **kwargs: Any) -> Any:
-            sw.take_back()
+            guarded(sw.take_back)
             out = original(*args, **kwargs)
-            sw.end_step()
+            guarded(sw.end_step)
             return out
 
         return call
@@ -432,7 +452,7 @@ def _wrap_steps(sw: SchedulerWatch) -> None:
     def end(original: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
             out = original(*args, **kwargs)
-            sw.end_step()
+            guarded(sw.end_step)
             return out
 
         return call
@@ -444,11 +464,15 @@ def _wrap_steps(sw: SchedulerWatch) -> None:
             except Exception as error:
                 if isinstance(error, ContractViolation):
                     raise
-                verdict = sw.classify_check(error)
+                try:
+                    verdict: ContractViolation | None = sw.classify_check(error)
+                except ContractViolation as inner:  # the ledgers disagree with the books first
+                    verdict = inner
                 if verdict is None:
                     raise
-                raise verdict from error
-            sw.end_step()
+                report(verdict, error)
+                raise
+            guarded(sw.end_step)
             return out
 
         return call

@@ -2,7 +2,9 @@
 
 Rules: arrivals whose prompts may start with one of a few shared prefixes, follow-up turns (a finished
 request's prompt + output + a new tail), one loop step, aborts of a live request from whatever queue it
-is in (SGLang's own ``abort_request``), chunk sizes drawn per example. Pools are the default small shape
+is in (SGLang's own ``abort_request``), chunk sizes drawn per example. On a PD side whose transfer
+backend can fail (0.5.23, ``--pd prefill|decode``): a live request's transfer fails, and time passes
+(the fake sender's waiting deadline), both through :mod:`.pd_faults`. Pools are the default small shape
 (64 KV tokens, 8 rows, 24 Mamba slots), so admissions fail for lack of room and decodes retract. Nothing
 here is written for one bug: a failure is whatever the attach (:mod:`.ledgers`), SGLang's own strict
 checks or the fake worker's tags raise, classified by :func:`.workload.classify`.
@@ -26,7 +28,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from kvledger.engines.sglang.scheduler.loop import STRICT_IDLE_CHECK, arrive, step
+from kvledger.engines.sglang.scheduler.loop import STRICT_IDLE_CHECK, arrive, is_pd_prefill, step
 
 TOKENS = st.integers(1, 999)
 
@@ -37,6 +39,8 @@ class SchedulerMachine(RuleBasedStateMachine):
     release: ClassVar[str] = ""
     examples = 0
     operations = 0
+    transfer_failures = 0  # PD transfers the machine failed (pd_faults), and clock moves it made
+    clock_moves = 0
     # the operations of the latest example, as repro ops (Hypothesis runs the shrunk failing example
     # last, so after a failure these are its operations) and the shape it was built with
     last_ops: ClassVar[list[tuple[Any, ...]]] = []
@@ -50,6 +54,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.finished: list[Any] = []
         self.n = 0
         self.ops: list[tuple[Any, ...]] = []
+        self.pd_failures = False
         type(self).examples += 1
         type(self).last_ops = self.ops
 
@@ -63,6 +68,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.prefixes = prefixes
         type(self).last_shape = {"chunked_prefill_size": chunk}
         self.scheduler = build_attached(type(self).release, SchedulerShape(chunked_prefill_size=chunk))
+        from kvledger.engines.sglang.scheduler.pd_faults import can_fail
+
+        self.pd_failures = can_fail(self.scheduler)  # the PD sides of a release whose backend can fail
 
     def _arrive(self, tokens: list[int], max_new: int) -> None:
         type(self).operations += 1
@@ -113,6 +121,35 @@ class SchedulerMachine(RuleBasedStateMachine):
         if _gone(self.scheduler, req):  # popped from the waiting queue: gone for good
             self.live = [r for r in self.live if r is not req]
 
+    @precondition(lambda self: self.pd_failures and bool(self.live))
+    @rule(pick=st.integers(0, 1 << 16))
+    def transfer_fails(self, pick: int) -> None:
+        """A live request's KV transfer fails (PD sides of 0.5.23: :mod:`.pd_faults`); SGLang's failure
+        path takes it from there at its next poll."""
+        from kvledger.engines.sglang.scheduler.pd_faults import fail_transfer, open_transfers
+
+        rids = list(open_transfers(self.scheduler))
+        if not rids:
+            return
+        type(self).operations += 1
+        rid = rids[pick % len(rids)]
+        self.ops.append(("fail", rid))
+        type(self).transfer_failures += fail_transfer(self.scheduler, rid)
+
+    @precondition(lambda self: self.pd_failures and is_pd_prefill(self.scheduler))
+    @rule(fraction=st.sampled_from([0.25, 0.5, 1.0, 2.0]))
+    def time_passes(self, fraction: float) -> None:
+        """The wall clock moves on by a fraction of SGLang's transfer waiting timeout (the fake sender's
+        deadline, the prefill side's only: the fake receiver has none; a stepped loop is otherwise far
+        faster than the clock)."""
+        from kvledger.engines.sglang.scheduler.pd_faults import transfer_clock, waiting_timeout
+
+        type(self).operations += 1
+        seconds = fraction * waiting_timeout()
+        self.ops.append(("clock", seconds))
+        transfer_clock().advance(seconds)
+        type(self).clock_moves += 1
+
     def teardown(self) -> None:
         if self.scheduler is not None:
             self.scheduler.kvledger_watch.detach()
@@ -122,7 +159,15 @@ def machine_for(release: str) -> type[RuleBasedStateMachine]:
     """The machine class over ``release`` (its examples counted in ``examples``): its own subclass, so
     its counters and its latest example's operations are its own."""
     name = f"SchedulerMachine_{release.replace('.', '_')}"
-    attrs = {"release": release, "examples": 0, "operations": 0, "last_ops": [], "last_shape": {}}
+    attrs = {
+        "release": release,
+        "examples": 0,
+        "operations": 0,
+        "transfer_failures": 0,
+        "clock_moves": 0,
+        "last_ops": [],
+        "last_shape": {},
+    }
     return type(name, (SchedulerMachine,), attrs)
 
 
@@ -158,6 +203,8 @@ def hunt_machine(release: str, examples: int, steps: int) -> dict[str, Any]:
         "release": release,
         "examples": cls.examples,
         "operations": cls.operations,
+        "transfer_failures": cls.transfer_failures,
+        "clock_moves": cls.clock_moves,
         "cpu_s": round(time.process_time() - cpu, 2),
         "finding": finding,
     }

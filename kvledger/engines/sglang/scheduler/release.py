@@ -74,22 +74,28 @@ def _own_release_dir(root: Path) -> Path:
     return path
 
 
-def import_scheduler(version: str) -> tuple[ModuleType, float]:
-    """Import ``sglang.srt.managers.scheduler`` of ``version``; returns (module, seconds).
+def prepare_imports(version: str) -> None:
+    """Make ``version``'s SGLang importable in this process: its folder first on ``sys.path`` (the own
+    release is on the path already) and the stand-in finder for the packages this environment lacks.
 
     The stand-in finder stays installed for the life of the process: the scheduler imports some
     modules lazily (the tree class inside ``init_cache_with_memory_pool``), and this process exists only
-    to run this one release.
-    """
+    to run this one release."""
     path = str(release_dir(version))
     loaded = sys.modules.get("sglang")
     if loaded is not None and not str(getattr(loaded, "__file__", "")).startswith(path):
         raise InvalidArgument(f"another SGLang is already imported in this process: {loaded.__file__}")
-    if version != OWN_RELEASE and path not in sys.path:  # the own release is on the path already
+    if version != OWN_RELEASE and path not in sys.path:
         sys.path.insert(0, path)
     if not any(isinstance(f, StandinFinder) for f in sys.meta_path):
         roots = OWN_RELEASE_STANDIN_ROOTS if version == OWN_RELEASE else SCHEDULER_STANDIN_ROOTS
         sys.meta_path.append(StandinFinder(missing_roots(roots)))
+
+
+def import_scheduler(version: str) -> tuple[ModuleType, float]:
+    """Import ``sglang.srt.managers.scheduler`` of ``version`` (:func:`prepare_imports` first); returns
+    (module, seconds)."""
+    prepare_imports(version)
     start = time.perf_counter()
     import importlib
 

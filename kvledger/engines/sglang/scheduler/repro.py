@@ -13,8 +13,8 @@ Op = tuple[Any, ...]
 
 
 def replay(scheduler: Any, ops: list[Op]) -> Finding | None:
-    """Run ``ops`` (``("arrive", rid, tokens, max_new)`` / ``("step",)`` / ``("abort", rid)``); the first
-    failure, classified."""
+    """Run ``ops`` (``("arrive", rid, tokens, max_new)`` / ``("step",)`` / ``("abort", rid)`` / ``("fail",
+    rid)`` / ``("clock", seconds)``); the first failure, classified."""
     os.environ.setdefault(STRICT_IDLE_CHECK, "1")
     for i, op in enumerate(ops):
         try:
@@ -24,6 +24,14 @@ def replay(scheduler: Any, ops: list[Op]) -> Finding | None:
                 from sglang.srt.managers.io_struct import AbortReq
 
                 scheduler.abort_request(AbortReq(rid=op[1]))
+            elif op[0] == "fail":  # a PD transfer failure (pd_faults), as the machine draws it
+                from kvledger.engines.sglang.scheduler.pd_faults import fail_transfer
+
+                fail_transfer(scheduler, op[1])
+            elif op[0] == "clock":  # time passing for the PD transfer backend (pd_faults)
+                from kvledger.engines.sglang.scheduler.pd_faults import transfer_clock
+
+                transfer_clock().advance(op[1])
             else:
                 step(scheduler)
         except Exception as error:
