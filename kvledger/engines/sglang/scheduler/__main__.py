@@ -246,13 +246,17 @@ def _ci(release: str, seeds: int, ops: int) -> dict[str, Any]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m kvledger.engines.sglang.scheduler")
-    parser.add_argument("command", choices=["hunt", "replay", "alias", "ci", "machine", "serve-cpu", "pd-faults"])
+    parser.add_argument(
+        "command", choices=["hunt", "replay", "alias", "ci", "machine", "serve-cpu", "pd-faults"]
+    )
     parser.add_argument("file", nargs="?")
     parser.add_argument("--release", required=True, choices=sorted(SCHEDULER_RELEASES))
     parser.add_argument("--seeds", type=int_in(1), default=4)
-    parser.add_argument("--aborts", type=probability, default=0.0, help="hunt: chance a non-arrival op is an abort")
+    parser.add_argument(
+        "--aborts", type=probability, default=0.0, help="hunt: chance a non-arrival op is an abort"
+    )
     parser.add_argument(
         "--first-seed", type=int_in(0), default=0, help="hunt: seeds first-seed .. first-seed+seeds-1"
     )
@@ -272,9 +276,16 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME=MODULE:FUNCTION",
         help="serve-cpu: one more SGLang plugin for the scheduler process (a planted bug in a test)",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_intermixed_args(argv)  # the repro file may follow the options
     if args.command in ("serve-cpu", "pd-faults") and args.release != OWN_RELEASE:
-        parser.error(f"{args.command} runs {OWN_RELEASE} only (the venv's own; earlier fake PD backends cannot fail)")
+        parser.error(
+            f"{args.command} runs {OWN_RELEASE} only (the venv's own; earlier fake PD backends cannot fail)"
+        )
     if any("=" not in p or ":" not in p for p in args.plugin):
         parser.error("--plugin takes NAME=MODULE:FUNCTION")
     if args.pd and args.release != OWN_RELEASE:
@@ -285,6 +296,14 @@ def main(argv: list[str] | None = None) -> int:
 
         os.environ[PD_ENV] = args.pd
     start = time.perf_counter()
+    out = _run(args)
+    out["wall_s"] = round(time.perf_counter() - start, 2)
+    sys.stdout.write("KVLEDGER-JSON " + json.dumps(out) + "\n")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> dict[str, Any]:
+    """One command's figures (the JSON line ``main`` prints)."""
     if args.command == "hunt":
         out = _hunt(args.release, args.seeds, args.ops, args.first_seed, args.aborts)
         out["first_seed"], out["aborts"] = args.first_seed, args.aborts
@@ -324,9 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         out = serve_on_cpu(WAVES, on_violation=args.on_violation, extra_plugins=plugins)
     else:
         out = _ci(args.release, args.seeds, args.ops)
-    out["wall_s"] = round(time.perf_counter() - start, 2)
-    sys.stdout.write("KVLEDGER-JSON " + json.dumps(out) + "\n")
-    return 0
+    return out
 
 
 if __name__ == "__main__":

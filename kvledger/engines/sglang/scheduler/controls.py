@@ -171,7 +171,10 @@ def pd_failure_controls() -> dict[str, Any]:
     scheduler = _pd_prefill_attached()
     a = arrive(scheduler, "boot.", list(range(1, 9)), 2)
     out["bootstrap_failed"] = fail_transfer(scheduler, "boot.")
-    long_, waiter = arrive(scheduler, "long.", list(range(1, 41)), 2), arrive(scheduler, "wait.", [7, 8, 9], 2)
+    long_, waiter = (
+        arrive(scheduler, "long.", list(range(1, 41)), 2),
+        arrive(scheduler, "wait.", [7, 8, 9], 2),
+    )
     step(scheduler)  # boot. fails at its bootstrap poll; long.'s first chunk runs; wait. waits
     step(scheduler)  # wait.'s sender is polled in the waiting queue: its deadline clock starts
     out["chunked_is_long"] = scheduler.chunked_req is long_

@@ -398,66 +398,66 @@ def attach_scheduler(scheduler: Any, *, audit_each: bool = False) -> SchedulerWa
     return sw
 
 
-def _wrap_steps(sw: SchedulerWatch) -> None:
-    s = sw.scheduler
+class _StepWrappers:
+    """The four shapes a wrapped scheduler method takes: the start of a step (the batch choice), an event
+    between steps (an abort, a PD queue's poll), the end of a step, and SGLang's own memory check (its
+    failure classified by ledger owner). The checks run after SGLang's own code."""
 
-    def install(name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
-        if hasattr(s, name):
-            setattr(s, name, make(getattr(s, name)))
-            sw.wrapped_names.append(name)
+    def __init__(self, sw: SchedulerWatch) -> None:
+        self.sw = sw
 
-    def report(error: ContractViolation, cause: BaseException | None = None) -> None:
-        # the checks run after SGLang's own code: a listener that does not raise lets the step's result
-        # through; SGLang's own error (``cause``) is re-raised by the caller either way
-        if sw.on_violation is None:
+    def report(self, error: ContractViolation, cause: BaseException | None = None) -> None:
+        # a listener that does not raise lets the step's result through; SGLang's own error (``cause``) is
+        # re-raised by the caller either way
+        if self.sw.on_violation is None:
             raise error from cause
-        sw.on_violation(error, cause)
+        self.sw.on_violation(error, cause)
 
-    def guarded(check: Callable[..., None], *args: Any) -> None:
+    def guarded(self, check: Callable[..., None], *args: Any) -> None:
         try:
             check(*args)
         except ContractViolation as error:
-            report(error)
+            self.report(error)
 
-    def begin(original: Callable[..., Any]) -> Callable[..., Any]:
+    def begin(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
-            guarded(sw.take_back)
+            self.guarded(self.sw.take_back)
             try:
                 batch = original(*args, **kwargs)
             except AssertionError as error:
-                verdict = sw.classify_exhaustion(error)
+                verdict = self.sw.classify_exhaustion(error)
                 if verdict is None:
                     raise
-                report(verdict, error)
+                self.report(verdict, error)
                 raise
             # 0.5.23 returns a plan (the batch to run, the running batch after the choice)
             chosen = getattr(batch, "batch_to_run", batch)
             if chosen:
-                guarded(sw.check_batch, chosen)
+                self.guarded(self.sw.check_batch, chosen)
             return batch
 
         return call
 
-    def between(original: Callable[..., Any]) -> Callable[..., Any]:
+    def between(self, original: Callable[..., Any]) -> Callable[..., Any]:
         # a scheduler event between two steps (an abort): the scheduler acts for its requests, then the
         # identity is checked as after a step
         def call(*args: Any, **kwargs: Any) -> Any:
-            guarded(sw.take_back)
+            self.guarded(self.sw.take_back)
             out = original(*args, **kwargs)
-            guarded(sw.end_step)
+            self.guarded(self.sw.end_step)
             return out
 
         return call
 
-    def end(original: Callable[..., Any]) -> Callable[..., Any]:
+    def end(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
             out = original(*args, **kwargs)
-            guarded(sw.end_step)
+            self.guarded(self.sw.end_step)
             return out
 
         return call
 
-    def checked(original: Callable[..., Any]) -> Callable[..., Any]:
+    def checked(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
             try:
                 out = original(*args, **kwargs)
@@ -465,33 +465,43 @@ def _wrap_steps(sw: SchedulerWatch) -> None:
                 if isinstance(error, ContractViolation):
                     raise
                 try:
-                    verdict: ContractViolation | None = sw.classify_check(error)
+                    verdict: ContractViolation | None = self.sw.classify_check(error)
                 except ContractViolation as inner:  # the ledgers disagree with the books first
                     verdict = inner
                 if verdict is None:
                     raise
-                report(verdict, error)
+                self.report(verdict, error)
                 raise
-            guarded(sw.end_step)
+            self.guarded(self.sw.end_step)
             return out
 
         return call
 
+
+def _wrap_steps(sw: SchedulerWatch) -> None:
+    s = sw.scheduler
+    wrap = _StepWrappers(sw)
+
+    def install(name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        if hasattr(s, name):
+            setattr(s, name, make(getattr(s, name)))
+            sw.wrapped_names.append(name)
+
     vars(s)["kvledger_watch"] = sw
     sw.wrapped_names.append("kvledger_watch")
-    install("get_next_batch_to_run", begin)
-    install("abort_request", between)
-    install("process_batch_result", end)
-    install("self_check_during_idle", checked)
-    install("on_idle", checked)  # 0.5.23: the idle housekeeping holding the memory check
+    install("get_next_batch_to_run", wrap.begin)
+    install("abort_request", wrap.between)
+    install("process_batch_result", wrap.end)
+    install("self_check_during_idle", wrap.checked)
+    install("on_idle", wrap.checked)  # 0.5.23: the idle housekeeping holding the memory check
     if getattr(s, "disagg_decode_prealloc_queue", None) is not None:
         # PD decode's loop (0.5.23): the decode queues advance first (preallocation for new requests,
         # finished transfers move to waiting), then the batch choice
-        install("process_decode_queue", between)
-        install("get_next_disagg_decode_batch_to_run", begin)
+        install("process_decode_queue", wrap.between)
+        install("get_next_disagg_decode_batch_to_run", wrap.begin)
     if getattr(s, "disagg_prefill_bootstrap_queue", None) is not None:
         # PD prefill's loop: the step begins with its own batch choice (process_prefill_chunk runs there)
         # and ends after the inflight queue is polled (finished transfers release their requests), both
         # on a busy and an idle iteration; process_batch_result_disagg_prefill sits inside the step
-        install("get_next_disagg_prefill_batch_to_run", begin)
-        install("process_disagg_prefill_inflight_queue", between)
+        install("get_next_disagg_prefill_batch_to_run", wrap.begin)
+        install("process_disagg_prefill_inflight_queue", wrap.between)
