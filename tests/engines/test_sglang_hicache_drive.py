@@ -85,3 +85,16 @@ def test_a_load_back_that_keeps_its_device_slots_when_its_transfer_fails_is_name
     monkeypatch.setattr(controller_cls, "load", load)
     found = hunt(BUDGET, shrink=False)["found"]
     assert found is not None and "load:" in found and "I-OWNER-RELEASE" in found, found
+
+
+def test_a_transfer_that_pairs_host_and_device_rows_wrongly_is_named_by_the_data_tags(
+    monkeypatch: Any, controller_cls: Any
+) -> None:
+    def move_indices(self: Any, host_indices: torch.Tensor, device_indices: torch.Tensor) -> Any:
+        # the planted bug: the direct backend sorts the host indices but keeps the device indices in their
+        # old order, so once the host free list is out of order row i lands in another row's slot
+        return host_indices.sort().values, device_indices.cpu()
+
+    monkeypatch.setattr(controller_cls, "move_indices", move_indices)
+    found = hunt(BUDGET, shrink=False)["found"]
+    assert found is not None and "does not hold the node's data (I-DATA-KV)" in found, found
