@@ -54,7 +54,9 @@ class HostWatch:
     (free, a write in flight, or a node's host copy) and the pool's own free count equals the ledger's.
     """
 
-    def __init__(self, host_pool: Any, *, label: str, audit_each: bool) -> None:
+    def __init__(
+        self, host_pool: Any, *, label: str, audit_each: bool, controller: Any = None, device: Any = None
+    ) -> None:
         self.pool = host_pool
         self.label = label
         self.audit_each = audit_each
@@ -68,6 +70,9 @@ class HostWatch:
         self._wrapped: list[Wrapped] = []
         self.device: Any = None  # the device Watch a controller's load allocates under
         self.calls = 0
+        self._attach_pool()
+        if controller is not None:
+            self._attach_controller(controller, device)
 
     # ------------------------------------------------------------------ owners
     def _owner(self, kind: str, node_id: Any, account: Account) -> Owner:
@@ -316,8 +321,10 @@ def watch_host(
         raise InvalidArgument("watch_host: the controller's mem_pool_host is not the given host pool")
     if int(host_pool.available_size()) != int(getattr(host_pool, "logical_size", host_pool.size)):
         raise InvalidArgument("watch_host: attach to a host pool with every slot free (after clear())")
-    w = HostWatch(host_pool, label=label or type(host_pool).__name__, audit_each=audit_each)
-    w._attach_pool()
-    if controller is not None:
-        w._attach_controller(controller, device)
-    return w
+    return HostWatch(
+        host_pool,
+        label=label or type(host_pool).__name__,
+        audit_each=audit_each,
+        controller=controller,
+        device=device,
+    )

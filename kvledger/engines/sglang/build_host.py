@@ -1,8 +1,8 @@
 """Build SGLang 0.5.23's HiCache host tier on CPU: host pools and the ``HiCacheController`` over them.
 
 Every object is SGLang's own class through its public constructor, ``pin_memory=False`` (pinning needs
-CUDA). ``MHATokenToKVPoolHost`` takes the device pool's ``_mha_buffer_info()`` (what SGLang's own pool
-assembler passes it); ``MambaPoolHost`` the Mamba pool's ``get_device_pool_infos()`` entry, layout
+CUDA). ``MHATokenToKVPoolHost`` takes the buffer info of the device pool's ``get_device_pool_infos()`` (what
+SGLang's own pool assembler passes it); ``MambaPoolHost`` the Mamba pool's ``get_device_pool_infos()`` entry, layout
 ``page_first`` (the Mamba host pool accepts ``page_first`` and ``page_first_direct`` only).
 
 What does not run on CPU, measured on 0.5.23: the controller's data copies. ``HiCacheController.write``
@@ -38,8 +38,9 @@ def kv_host_pool(allocator: Any, ratio: float = HOST_RATIO, layout: str = "layer
     from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 
     kv = allocator.get_kvcache()
+    (info,) = kv.get_device_pool_infos()  # the public description SGLang's pool assembler reads
     return MHATokenToKVPoolHost(
-        kv._mha_buffer_info(),
+        info.buffer_info,
         ratio,
         0,
         allocator.page_size,
