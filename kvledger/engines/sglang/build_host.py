@@ -17,8 +17,11 @@ allocation, write / load queues, acks, ``evict_host``) runs as released.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from typing import Any
+from unittest import mock
 
 from kvledger.engines.sglang.loader import SGLangUnavailable
 
@@ -66,7 +69,8 @@ def mamba_host_pool(hybrid_rows: Any, ratio: float = HOST_RATIO) -> Any:
 
 
 class SyncTransferEngine:
-    """Stands in for ``L2TransferEngine`` on CPU: each copy done at once, in torch, before it returns.
+    """Stands in for ``L2TransferEngine`` on CPU: each copy done at once, in torch, before it returns,
+    through the host pool's per-layer views (``k_data_refs`` / ``v_data_refs``: any host layout).
 
     ``fail_next``: the next ``fail_next`` submissions raise ``RuntimeError`` before copying anything (a
     transfer that failed), for the drivers' failure paths."""
@@ -93,8 +97,12 @@ class SyncTransferEngine:
         self._maybe_fail("device-to-host")
         for t in transfers:
             for layer in range(t.device_pool.layer_num):
-                t.host_pool.k_buffer[layer][t.host_indices] = t.device_pool.k_buffer[layer][t.device_indices]
-                t.host_pool.v_buffer[layer][t.host_indices] = t.device_pool.v_buffer[layer][t.device_indices]
+                t.host_pool.k_data_refs[layer][t.host_indices] = t.device_pool.k_buffer[layer][
+                    t.device_indices
+                ]
+                t.host_pool.v_data_refs[layer][t.host_indices] = t.device_pool.v_buffer[layer][
+                    t.device_indices
+                ]
             self.copies += 1
         return self._completion()
 
@@ -109,8 +117,12 @@ class SyncTransferEngine:
         self._maybe_fail("host-to-device")
         for layer in range(transfer_layer_id_max):
             for t in transfers:
-                t.device_pool.k_buffer[layer][t.device_indices] = t.host_pool.k_buffer[layer][t.host_indices]
-                t.device_pool.v_buffer[layer][t.device_indices] = t.host_pool.v_buffer[layer][t.host_indices]
+                t.device_pool.k_buffer[layer][t.device_indices] = t.host_pool.k_data_refs[layer][
+                    t.host_indices
+                ]
+                t.device_pool.v_buffer[layer][t.device_indices] = t.host_pool.v_data_refs[layer][
+                    t.host_indices
+                ]
             if on_layer_done is not None:
                 on_layer_done(layer)
         self.copies += len(transfers)
@@ -134,3 +146,51 @@ def controller(allocator: Any, host_pool: Any, write_policy: str = "write_throug
     )
     ctl.l2_transfer_engine = SyncTransferEngine()
     return ctl
+
+
+@contextlib.contextmanager
+def _host_pools_unpinned() -> Iterator[None]:
+    """Inside the block SGLang's KV host pools are built with ``pin_memory=False``. SGLang's pool
+    assembler (``build_kv_host_pool``) passes no ``pin_memory``, so the pool's default (True) registers
+    the buffer with CUDA (``cudaHostRegister``: "Torch not compiled with CUDA enabled" on CPU). The class
+    attribute is restored on exit; SGLang's source is untouched."""
+    from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+
+    release_init = MHATokenToKVPoolHost.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        kwargs["pin_memory"] = False
+        release_init(self, *args, **kwargs)
+
+    with mock.patch.object(MHATokenToKVPoolHost, "__init__", init):
+        yield
+
+
+def hicache_tree(allocator: Any, rows: Any) -> Any:
+    """0.5.23's ``UnifiedRadixCache`` (FULL component, Python tree core) with HiCache: SGLang's own
+    ``init_hicache`` builds its ``HostPoolGroup`` (an ``MHATokenToKVPoolHost`` anchor) and its
+    ``HybridCacheController`` from the published server arguments (write policy, ratio and layout at
+    their defaults), the host pools unpinned; the controller's transfer engine is a
+    :class:`SyncTransferEngine`. The KV host pool is ``tree.cache_controller.mem_pool_host.anchor_entry.host_pool``."""
+    _require_host_tier()
+    from kvledger.engines.sglang import build
+
+    sgl = build.load()
+    if not sgl.has_unified_radix_cache:
+        raise SGLangUnavailable(f"SGLang {sgl.version} has no UnifiedRadixCache")
+    build.ensure_server_args(allocator.page_size, sgl)
+    from sglang.srt.runtime_context import get_server_args
+
+    params = sgl.CacheInitParams(
+        disable=False,
+        req_to_token_pool=rows,
+        token_to_kv_pool_allocator=allocator,
+        page_size=allocator.page_size,
+        tree_components=(sgl.ComponentType.FULL,),
+        tree_core_backend="python",
+    )
+    tree = sgl.UnifiedRadixCache(params)
+    with _host_pools_unpinned():
+        tree.init_hicache(get_server_args(), params)
+    tree.cache_controller.l2_transfer_engine = SyncTransferEngine()
+    return tree

@@ -187,7 +187,7 @@ class SGLangHiCacheMachine(RuleBasedStateMachine):
                 if node is None or node.pending is None:
                     continue  # an abandoned write: its slots went back above
                 self._check_tags(
-                    node, self.host.k_buffer[0][node.pending].reshape(-1), "host copy after write"
+                    node, self.host.k_data_refs[0][node.pending].reshape(-1), "host copy after write"
                 )
                 self.hw.commit_backup(nid, node.pending)
                 self.mw.commit_backup(nid, node.state_pending)
@@ -243,8 +243,21 @@ class SGLangHiCacheMachine(RuleBasedStateMachine):
     @rule(pick=picks, fail=st.booleans())
     def load_back(self, pick: int, fail: bool) -> None:
         node = self._pick(pick, lambda n: n.dev is None and n.host is not None)
-        if node is None:
-            return
+        if node is not None:
+            self._load_back(node, fail)
+
+    @precondition(lambda self: any(n.dev is not None and n.host is not None for n in self.nodes.values()))
+    @rule(pick=picks, fail=st.booleans())
+    def evict_then_hit(self, pick: int, fail: bool) -> None:
+        """A backed-up node evicted from the device, then hit: the common way into a load-back."""
+        self._take_write_acks()
+        node = self._pick(pick, lambda n: n.dev is not None and n.host is not None)
+        assert node is not None
+        self._free_device(node)
+        self._load_back(node, fail)
+
+    def _load_back(self, node: Node, fail: bool) -> None:
+        assert node.host is not None
         key = f"load:{node.nid}"
         self.engine.fail_next = int(fail)  # the transfer this load submits fails
         loaded = self.ctl.load(node.host, node_id=node.nid)
