@@ -26,10 +26,10 @@ def _device_hit(sgl: Any, tree: Any, tokens: list[int]) -> tuple[Any, torch.Tens
     return hit, tree.path_device_indices(hit.last_device_node)[: hit.device_prefix_len]
 
 
-def _round_trip(sgl: Any, page: int) -> tuple[Any, Any, Any]:
+def _round_trip(sgl: Any, page: int, core: str = "rust") -> tuple[Any, Any, Any]:
     """Each prompt through the tree's host tier and back; returns the watches and the host pool."""
     alloc = build.token_allocator(128, page, sgl)
-    tree = build_host.hicache_tree(alloc, build.req_pool(8, 64, sgl))
+    tree = build_host.hicache_tree(alloc, build.req_pool(8, 64, sgl), core)
     host = tree.cache_controller.mem_pool_host.anchor_entry.host_pool
     dw, hw = watch(allocator=alloc), watch_host(host, label="kv_host", audit_each=True)
     k = alloc.get_kvcache().k_buffer[0]
@@ -59,9 +59,10 @@ def _round_trip(sgl: Any, page: int) -> tuple[Any, Any, Any]:
     return dw, hw, host
 
 
+@pytest.mark.parametrize("core", ["rust", "python"])
 @pytest.mark.parametrize("page", [1, 4])
-def test_the_trees_own_host_tier_round_trip_comes_back(sgl: Any, page: int) -> None:
-    dw, hw, host = _round_trip(sgl, page)
+def test_the_trees_own_host_tier_round_trip_comes_back(sgl: Any, page: int, core: str) -> None:
+    dw, hw, host = _round_trip(sgl, page, core)
     dw.check_idle()
     hw.check_idle()  # free + cached == size on the host pool: every host slot came back
     assert host.available_size() == host.size and hw.calls > 0

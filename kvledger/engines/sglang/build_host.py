@@ -166,8 +166,9 @@ def _host_pools_unpinned() -> Iterator[None]:
         yield
 
 
-def hicache_tree(allocator: Any, rows: Any) -> Any:
-    """0.5.23's ``UnifiedRadixCache`` (FULL component, Python tree core) with HiCache: SGLang's own
+def hicache_tree(allocator: Any, rows: Any, core: str = "rust") -> Any:
+    """0.5.23's ``UnifiedRadixCache`` (FULL component; ``core``: ``"rust"``, SGLang's default, or ``"python"``)
+    with HiCache: SGLang's own
     ``init_hicache`` builds its ``HostPoolGroup`` (an ``MHATokenToKVPoolHost`` anchor) and its
     ``HybridCacheController`` from the published server arguments (write policy, ratio and layout at
     their defaults), the host pools unpinned; the controller's transfer engine is a
@@ -187,7 +188,7 @@ def hicache_tree(allocator: Any, rows: Any) -> Any:
         token_to_kv_pool_allocator=allocator,
         page_size=allocator.page_size,
         tree_components=(sgl.ComponentType.FULL,),
-        tree_core_backend="python",
+        tree_core_backend=core,
     )
     tree = sgl.UnifiedRadixCache(params)
     with _host_pools_unpinned():
