@@ -23,10 +23,11 @@ Oracles: the device watch (:func:`.attach.watch`, node N's device pages held by 
 (:func:`.attach_host.watch_host`, audited after every step), and at the end everything came back on all
 three pools (I-IDLE-IDENTITY).
 
-Not driven, and why (0.5.23 on CPU): the tree's own host paths (``UnifiedRadixCache.init_hicache``,
-``write_backup``, ``load_back``, ``evict_host``, ``check_hicache_events``) go through the Rust or Python
-tree core and the ``HybridCacheController`` built by ``attach_hybrid_pool_to_unified_cache`` from server
-arguments and process groups; the driver plays the tree's part instead. The data copies themselves
+Not driven here (0.5.23 on CPU): the tree's own host paths (``UnifiedRadixCache.init_hicache``,
+``write_backup``, ``load_back``, ``evict_host``, ``check_hicache_events``) keep their node bookkeeping in
+the tree core and move slots through the ``HybridCacheController``; they run on CPU
+(:func:`.build_host.hicache_tree`) in a deterministic scenario (tests/engines/test_sglang_hicache_tree.py),
+and this machine plays the tree's part against ``HiCacheController`` instead. The data copies themselves
 (``sgl_kernel``'s ``transfer_kv_*``, CUDA streams) are :class:`.build_host.SyncTransferEngine`'s torch
 copies; storage prefetch (L3) runs on background threads against a storage backend and is not driven.
 
