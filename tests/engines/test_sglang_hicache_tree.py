@@ -101,3 +101,30 @@ def test_a_host_slot_the_tree_frees_twice_is_named_at_the_call(
     monkeypatch.setattr(group_cls, "free", free)
     with pytest.raises(ContractViolation, match=r"freed twice \(I-NODUP-FREE\)"):
         _round_trip(sgl, 1)
+
+
+TREE_BUDGET = 40  # examples of 30 steps (about 4 CPU s clean)
+
+
+def test_the_tree_machine_runs_clean_on_sglangs_own_host_tier(sgl: Any) -> None:
+    from kvledger.engines.sglang.drive_hicache_tree import STATS, hunt
+
+    STATS.clear()
+    assert hunt(TREE_BUDGET, shrink=False) == {"found": None, "steps": []}
+    for kind in ("insert", "host hit", "load_back", "device tokens evicted", "host tokens evicted"):
+        assert STATS[kind] > 0, (kind, dict(STATS))
+    assert STATS["runs clean"] >= TREE_BUDGET
+
+
+def test_the_tree_machine_finds_a_host_page_the_tree_never_frees(monkeypatch: Any, group_cls: Any) -> None:
+    from kvledger.engines.sglang.drive_hicache_tree import hunt
+
+    release_free = group_cls.free
+
+    def free(self: Any, indices: torch.Tensor, *, pool: Any = None) -> int:
+        page = self.get_entry(pool).host_pool.page_size
+        return release_free(self, indices[page:], pool=pool)  # the planted bug: the first page is kept
+
+    monkeypatch.setattr(group_cls, "free", free)
+    found = hunt(TREE_BUDGET, shrink=False)["found"]
+    assert found is not None and "never came back (I-IDLE-IDENTITY)" in found, found
