@@ -13,13 +13,17 @@ import io
 from contextlib import redirect_stdout
 from typing import Any
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 
-def hunt_machine(machine: type[RuleBasedStateMachine], examples: int, steps: int) -> dict[str, Any]:
+def hunt_machine(
+    machine: type[RuleBasedStateMachine], examples: int, steps: int, *, shrink: bool = True
+) -> dict[str, Any]:
     """Run ``machine`` for ``examples`` examples of ``steps`` rule calls, derandomized (the same run on
-    every machine); the first violation (shrunk) and the rule calls that lead to it, or None."""
+    every machine); the first violation (shrunk, unless ``shrink`` is False: a test that only asks which
+    invariant fires spares the shrinker's many replays) and the rule calls that lead to it, or None."""
+    phases = tuple(Phase) if shrink else (Phase.explicit, Phase.reuse, Phase.generate)
     buf = io.StringIO()
     try:
         with redirect_stdout(buf):
@@ -28,6 +32,7 @@ def hunt_machine(machine: type[RuleBasedStateMachine], examples: int, steps: int
                 settings=settings(
                     max_examples=examples, stateful_step_count=steps, deadline=None, derandomize=True,
                     suppress_health_check=list(HealthCheck), print_blob=False, report_multiple_bugs=False,
+                    phases=phases,
                 ),
             )  # fmt: skip
     except Exception as exc:  # a violation, or SGLang's own assertion: the finding
