@@ -135,10 +135,11 @@ class HostKVComponent(TreeComponent):
         key = path_key(node)
         start = len(key) - len(node.key)
         parts = self.host_only.walk(key, start, 1)
-        if sum(n for _, n in parts) != len(node.key) or any(n != len(c) or c.loading for c, n in parts):
+        whole = all(off == 0 and n == len(c) and not c.loading for c, off, n in parts)
+        if not whole or sum(n for _, _, n in parts) != len(node.key):
             return False
-        merged = self._new_copy(key, start, torch.cat([c.ids for c, _ in parts]), CACHE_PROTECTED)
-        for copy, n in parts:
+        merged = self._new_copy(key, start, torch.cat([c.ids for c, _, _ in parts]), CACHE_PROTECTED)
+        for copy, _, n in parts:
             self.host_only.remove(copy)
             self._move(copy.ids, copy.owner, merged.owner, "adopt")
             self.counts.evictable -= n
@@ -191,7 +192,7 @@ class HostKVComponent(TreeComponent):
     def match_host(self, key: Sequence[int], device_len: int, page: int) -> HostHit:
         """The host-only copies continuing a device match of ``device_len`` tokens of ``key``."""
         hit = HostHit(device_len, self.host_only.walk(key, device_len, page))
-        for copy, _ in hit.parts:
+        for copy in hit.copies():
             copy.last_access = self._tick()
         return hit
 

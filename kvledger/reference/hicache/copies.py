@@ -62,18 +62,22 @@ class HostCopy:
 
 @dataclass
 class HostHit:
-    """What a match found on the host beyond the device match: ``(copy, tokens of it)`` in path order."""
+    """What a match found on the host beyond the device match: ``(copy, offset, tokens)`` in path order
+    (the tokens ``copy.segment[offset:offset + tokens]``)."""
 
     device_len: int
-    parts: list[tuple[HostCopy, int]] = field(default_factory=list)
+    parts: list[tuple[HostCopy, int, int]] = field(default_factory=list)
 
     @property
     def host_len(self) -> int:
         """SGLang's ``host_hit_length``: the tokens a load-back would bring to the device."""
-        return sum(n for _, n in self.parts)
+        return sum(n for _, _, n in self.parts)
+
+    def copies(self) -> list[HostCopy]:
+        return [c for c, _, _ in self.parts]
 
     def host_ids(self) -> torch.Tensor:
-        chunks = [c.ids[:n] for c, n in self.parts]
+        chunks = [c.ids[off : off + n] for c, off, n in self.parts]
         return torch.cat(chunks) if chunks else torch.empty((0,), dtype=torch.int64)
 
 
@@ -101,28 +105,35 @@ class HostIndex:
         """Whether another host-only copy continues ``copy`` (it is not a leaf of the host tier)."""
         return copy.key in self._after
 
-    def walk(self, key: Sequence[int], start: int, page: int) -> list[tuple[HostCopy, int]]:
-        """The host-only copies that continue ``key[:start]`` along ``key``: whole copies, then at most one
-        cut to the longest page-aligned common prefix (the tail a load-back can bring)."""
-        parts: list[tuple[HostCopy, int]] = []
+    def walk(self, key: Sequence[int], start: int, page: int) -> list[tuple[HostCopy, int, int]]:
+        """The host-only copies that continue ``key[:start]`` along ``key``: ``(copy, offset, tokens)``,
+        whole copies, then at most one cut to the longest page-aligned common prefix. The first may begin
+        inside a copy (a shorter prefix of an evicted segment is back on the device)."""
+        parts: list[tuple[HostCopy, int, int]] = []
         pos = start
         prefix = tuple(key[:start])
-        while True:
-            best: tuple[HostCopy, int] | None = None
-            for copy in self._after.get(prefix, ()):
-                seg = copy.segment
-                n = _common(seg, key, pos)
+        candidates = [(c, 0) for c in self._after.get(prefix, ())] or self._inside(prefix)
+        while candidates:
+            best: tuple[HostCopy, int, int] | None = None
+            for copy, off in candidates:
+                n = _common(copy.segment[off:], key, pos)
                 n -= n % page
-                if n and (best is None or n > best[1]):
-                    best = (copy, n)
+                if n and (best is None or n > best[2]):
+                    best = (copy, off, n)
             if best is None:
-                return parts
+                break
             parts.append(best)
-            copy, n = best
-            if n < len(copy):
-                return parts
+            copy, off, n = best
+            if off + n < len(copy):
+                break
             pos += n
-            prefix = copy.key
+            candidates = [(c, 0) for c in self._after.get(copy.key, ())]
+        return parts
+
+    def _inside(self, prefix: tuple[int, ...]) -> list[tuple[HostCopy, int]]:
+        """Copies whose segment strictly contains the end of ``prefix`` (O(host-only copies))."""
+        end = len(prefix)
+        return [(c, end - c.start) for c in self if c.start < end < len(c.key) and c.key[:end] == prefix]
 
 
 def _common(seg: tuple[int, ...], key: Sequence[int], pos: int) -> int:

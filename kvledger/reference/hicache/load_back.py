@@ -98,7 +98,7 @@ class LoadBack:
             next(_load_ids), tuple(key), hit, device_ids, owner, self.clock + self.delay, False
         )
         load.fail = bool(self.fails and self.fails(load))
-        for copy, _ in hit.parts:
+        for copy in hit.copies():
             self.comp.pin(copy)
         kernels.poison_slots(self.comp.device_buffer, device_ids)
         self.pending_slots.update(ids)
@@ -142,7 +142,7 @@ class LoadBack:
         self._release(load, ABORTED)
 
     def _release(self, load: PendingLoad, state: str) -> None:
-        for copy, _ in load.hit.parts:
+        for copy in load.hit.copies():
             self.comp.unpin(copy)
         self.pending_slots.difference_update(load.device_ids.tolist())
         load.state = state
