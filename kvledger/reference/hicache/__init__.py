@@ -2,8 +2,8 @@
 
 spec/hicache.md describes the model and what differs from SGLang."""
 
-from kvledger.reference.hicache.component import HostKVComponent, path_key
-from kvledger.reference.hicache.copies import HostCopy, HostHit
+from kvledger.reference.hicache.component import HostKVComponent
+from kvledger.reference.hicache.copies import HostCopy, HostHit, path_key
 from kvledger.reference.hicache.host_pool import HostPool
 from kvledger.reference.hicache.load_back import LoadBack, PendingLoad, match_with_host
 from kvledger.reference.hicache.policy import WRITE_POLICIES, WritePolicy

@@ -12,42 +12,59 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NoReturn
+from typing import Protocol
+
+import torch
 
 from kvledger import kernels
 from kvledger.contracts.errors import ContractViolation
 from kvledger.contracts.ledger import Ledger
 from kvledger.contracts.owners import CACHE_EVICTABLE, CACHE_PROTECTED, Account
+from kvledger.contracts.protocols import KindCounts
+from kvledger.reference.hicache.copies import HostCopy, HostIndex, path_key
+from kvledger.reference.hicache.host_pool import HostPool
 from kvledger.reference.radix.tree_node import TreeNode
 
-if TYPE_CHECKING:  # pragma: no cover
-    from kvledger.reference.hicache.component import HostKVComponent
-    from kvledger.reference.hicache.copies import HostCopy
+
+class HostTierView(Protocol):
+    """What the recounts read of the host component (which imports this module, so not by its class)."""
+
+    by_node: dict[int, HostCopy]
+    host_only: HostIndex
+    counts: KindCounts
+    pool: HostPool
+    device_buffer: torch.Tensor
+
+    def copies(self) -> list[HostCopy]: ...
 
 
-def audit_host_tier(comp: HostKVComponent, nodes: Sequence[TreeNode]) -> None:
+def audit_host_tier(comp: HostTierView, nodes: Sequence[TreeNode]) -> None:
     """Every recount of the module docstring; raises ContractViolation naming the invariant."""
     check_residency(comp, nodes)
     check_identity(comp)
     check_data(comp)
 
 
-def check_residency(comp: HostKVComponent, nodes: Sequence[TreeNode]) -> None:
-    from kvledger.reference.hicache.component import path_key
-
+def check_residency(comp: HostTierView, nodes: Sequence[TreeNode]) -> None:
     live = {n.id: n for n in nodes}
     evictable = protected = 0
     for node_id, copy in comp.by_node.items():
         node = live.get(node_id)
         if node is None or copy.node is not node or not node.live:
-            _fail("I-HOST-RESIDENCY", f"{copy!r} backs node #{node_id}, which is not in the tree", copy)
+            raise ContractViolation(
+                f"I-HOST-RESIDENCY: {copy!r} backs node #{node_id}, which is not in the tree {_by(copy)}"
+            )
         if len(copy) != len(node.key) or copy.ids.numel() != len(copy) or copy.key != path_key(node):
-            _fail("I-HOST-RESIDENCY", f"{copy!r} does not cover {node!r}'s segment", copy)
+            raise ContractViolation(
+                f"I-HOST-RESIDENCY: {copy!r} does not cover {node!r}'s segment {_by(copy)}"
+            )
         protected += len(copy)
         _account(copy, CACHE_PROTECTED)
     for copy in comp.host_only:
         if copy.node is not None or copy.ids.numel() != len(copy):
-            _fail("I-HOST-RESIDENCY", f"host-only {copy!r} names a device node or has the wrong length", copy)
+            raise ContractViolation(
+                f"I-HOST-RESIDENCY: host-only {copy!r} names a device node or has the wrong length {_by(copy)}"
+            )
         if copy.loading:
             protected += len(copy)
         else:
@@ -63,10 +80,12 @@ def check_residency(comp: HostKVComponent, nodes: Sequence[TreeNode]) -> None:
     if isinstance(ledger, Ledger):
         for copy in comp.copies():
             if not ledger.all_held_by(copy.ids, copy.owner):
-                _fail("I-HOST-RESIDENCY", f"{copy!r}'s slots are not all held by its owner", copy)
+                raise ContractViolation(
+                    f"I-HOST-RESIDENCY: {copy!r}'s slots are not all held by its owner {_by(copy)}"
+                )
 
 
-def check_identity(comp: HostKVComponent) -> None:
+def check_identity(comp: HostTierView) -> None:
     pool, counts = comp.pool, comp.counts
     total = pool.available_size() + pool.pending_free_size() + counts.evictable + counts.protected
     if total != pool.size:
@@ -77,7 +96,7 @@ def check_identity(comp: HostKVComponent) -> None:
         )
 
 
-def check_data(comp: HostKVComponent) -> None:
+def check_data(comp: HostTierView) -> None:
     for copy in comp.by_node.values():
         node = copy.node
         assert node is not None
@@ -86,13 +105,17 @@ def check_data(comp: HostKVComponent) -> None:
         bad = (host != device.to(host.device)).nonzero().flatten().tolist()
         if bad:
             pairs = [(int(copy.ids[i]), int(node.value[i])) for i in bad[:4]]
-            _fail("I-HOST-DATA", f"host slots differ from the device's (host, device): {pairs}", copy)
+            raise ContractViolation(
+                f"I-HOST-DATA: host slots differ from the device's (host, device): {pairs} {_by(copy)}"
+            )
 
 
 def _account(copy: HostCopy, want: Account) -> None:
     if copy.owner.account is not want:
-        _fail("I-HOST-RESIDENCY", f"{copy!r}'s owner is in {copy.owner.account.name}, expected {want}", copy)
+        raise ContractViolation(
+            f"I-HOST-RESIDENCY: {copy!r}'s owner is in {copy.owner.account.name}, expected {want} {_by(copy)}"
+        )
 
 
-def _fail(inv: str, what: str, copy: HostCopy) -> NoReturn:
-    raise ContractViolation(f"{inv}: {what} (owner {copy.owner.kind}:{copy.owner.key})")
+def _by(copy: HostCopy) -> str:
+    return f"(owner {copy.owner.kind}:{copy.owner.key})"

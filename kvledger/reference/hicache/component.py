@@ -32,23 +32,14 @@ import torch
 from kvledger import kernels
 from kvledger.contracts.errors import ContractViolation, InvalidArgument
 from kvledger.contracts.owners import CACHE_EVICTABLE, CACHE_PROTECTED, Account, Owner
-from kvledger.reference.hicache.copies import HostCopy, HostHit, HostIndex
+from kvledger.reference.hicache.checks import audit_host_tier
+from kvledger.reference.hicache.copies import HostCopy, HostHit, HostIndex, path_key
 from kvledger.reference.hicache.host_pool import HostPool
 from kvledger.reference.hicache.policy import WritePolicy
 from kvledger.reference.radix.component import TreeComponent, register_component
 from kvledger.reference.radix.tree_node import TreeNode
 
 _copy_serials = itertools.count(1)
-
-
-def path_key(node: TreeNode) -> tuple[int, ...]:
-    """The tokens from the root to the end of ``node``."""
-    parts: list[tuple[int, ...]] = []
-    n: TreeNode | None = node
-    while n is not None:
-        parts.append(n.key)
-        n = n.parent
-    return tuple(t for part in reversed(parts) for t in part)
 
 
 @register_component
@@ -242,6 +233,4 @@ class HostKVComponent(TreeComponent):
         return [*self.by_node.values(), *self.host_only]
 
     def audit(self, root: TreeNode, nodes: Sequence[TreeNode], own_locks: Counter[int]) -> None:
-        from kvledger.reference.hicache.checks import audit_host_tier
-
         audit_host_tier(self, nodes)

@@ -27,6 +27,16 @@ HOST = "host"
 DEVICE = "device"
 
 
+def path_key(node: TreeNode) -> tuple[int, ...]:
+    """The tokens from the root to the end of ``node``."""
+    parts: list[tuple[int, ...]] = []
+    n: TreeNode | None = node
+    while n is not None:
+        parts.append(n.key)
+        n = n.parent
+    return tuple(t for part in reversed(parts) for t in part)
+
+
 @dataclass(eq=False)
 class HostCopy:
     """Host slots ``ids`` holding the KV of tokens ``key[start:]`` (one slot per token), owned by ``owner``.
