@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kvledger.cli import simulate_hicache
 from kvledger.cli.checks import add_checks_option, apply_checks
 from kvledger.cli.options import UsageError, bounded_help, int_in, probability, usage_error
 from kvledger.cli.output import console as make_console
@@ -99,6 +100,7 @@ def add_parser(sub: Any) -> None:
     _add_speculative_options(s)
     _add_fault_options(s)
     _add_pd_options(s)
+    simulate_hicache.add_options(s)
     _add_run_options(s)
 
 
@@ -359,6 +361,8 @@ def run(ns: argparse.Namespace) -> int:
     apply_checks(ns)
     opts = _sim_options(ns)
     _announce_long_run(ns, opts.workload)
+    if ns.hicache:
+        return simulate_hicache.run_hicache(ns, opts)
     if ns.pd:
         return _run_pd(ns, opts)
     return _run_single(ns, opts)
