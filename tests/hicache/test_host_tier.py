@@ -28,7 +28,7 @@ def test_write_through_backs_up_at_insert_with_the_same_data() -> None:
     t.cache(PROMPT)
     (copy,) = t.comp.copies()
     assert copy.residency == "both" and len(copy) == 8
-    assert copy.owner.account is CACHE_PROTECTED
+    assert copy.owner.account is CACHE_EVICTABLE and t.comp.counts.protected == 0
     assert t.host.available_size() == 32 - 8
     host = kernels.fingerprint_slots(t.host.buffer, copy.ids)
     assert copy.node is not None
@@ -134,8 +134,8 @@ def test_a_host_copy_that_differs_from_its_device_copy_is_caught() -> None:
 def test_counters_that_forget_a_host_copy_are_caught() -> None:
     t = tier()
     t.cache(PROMPT)
-    t.comp.counts.protected -= 8
-    t.comp.counts.evictable += 8  # moved between counters: the identity holds, the recount does not
+    t.comp.counts.protected += 8
+    t.comp.counts.evictable -= 8  # moved between counters: the identity holds, the recount does not
     with pytest.raises(ContractViolation, match="I-HOST-RESIDENCY"):
         t.tree.audit()
 

@@ -1,8 +1,9 @@
 """The host tier's recounts (run by the tree's audit through the component, and by the load-back).
 
-* I-HOST-RESIDENCY: each copy backing a node is that live node's, covers exactly its segment, and sits
-  in ``cache.protected``; a host-only copy backs no node and sits in ``cache.evictable`` unless a load
-  pins it; the counters equal a recount; each copy's slots are held by its owner in the host ledger.
+* I-HOST-RESIDENCY: each copy backing a node is that live node's and covers exactly its segment; a
+  host-only copy backs no node; a copy sits in ``cache.protected`` while a load pins it, in
+  ``cache.evictable`` otherwise; the counters equal a recount; each copy's slots are held by its owner
+  in the host ledger.
 * I-HOST-IDENTITY: free + pending + evictable + protected == the host pool's size (the tier is the
   host pool's only holder: a load-back holds device slots, never host ones).
 * I-HOST-DATA: a copy backing a node holds, slot for slot, the device node's data (fingerprints of the
@@ -58,8 +59,8 @@ def check_residency(comp: HostTierView, nodes: Sequence[TreeNode]) -> None:
             raise ContractViolation(
                 f"I-HOST-RESIDENCY: {copy!r} does not cover {node!r}'s segment {_by(copy)}"
             )
-        protected += len(copy)
-        _account(copy, CACHE_PROTECTED)
+        evictable += len(copy)
+        _account(copy, CACHE_EVICTABLE)
     for copy in comp.host_only:
         if copy.node is not None or copy.ids.numel() != len(copy):
             raise ContractViolation(

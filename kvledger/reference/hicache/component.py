@@ -16,9 +16,11 @@ the points where a node's host copy matters:
 * :meth:`~HostKVComponent.evict_component` is SGLang's ``evict_host``: host-only copies, least recently
   used first, leaves of the host tier only, never one a load-back is reading.
 
-Counters: ``evictable`` = tokens of host-only copies no load pins (what host eviction may free);
-``protected`` = tokens of copies backing a device node or pinned by a load. With the pool's free slots
-they add up to the host pool's size (I-HOST-IDENTITY). Contents move through :mod:`kvledger.kernels` only.
+Counters, in the house's sense (held by a live holder or not): ``protected`` = tokens of host-only copies
+a load-back pins; ``evictable`` = every other copy's tokens (host eviction takes only the host-only ones,
+as SGLang's ``evict_host``; a copy backing a node goes when the node's device copy is evicted and then its
+host copy is). With the pool's free slots they add up to the host pool's size (I-HOST-IDENTITY), and at
+quiescence nothing is protected (I-IDLE-IDENTITY). Contents move through :mod:`kvledger.kernels` only.
 """
 
 from __future__ import annotations
@@ -46,8 +48,8 @@ _copy_serials = itertools.count(1)
 class HostKVComponent(TreeComponent):
     """Host copies of the tree's KV: one per backed-up node, the host-only ones in an index.
 
-    Invariant: ``counts.evictable`` / ``counts.protected`` are the tokens of unpinned host-only copies /
-    of copies backing a node or pinned by a load (I-HOST-RESIDENCY), and ``pool`` free + both == pool size
+    Invariant: ``counts.protected`` / ``counts.evictable`` are the tokens of copies a load pins / of every
+    other copy (I-HOST-RESIDENCY), and ``pool`` free + both == pool size
     (I-HOST-IDENTITY); each copy's slots hold its device node's data (I-HOST-DATA)."""
 
     kind = "host_kv"
@@ -78,11 +80,11 @@ class HostKVComponent(TreeComponent):
 
     def write_backup(self, node: TreeNode) -> HostCopy | None:
         """Copy ``node``'s device KV to fresh host slots (host eviction first if short); None if the host
-        tier cannot hold it (the node stays device-only). The copy backs the node: protected."""
+        tier cannot hold it (the node stays device-only). The copy backs the node."""
         if node.id in self.by_node or not node.key:
             return self.by_node.get(node.id)
         n = len(node.key)
-        copy = self._new_copy(path_key(node), 0, torch.empty(0, dtype=torch.int64), CACHE_PROTECTED)
+        copy = self._new_copy(path_key(node), 0, torch.empty(0, dtype=torch.int64), CACHE_EVICTABLE)
         copy.start = len(copy.key) - n
         ids = self.pool.alloc(n, copy.owner, "write_backup")
         if ids is None:  # make room: host-only copies, least recently used first (SGLang's evict_host)
@@ -94,7 +96,7 @@ class HostKVComponent(TreeComponent):
         kernels.transfer_slots(self.device_buffer, node.value, self.pool.buffer, ids)
         copy.ids, copy.node = ids, node
         self.by_node[node.id] = copy
-        self.counts.protected += n
+        self.counts.evictable += n
         self.stats["backups"] += 1
         return copy
 
@@ -129,14 +131,12 @@ class HostKVComponent(TreeComponent):
         whole = all(off == 0 and n == len(c) and not c.loading for c, off, n in parts)
         if not whole or sum(n for _, _, n in parts) != len(node.key):
             return False
-        merged = self._new_copy(key, start, torch.cat([c.ids for c, _, _ in parts]), CACHE_PROTECTED)
-        for copy, _, n in parts:
+        merged = self._new_copy(key, start, torch.cat([c.ids for c, _, _ in parts]), CACHE_EVICTABLE)
+        for copy, _, _ in parts:
             self.host_only.remove(copy)
             self._move(copy.ids, copy.owner, merged.owner, "adopt")
-            self.counts.evictable -= n
         merged.node = node
         self.by_node[node.id] = merged
-        self.counts.protected += len(node.key)
         self.stats["adopted"] += 1
         return True
 
@@ -151,7 +151,7 @@ class HostKVComponent(TreeComponent):
         if copy is None:
             return
         n = len(upper.key)
-        top = self._new_copy(copy.key[: copy.start + n], copy.start, copy.ids[:n], CACHE_PROTECTED)
+        top = self._new_copy(copy.key[: copy.start + n], copy.start, copy.ids[:n], CACHE_EVICTABLE)
         self._move(top.ids, copy.owner, top.owner, "split")
         top.node, top.last_access = upper, copy.last_access
         copy.ids, copy.start = copy.ids[n:], copy.start + n
@@ -171,12 +171,8 @@ class HostKVComponent(TreeComponent):
         if copy is None:
             return
         del self.by_node[node.id]
-        copy.node = None
-        copy.owner.set_account(CACHE_EVICTABLE, "evict_device")
+        copy.node = None  # residency host; still evictable (no holder pins it)
         self.host_only.add(copy)
-        n = len(copy)
-        self.counts.protected -= n
-        self.counts.evictable += n
         self.stats["device_evictions_kept"] += 1
 
     # ------------------------------------------------------------------ the host-only tier

@@ -24,9 +24,9 @@ AREA = Area(
             id="I-HOST-RESIDENCY",
             title="host copies agree with the tree and the host ledger",
             statement=(
-                "A copy that backs a node backs a live node of the tree, covers exactly that node's segment"
-                " and sits in `cache.protected`; a host-only copy backs no node and sits in `cache.evictable`"
-                " unless a load-back pins it; the component's evictable/protected counters equal a recount,"
+                "A copy that backs a node backs a live node of the tree and covers exactly that node's segment;"
+                " a host-only copy backs no node; a copy sits in `cache.protected` while a load-back pins it"
+                " and in `cache.evictable` otherwise; the component's evictable/protected counters equal a recount,"
                 " and every copy's host slots are held by its owner in the host pool's ledger."
             ),
             severity=Severity.BUG,
