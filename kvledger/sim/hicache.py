@@ -1,31 +1,40 @@
-"""``kvledger simulate --hicache``: the host tier (spec/hicache.md) under the shared-prefix workload.
+"""The host tier (spec/hicache.md) under the shared-prefix workload, in two runs.
 
-A cache-level run: requests of :class:`~kvledger.sim.workload.GSPWorkload` arrive, match the device tree
-and then the host tier beyond it (SGLang's ``host_hit_length``), load the host tail back (a transfer that
-takes ``delay`` steps and may fail), compute the rest (tagged KV, as the tagging runner writes it), and
-insert; device memory is short, so device eviction moves cached KV to the host (write-through or
-write-back), and host eviction makes room there. Every step ends with the tree's audit, which runs the host
-tier's recounts (I-HOST-RESIDENCY, I-HOST-IDENTITY, I-HOST-DATA); the timeline records both tiers.
+:class:`HostTierSpec` builds the engine of ``kvledger simulate --hicache``: the real scheduler over a
+:class:`HiRadixCache` (its match loads host hits back), so the run's summary, timeline and per-step
+identity cover both tiers.
 
-Decode is not modelled here (the prompt is the request), and the scheduler's admission does not drive the
-tier: this is the tier's own driver, the way ``tests/hicache`` drives it.
+:class:`HiCacheSim` is a cache-level run, where a load stays in flight across steps: requests of
+:class:`~kvledger.sim.workload.GSPWorkload` arrive, match the device tree and then the host tier beyond it
+(SGLang's ``host_hit_length``), load the host tail back (a transfer that takes ``delay`` steps and may fail),
+compute the rest (tagged KV, as the tagging runner writes it), and insert; device memory is short, so device
+eviction moves cached KV to the host (write-through or write-back), and host eviction makes room there. Every
+step ends with the tree's audit, which runs the host tier's recounts (I-HOST-RESIDENCY, I-HOST-IDENTITY,
+I-HOST-DATA); the timeline records both tiers.
+
+Decode is not modelled there (the prompt is the request): it is the tier's own driver, for loads that
+outlive a step (aborted or failed while in flight), which the scheduler's synchronous load-back has not.
 """
 
 from __future__ import annotations
 
 import random
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from kvledger import kernels
 from kvledger.contracts import data_tags
+from kvledger.contracts.errors import InvalidArgument
 from kvledger.contracts.levels import CheckLevel
 from kvledger.contracts.owners import REQ_RUNNING, Owner
+from kvledger.reference.engine import EngineSpec, build_parts
 from kvledger.reference.hicache import HostKVComponent, HostPool, LoadBack, PendingLoad, WritePolicy
 from kvledger.reference.hicache import match_with_host as match_both
+from kvledger.reference.hicache.hi_radix_cache import HiRadixCache
 from kvledger.reference.hicache.load_back import FAILED, LANDED
+from kvledger.reference.hicache.scheduler import HiCacheScheduler
 from kvledger.reference.pools import TokenToKVPoolAllocator
 from kvledger.reference.radix import RadixCache
 from kvledger.reference.radix.results import LockRef
@@ -193,3 +202,53 @@ def _tag(buffer: torch.Tensor, ids: torch.Tensor, tokens: list[int], start: int)
     values = [[float(t & data_tags.HALF_MASK), float(start + i + 1)] for i, t in enumerate(tags)]
     rows = torch.tensor(values, dtype=buffer.dtype).unsqueeze(1)  # [T, 1, 2]: store_kv's [T, H, D]
     kernels.store_kv(buffer.unsqueeze(2), buffer.unsqueeze(2), 0, ids, rows, rows)
+
+
+# ---------------------------------------------------------------------------------- the scheduler's run
+@dataclass(frozen=True)
+class HostTierSpec:
+    """The host tier of a scheduler run (``kvledger simulate --hicache``): host tokens (None: twice the
+    device pool, SGLang's ``hicache_ratio``), write policy, transfer delay and failure chance."""
+
+    host_tokens: int | None = None
+    policy: str = "write_through"
+    delay: int = 0
+    fail_rate: float = 0.0
+    seed: int = 0
+    built: list[HiCacheScheduler] = field(default_factory=list, compare=False, repr=False)
+
+    def build(self, spec: EngineSpec) -> HiCacheScheduler:
+        self.built.append(self._build(spec))
+        return self.built[-1]
+
+    def report(self) -> dict[str, int]:
+        """The last built engine's host-tier counts: loads (tokens loaded, failed, refused) and the
+        component's (backups, device evictions kept on the host, adoptions, host evictions)."""
+        if not self.built:
+            return {}
+        tree = self.built[-1].tree
+        assert isinstance(tree, HiRadixCache)
+        return {**{f"load_{k}": v for k, v in tree.load_stats.items()}, **tree.host.stats}
+
+    def _build(self, spec: EngineSpec) -> HiCacheScheduler:
+        """The engine of ``spec`` with a :class:`HiRadixCache` as its tree (a KV-only model at page size 1:
+        typed error otherwise)."""
+        if spec.hybrid or spec.page_size != 1 or spec.tree != "radix":
+            raise InvalidArgument(
+                "--hicache models the host tier of a KV-only engine: --no-mamba, --page-size 1"
+            )
+        parts = build_parts(replace(spec, tree="none"))
+        kv = parts.kv_allocator
+        buffer = parts.kv_buffer.k_buffer if parts.kv_buffer is not None else torch.zeros((1, kv.size + 1, 2))
+        host = HostPool(self.host_tokens or 2 * kv.size, buffer, name="host_kv", checks=spec.checks)
+        rng = random.Random(self.seed)
+        tree = HiRadixCache(
+            kv,
+            host,
+            buffer,
+            policy=WritePolicy(self.policy),
+            delay=self.delay,
+            fails=(lambda load: rng.random() < self.fail_rate) if self.fail_rate else None,
+        )
+        kwargs = {**parts.scheduler_kwargs(), "tree": tree}
+        return HiCacheScheduler(parts.config, **kwargs)

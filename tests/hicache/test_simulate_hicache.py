@@ -13,18 +13,18 @@ from kvledger.sim.hicache import HiCacheOptions, HiCacheSim
 from kvledger.sim.workload import GSPWorkload
 
 SMALL = ["--gsp-num-groups", "3", "--gsp-prompts-per-group", "3", "--gsp-system-prompt-len", "64"]
-SMALL += ["--gsp-question-len", "16", "--kv-pool-tokens", "256", "--no-progress"]
+SMALL += ["--gsp-question-len", "16", "--gsp-output-len", "8", "--kv-pool-tokens", "160"]
+SMALL += ["--no-progress", "--no-plot", "--no-mamba"]
 
 
-def test_simulate_hicache_prints_both_tiers(capsys: pytest.CaptureFixture[str]) -> None:
+def test_simulate_hicache_runs_the_scheduler_over_both_tiers(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", "--hicache", *SMALL]) == 0
     out = capsys.readouterr().out
-    assert "host tier: write_through, device 256 tokens, host 512 tokens" in out
-    assert "device" in out and "host" in out and "loads_committed" in out
+    assert "peak use: host_kv" in out and "host tier: " in out and "backups" in out
 
 
 @pytest.mark.parametrize("policy", ["write_through", "write_through_selective", "write_back"])
-def test_simulate_hicache_json_keeps_both_identities(policy: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_simulate_hicache_json_loads_host_hits_back(policy: str, capsys: pytest.CaptureFixture[str]) -> None:
     args = [
         "simulate",
         "--hicache",
@@ -35,18 +35,38 @@ def test_simulate_hicache_json_keeps_both_identities(policy: str, capsys: pytest
         "0.2",
         *SMALL,
     ]
-    assert main([*args, "--abort-rate", "0.1", "--seed", "3"]) == 0
+    assert main([*args, "--seed", "3"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    final = summary["final"]
-    device = sum(final[f"device_{k}"] for k in ("free", "evictable", "protected", "loading"))
-    host = sum(final[f"host_{k}"] for k in ("free", "evictable", "protected"))
-    assert (device, host) == (256, 512)
-    assert summary["requests"] == 9 and summary["loads_started"] >= 1
+    assert summary["violations"] == 0 and summary["finished"] == 9
+    assert summary["units"]["host_kv"] == "tokens" and "host_kv" in summary["peak_use"]
+    assert summary["hicache"].get("load_loaded_tokens", 0) + summary["hicache"].get("load_failed", 0) > 0
 
 
-def test_simulate_hicache_refuses_record(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["simulate", "--hicache", "--record", "x.jsonl", *SMALL]) == 2
-    assert "--record with --hicache" in capsys.readouterr().err
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--record", "x.jsonl"], "--record with --hicache"),
+        (["--page-size", "4"], "--hicache models a KV-only engine"),
+    ],
+)
+def test_simulate_hicache_refuses_what_it_does_not_model(
+    extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["simulate", "--hicache", *SMALL, *extra]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_cache_level_run_keeps_both_identities() -> None:
+    workload = GSPWorkload(num_groups=3, prompts_per_group=3, system_prompt_len=64, question_len=16)
+    opts = HiCacheOptions(
+        workload=workload, device_tokens=160, host_tokens=320, fail_rate=0.2, abort_rate=0.1
+    )
+    result = HiCacheSim(opts).run()
+    for row in result.timeline:
+        device = sum(row[f"device_{k}"] for k in ("free", "evictable", "protected", "loading"))
+        host = sum(row[f"host_{k}"] for k in ("free", "evictable", "protected"))
+        assert (device, host) == (160, 320)
+    assert result.counts["requests"] == 9 and result.counts["loads_started"] >= 1
 
 
 def test_the_run_audits_every_step_and_finds_a_bad_transfer(monkeypatch: pytest.MonkeyPatch) -> None:
