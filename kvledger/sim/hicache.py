@@ -167,6 +167,7 @@ class HiCacheSim:
         result = self.tree.match_prefix(prompt)
         lock = self.tree.inc_lock_ref(result.last_node)
         done = result.device_indices.numel()
+        self.loads.check_readable(result.device_indices, f"the forward of {owner.kind}:{owner.key}")
         if not self._make_room(len(prompt) - done):
             self.tree.dec_lock_ref(lock)
             self.result.counts["refused"] += 1

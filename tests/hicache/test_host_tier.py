@@ -10,7 +10,7 @@ from kvledger.contracts.errors import ContractViolation, DoubleFree, InvalidArgu
 from kvledger.contracts.owners import CACHE_EVICTABLE, CACHE_PROTECTED
 from kvledger.reference.hicache import HostKVComponent, WritePolicy
 from kvledger.reference.radix.component import component_class
-from tests.hicache._tier import tier
+from tests.hicache._tier import LEDGER, tier
 
 PROMPT = list(range(1, 9))
 
@@ -188,3 +188,32 @@ def test_the_pool_kinds_describe_the_host_tier() -> None:
     assert (UNITS["host_kv"], UNITS["host_mamba"]) == ("tokens", "slots")
     assert HOST_KV.accounts[-2:] == (CACHE_EVICTABLE, CACHE_PROTECTED) and HOST_MAMBA.cached is None
     assert t.host.size == 32 and t.host.buffer.shape == (2, 33, 4)
+
+
+def test_a_host_mamba_pool_backs_up_and_restores_a_state() -> None:
+    """The ``host_mamba`` kind's pool (no tree component yet): one owner per host slot, states moved
+    through the transfer kernel bit for bit, both components."""
+    from kvledger.contracts.owners import Owner
+    from kvledger.reference.hicache import HostPool
+    from kvledger.reference.pools.mamba_pool import MambaPool
+
+    mamba = MambaPool(4, num_layers=2, conv_state_shape=(3,), temporal_state_shape=(2, 2), checks=LEDGER)
+    conv, temporal = mamba.states
+    conv[:, 2] = torch.arange(6, dtype=conv.dtype).view(2, 3)
+    temporal[:, 2] = 7.0
+    host_conv = HostPool(3, conv, name="host_mamba", checks=LEDGER)
+    host_temporal = HostPool(3, temporal, name="host_mamba_ssm", checks=LEDGER)
+    owner = Owner("host_mamba.copy", 1, CACHE_EVICTABLE)
+    slots = [host_conv.alloc(1, owner), host_temporal.alloc(1, owner)]
+    assert slots[0] is not None and slots[1] is not None
+    for pool, state, slot in ((host_conv, conv, slots[0]), (host_temporal, temporal, slots[1])):
+        kernels.transfer_slots(state, torch.tensor([2]), pool.buffer, slot)  # backup
+        kernels.transfer_slots(pool.buffer, slot, state, torch.tensor([3]))  # restore into another slot
+        assert torch.equal(
+            kernels.fingerprint_slots(state, torch.tensor([3])),
+            kernels.fingerprint_slots(state, torch.tensor([2])),
+        )
+    assert host_conv.ledger.held_count(owner) == 1 and host_conv.available_size() == 2
+    host_conv.free(slots[0], owner)
+    with pytest.raises(DoubleFree, match="I-NODUP-FREE"):
+        host_conv.free(slots[0], owner)
