@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kvledger.cli import simulate_hicache
 from kvledger.cli.checks import add_checks_option, apply_checks
 from kvledger.cli.options import UsageError, bounded_help, int_in, probability, usage_error
 from kvledger.cli.output import console as make_console
@@ -99,6 +100,7 @@ def add_parser(sub: Any) -> None:
     _add_speculative_options(s)
     _add_fault_options(s)
     _add_pd_options(s)
+    simulate_hicache.add_options(s)
     _add_run_options(s)
 
 
@@ -361,10 +363,10 @@ def run(ns: argparse.Namespace) -> int:
     _announce_long_run(ns, opts.workload)
     if ns.pd:
         return _run_pd(ns, opts)
-    return _run_single(ns, opts)
+    return _run_single(ns, opts, simulate_hicache.builder(ns) if ns.hicache else None)
 
 
-def _run_single(ns: argparse.Namespace, opts: Any) -> int:
+def _run_single(ns: argparse.Namespace, opts: Any, build: Any = None) -> int:
     from kvledger.contracts.errors import KVLedgerError
     from kvledger.sim import simulate as sim
     from kvledger.sim.report import plot_timeline, print_summary
@@ -375,7 +377,9 @@ def _run_single(ns: argparse.Namespace, opts: Any) -> int:
         staged_as = dict(zip(targets, temps, strict=True))
         with _progress_bar(ns, opts.workload.total) as progress:
             try:
-                if ns.record is None:
+                if build is not None:  # --hicache: the host tier's engine (never with --record)
+                    result = sim.run_simulation(opts, progress, build=build.build)
+                elif ns.record is None:
                     result = sim.run_simulation(opts, progress)
                 else:
                     with open(staged_as[ns.record], "w", encoding="utf-8") as stream:
@@ -392,9 +396,13 @@ def _run_single(ns: argparse.Namespace, opts: Any) -> int:
         summary = result.summary()
         summary["plot"] = None if ns.no_plot or plot_error else str(ns.plot)
         summary["record"] = None if ns.record is None else str(ns.record)
+        if build is not None:
+            simulate_hicache.report(build, summary, out)
         print(json.dumps(summary))
     else:
         print_summary(result, out)
+        if build is not None:
+            simulate_hicache.report(build, None, out)
         if not ns.no_plot and plot_error is None:
             out.print(f"ledger timeline written to {ns.plot}")
         if ns.record is not None:

@@ -146,8 +146,41 @@ METADATA = PoolKind(
 )
 """PD's metadata slots (a PD instance's accounting adds them; a plain request has no ``metadata_idx``)."""
 
+
+def _holds_none(s: Any, r: Any) -> int:
+    return 0
+
+
+def _ids_none(s: Any, r: Any) -> set[int]:
+    return set()
+
+
+HOST_KV = PoolKind(
+    name="host_kv",
+    unit="tokens",
+    attr="host_kv_pool",
+    held_units=_holds_none,
+    held_ids=_ids_none,
+    handles=(),
+    fields=(),
+    cached="host_kv",
+)
+"""The host tier's KV slots (``kvledger/reference/hicache``): held by the tree's host copies only (a
+load-back holds device slots, so a request holds none of these)."""
+
+HOST_MAMBA = PoolKind(
+    name="host_mamba",
+    unit="slots",
+    attr="host_mamba_pool",
+    held_units=_holds_none,
+    held_ids=_ids_none,
+    handles=(),
+    fields=(),
+)
+"""The host tier's Mamba states (SGLang's ``MambaPoolHost``): the pool only, no tree component yet."""
+
 POOL_KINDS: tuple[PoolKind, ...] = (KV, REQ, MAMBA)
 """The kinds a plain scheduler has, in the order of its identity terms (Mamba only with a Mamba pool)."""
 
-UNITS: dict[str, str] = {k.name: k.unit for k in (*POOL_KINDS, METADATA)}
+UNITS: dict[str, str] = {k.name: k.unit for k in (*POOL_KINDS, METADATA, HOST_KV, HOST_MAMBA)}
 """What each known kind's identity terms count."""

@@ -39,6 +39,7 @@ __all__ = [
     "poisoned_mask",
     "reference",
     "store_kv",
+    "transfer_slots",
     "zero_slots",
 ]
 
@@ -82,6 +83,18 @@ def copy_slots(state: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> Non
         return
     view = _checks.check_copy(state, src, dst)
     _triton.copy_slots(view, src, dst)
+
+
+def transfer_slots(
+    src: torch.Tensor, src_idx: torch.Tensor, dst: torch.Tensor, dst_idx: torch.Tensor
+) -> None:
+    """``dst[:, dst_idx[i]] = src[:, src_idx[i]]`` for every layer, bit-exact: the host tier's copies
+    (write-through, write-back, load-back) between two pools' tensors, possibly on two devices.
+
+    The torch reference serves both backends: a host <-> device copy is a DMA (SGLang's cache controller
+    issues it on its own stream), not a kernel Triton can run over pageable host memory.
+    """
+    reference.transfer_slots(src, src_idx, dst, dst_idx)
 
 
 def zero_slots(state: torch.Tensor, slots: torch.Tensor) -> None:

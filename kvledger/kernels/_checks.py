@@ -145,6 +145,29 @@ def check_copy(state: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> tor
     return view
 
 
+def check_transfer(
+    src: torch.Tensor, src_idx: torch.Tensor, dst: torch.Tensor, dst_idx: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate a copy between two state tensors (host <-> device tiers); return their ``[L, S, F]`` views.
+
+    Same layers, features and dtype on both sides; equal lengths; ``dst_idx`` distinct (a repeated
+    target would be a write-write race on a GPU); each index on its own tensor's device and in bounds.
+    """
+    sv, dv = state_view(src, "src"), state_view(dst, "dst")
+    if sv.dtype != dv.dtype:
+        raise TypeError(f"transfer: src is {sv.dtype}, dst is {dv.dtype} (no implicit cast)")
+    if (sv.shape[0], sv.shape[2]) != (dv.shape[0], dv.shape[2]):
+        raise ValueError(
+            f"transfer: src {tuple(src.shape)} and dst {tuple(dst.shape)} differ beyond the slot dim"
+        )
+    check_index(src_idx, "src_idx", sv.shape[1], sv.device)
+    check_index(dst_idx, "dst_idx", dv.shape[1], dv.device)
+    if src_idx.numel() != dst_idx.numel():
+        raise ValueError(f"transfer: {src_idx.numel()} source slots for {dst_idx.numel()} targets")
+    check_distinct(dst_idx, "dst_idx")
+    return sv, dv
+
+
 def check_store_kv(
     k_buffer: torch.Tensor,
     v_buffer: torch.Tensor,

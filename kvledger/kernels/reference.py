@@ -21,6 +21,7 @@ __all__ = [
     "poison_value",
     "poisoned_mask",
     "store_kv",
+    "transfer_slots",
     "zero_slots",
 ]
 
@@ -157,3 +158,14 @@ def fingerprint_slots(state: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     bits64 = bits.to(torch.int64) & _hashing.width_mask(state.element_size())
     pos = torch.arange(layers * features, dtype=torch.int64, device=state.device).view(layers, features)
     return _hashing.element_hash(bits64, pos).sum(dim=(1, 2), dtype=torch.int64)
+
+
+def transfer_slots(
+    src: torch.Tensor, src_idx: torch.Tensor, dst: torch.Tensor, dst_idx: torch.Tensor
+) -> None:
+    """``dst[:, dst_idx[i]] = src[:, src_idx[i]]`` in every layer, bit-exact, across tensors and devices."""
+    sv, dv = _checks.check_transfer(src, src_idx, dst, dst_idx)
+    if src_idx.numel() == 0:
+        return
+    bits = sv.view(_checks.bits_dtype(sv.dtype))[:, src_idx.to(sv.device)]
+    dv.view(_checks.bits_dtype(dv.dtype))[:, dst_idx] = bits.to(dv.device)

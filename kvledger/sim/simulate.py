@@ -208,17 +208,19 @@ def run_simulation(
     progress: Callable[[int, int], None] | None = None,
     *,
     record: IO[str] | None = None,
+    build: Callable[[EngineSpec], Any] = build_engine,
 ) -> SimResult:
     """Run the workload to completion; a ContractViolation is caught and reported, not hidden.
 
     ``record``: write the run's event log there (``kvledger simulate --record``; ``spec/event-log.md``).
+    ``build``: the engine's builder (``kvledger simulate --hicache``: the host tier's, kvledger/sim/hicache.py).
     The pools then carry real ledgers whatever the contracts switch says: the recorder observes them.
     """
     if record is None:
-        sched = build_engine(opts.engine_spec())
+        sched = build(opts.engine_spec())
         recorder = None
     else:
-        sched = build_engine(recordable(opts.engine_spec()))
+        sched = build(recordable(opts.engine_spec()))
         recorder = Recorder(sched, record, source=f"kvledger simulate {_options_dict(opts)}")
     arrivals = opts.workload.stream()  # built lazily: a long run does not hold every prompt
     total = opts.workload.total

@@ -140,6 +140,7 @@ FLOORS: dict[str, int] = {
     "kvledger.reference.radix": 3,
     "kvledger.reference.scheduler": 4,
     "kvledger.reference.model": 5,
+    "kvledger.reference.hicache": 5,  # the host tier: a tree component (radix) and a scheduler over it
     "kvledger.reference.engine": 6,
     "kvledger.reference.disagg": 7,
     "kvledger.reference": 7,  # the package's own __init__ (a docstring)

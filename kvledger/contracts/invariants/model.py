@@ -65,6 +65,7 @@ PARTS = frozenset(
         "speculative",  # speculative decoding: draft over-allocation, verify, the rejected tail
         "audit",  # the event log, its recorder and its replay (kvledger audit)
         "vllm-block-pool",  # vLLM v1's BlockPool and KV cache managers under kvledger.engines.vllm
+        "host-tier",  # the host-memory tier (HiCache): host pools, host copies, load-back
     }
 )
 """The parts of the system an invariant can concern. A new part (PD queues, Mamba V2) is one line here."""
