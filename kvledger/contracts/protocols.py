@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, cast, runtime_checkable
 
 from kvledger.contracts.ledger_by_level import AnyLedger
 from kvledger.contracts.owners import Owner
@@ -149,6 +149,24 @@ class MambaStatePool(IdPool, Protocol):
     def _free_unchecked(self, slots: torch.Tensor, owner: Owner, op: str = "free") -> None: ...
 
 
+@runtime_checkable
+class MambaStateTensors(Protocol):
+    """A Mamba pool's data plane: every layer's conv and temporal state, indexed ``[layer, slot]`` (what a
+    PD retraction copies to the host and back; the id protocol above exposes ids, not contents)."""
+
+    @property
+    def num_layers(self) -> int: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def conv_state(self) -> torch.Tensor: ...
+
+    @property
+    def temporal_state(self) -> torch.Tensor: ...
+
+
 class NodeLike(Protocol):
     """A cache node, as far as a caller checks one: its depth in tokens and (Mamba cache) its state slot."""
 
@@ -187,6 +205,11 @@ class LockLike(Protocol):
 
     @property
     def took_mamba(self) -> bool: ...
+
+    @property
+    def released(self) -> bool:
+        """Whether ``dec_lock_ref`` has given it back (a released handle locks nothing)."""
+        ...
 
 
 class InsertLike(Protocol):
@@ -284,6 +307,10 @@ class CacheSizes(Protocol):
         ...
 
     def inc_lock_ref(self, node: Any) -> LockLike: ...
+
+    def live_locks(self) -> Sequence[LockLike]:
+        """The handles ``inc_lock_ref`` returned that are not yet released (no particular order)."""
+        ...
 
     def dec_lock_ref(self, lock: Any) -> None: ...
 
