@@ -118,7 +118,7 @@ class Auditor:
             raise EventLogError(f"an event's number must be an int >= 1, got {where!r}")
         if not isinstance(ev, dict) or not isinstance(ev.get("ev"), str):
             raise EventLogError(
-                f"event {where}: an event is a JSON object with a str 'ev', got {E._show(ev)}"
+                f"event {where}: an event is a JSON object with a str 'ev', got {E.show(ev)}"
             )
         self.event, self.line = where, line
         kind = ev["ev"]
@@ -132,7 +132,7 @@ class Auditor:
         handler = self._handlers.get(kind)
         if handler is None or kind == "header":
             raise EventLogError(
-                f"event {where}: unknown event {E._show(kind)} (known: {', '.join(E.EVENTS[1:])})"
+                f"event {where}: unknown event {E.show(kind)} (known: {', '.join(E.EVENTS[1:])})"
             )
         for ledger in self.ledgers.values():
             ledger.epoch = where
@@ -164,12 +164,12 @@ class Auditor:
         raw = ev.get("ids")
         # Exactly ints: numpy would read [1, true] as [1, 1] and [1.0] as a float array.
         if not isinstance(raw, list) or not set(map(type, raw)) <= {int}:
-            raise EventLogError(f"event {self.event}: ids must be a list of ints, got {E._show(raw)}")
+            raise EventLogError(f"event {self.event}: ids must be a list of ints, got {E.show(raw)}")
         try:
             a = np.array(raw, dtype=np.int64)
         except OverflowError:
             raise EventLogError(
-                f"event {self.event}: ids must be a list of ints in [0, {E.MAX_NUMBER}], got {E._show(raw)}"
+                f"event {self.event}: ids must be a list of ints in [0, {E.MAX_NUMBER}], got {E.show(raw)}"
             ) from None
         d = ledger.domain
         outside = a[(a < d.start) | (a >= d.stop)]
@@ -187,7 +187,7 @@ class Auditor:
             if not E.is_name(name):
                 raise EventLogError(
                     f"event {self.event}: an owner is named by a string of 1 to {E.MAX_NAME} characters,"
-                    f" got {E._show(name)}"
+                    f" got {E.show(name)}"
                 )
             kind, key = E.split_owner_name(name)
             if kind in ("free_list", "free_group"):
@@ -506,7 +506,7 @@ class Auditor:
         if not (type(rid) is int and 0 <= rid <= E.MAX_NUMBER) and not E.is_name(rid):
             raise EventLogError(
                 f"event {self.event}: req: rid must be an int in [0, {E.MAX_NUMBER}] or a string of 1 to"
-                f" {E.MAX_NAME} characters, got {E._show(rid)}"
+                f" {E.MAX_NAME} characters, got {E.show(rid)}"
             )
         state = E.name(ev, "state", self.event)
         name = E.owner_name(E.REQ_KIND, rid)
@@ -556,7 +556,7 @@ class Auditor:
         for pool, row in terms.items():
             ledger = self.ledgers.get(pool)
             if ledger is None:
-                raise EventLogError(f"event {where}: step: pool {E._show(pool)} was never declared")
+                raise EventLogError(f"event {where}: step: pool {E.show(pool)} was never declared")
             # set(map(type, ...)), min, max: the checks run at C speed (a step is one event in six)
             if not isinstance(row, dict) or (
                 row
@@ -599,7 +599,7 @@ class Auditor:
         outcome = E.name(ev, "outcome", where)
         if outcome not in E.OUTCOMES:
             raise EventLogError(
-                f"event {where}: end: unknown outcome {E._show(outcome)} (known: {', '.join(E.OUTCOMES)})"
+                f"event {where}: end: unknown outcome {E.show(outcome)} (known: {', '.join(E.OUTCOMES)})"
             )
         self.ended, self.outcome = where, outcome
         if outcome == "completed":  # the engine drained: the log's last word is a quiescent one
