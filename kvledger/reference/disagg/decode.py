@@ -321,8 +321,8 @@ class DecodeScheduler(PDScheduler):
             if len(self.running) >= self.config.max_running_requests:
                 break
             self.prebuilt_queue.remove(req)
-            if self._finished(req, req.output_ids[-1]):
-                self._finish(req)
+            if self.finishes(req, req.output_ids[-1]):
+                self.finish(req)
                 continue
             self._enter(req, ReqState.RUNNING, REQ_RUNNING, "prebuilt")
             self.running.append(req)
