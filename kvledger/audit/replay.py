@@ -64,16 +64,31 @@ MAX_HELD_TERMS = MAX_TERMS - len(STANDARD_TERMS)
 :data:`~kvledger.contracts.arith.MAX_TERMS` terms)."""
 
 
+LOCK_COUNT_NAMES = {E.STATE_KIND: "mamba_lock_ref"}
+"""The name a tree gives the lock count of what a node holds of a kind, by the kind's owner name in the log
+(the log records one such kind today: the Mamba state); messages use it."""
+
+
 class _Node:
-    __slots__ = ("children", "id", "live", "lock_ref", "mamba_lock_ref", "parent")
+    __slots__ = ("children", "id", "kind_locks", "live", "lock_ref", "parent")
 
     def __init__(self, node_id: int, parent: _Node | None) -> None:
         self.id = node_id
         self.parent = parent
         self.children: set[int] = set()
-        self.lock_ref = 0
-        self.mamba_lock_ref = 0
+        self.lock_ref = 0  # the path lock (the node's KV)
+        self.kind_locks: dict[str, int] = {}  # per owner kind of the node's other holdings: its lock count
         self.live = True
+
+    def locks_of(self, kind: str) -> int:
+        return self.kind_locks.get(kind, 0)
+
+    def locked(self) -> bool:
+        return bool(self.lock_ref or any(self.kind_locks.values()))
+
+    def describe_locks(self) -> str:
+        counts = {**dict.fromkeys(LOCK_COUNT_NAMES, 0), **self.kind_locks}  # the named kinds even at zero
+        return f"lock_ref {self.lock_ref}" + "".join(f", {LOCK_COUNT_NAMES.get(k, k)} {n}" for k, n in counts.items())
 
 
 def _violation(message: str) -> ContractViolation:
@@ -302,14 +317,15 @@ class Auditor:
         node = self.nodes.get(owner.key) if isinstance(owner.key, int) else None
         if node is None:
             return
-        count = node.lock_ref if owner.kind == E.NODE_KIND else node.mamba_lock_ref
+        count = node.lock_ref if owner.kind == E.NODE_KIND else node.locks_of(owner.kind)
         if count > 0:
             raise _violation(
                 self._describe_ids(
                     ledger,
                     ids.tolist(),
                     f"I-EVICT-LOCKED: {what} of {owner!r} while node {node.id} is locked"
-                    f" ({'lock_ref' if owner.kind == E.NODE_KIND else 'mamba_lock_ref'} {count})",
+                    f" ({'lock_ref' if owner.kind == E.NODE_KIND else LOCK_COUNT_NAMES.get(owner.kind, owner.kind)}"
+                    f" {count})",
                     f"the log frees it from {owner.name}",
                 )
             )
@@ -405,11 +421,8 @@ class Auditor:
         node = self._node(E.number(ev, "node", self.event), "evict", "I-EVICT-LOCKED")
         if node is self.root or node.parent is None:
             raise _violation("I-EVICT-LOCKED: evict of the root")
-        if node.lock_ref or node.mamba_lock_ref:
-            raise _violation(
-                f"I-EVICT-LOCKED: node {node.id} evicted while locked (lock_ref {node.lock_ref},"
-                f" mamba_lock_ref {node.mamba_lock_ref})"
-            )
+        if node.locked():
+            raise _violation(f"I-EVICT-LOCKED: node {node.id} evicted while locked ({node.describe_locks()})")
         if node.children:
             raise _violation(f"I-KEYS: node {node.id} evicted with children {sorted(node.children)[:8]}")
         for kind in (E.NODE_KIND, E.STATE_KIND):
@@ -434,8 +447,8 @@ class Auditor:
             owner = self.owners.get(E.owner_name(E.STATE_KIND, node.id))
             if owner is None or not any(led.held_count(owner) for led in self.ledgers.values()):
                 raise _violation(f"I-MAMBA-LOCK: lock of node {node.id}'s state, but the node holds no state")
-            node.mamba_lock_ref += 1
-            if node.mamba_lock_ref == 1:
+            node.kind_locks[E.STATE_KIND] = node.locks_of(E.STATE_KIND) + 1
+            if node.kind_locks[E.STATE_KIND] == 1:
                 owner.set_account(CACHE_PROTECTED, "lock")
         for n in self._path(node):
             n.lock_ref += 1
@@ -449,14 +462,14 @@ class Auditor:
         under = [n for n in path if n.lock_ref < 1]
         if under:
             raise _violation(self._underflow(node, under[0], path))
-        if state and node.mamba_lock_ref < 1:
+        if state and node.locks_of(E.STATE_KIND) < 1:
             raise _violation(
                 f"I-MAMBA-LOCK: unlock of node {node.id}'s state would take mamba_lock_ref below zero"
                 " (an unlock its lock did not take: I-LOCK-SYMMETRY)"
             )
         if state:
-            node.mamba_lock_ref -= 1
-            if node.mamba_lock_ref == 0:
+            node.kind_locks[E.STATE_KIND] -= 1
+            if node.kind_locks[E.STATE_KIND] == 0:
                 self._owner(E.owner_name(E.STATE_KIND, node.id)).set_account(CACHE_EVICTABLE, "unlock")
         for n in path:
             n.lock_ref -= 1
@@ -698,13 +711,13 @@ class Auditor:
         locked = [
             n
             for n in self.nodes.values()
-            if n.live and n is not self.root and (n.lock_ref or n.mamba_lock_ref)
+            if n.live and n is not self.root and n.locked()
         ]
         if locked:
             raise _violation(
                 "I-IDLE-IDENTITY: quiescent but nodes are still locked: "
                 + ", ".join(
-                    f"node {n.id} (lock_ref {n.lock_ref}, mamba_lock_ref {n.mamba_lock_ref})"
+                    f"node {n.id} ({n.describe_locks()})"
                     for n in locked[:8]
                 )
             )
