@@ -17,19 +17,15 @@ waiting to happen). Cost: O(decode requests + their prefix ids) per step, with t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from kvledger.contracts.errors import ContractViolation
 from kvledger.contracts.owners import CACHE_PROTECTED, Owner
 from kvledger.reference.scheduler.request import Req, ReqState
-
-if TYPE_CHECKING:  # pragma: no cover  (the decode scheduler imports this module)
-    from kvledger.reference.disagg.decode import DecodeScheduler
+from kvledger.reference.scheduler.state import SchedulerState
 
 _NO_LOCK = frozenset({ReqState.PREALLOC, ReqState.RETRACTED})
 
 
-def check_decode_prefixes(sched: DecodeScheduler) -> int:
+def check_decode_prefixes(sched: SchedulerState) -> int:
     """I-PD-PREFIX-LOCK for a decode instance (``sched``); returns the number of locks checked."""
     tree = sched.tree
     holders: dict[int, Owner] = {}
@@ -59,7 +55,7 @@ def check_decode_prefixes(sched: DecodeScheduler) -> int:
     return len(holders)
 
 
-def _check_prefix_owners(sched: DecodeScheduler, req: Req) -> None:
+def _check_prefix_owners(sched: SchedulerState, req: Req) -> None:
     """The row's prefix ids are tree nodes' and protected (never the request's, never free).
 
     Per step only the prefix's first and last positions (O(1) a request: a long prefix times many
