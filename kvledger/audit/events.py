@@ -199,12 +199,12 @@ def number(ev: dict[str, Any], key: str, where: int, *, low: int = 0, high: int 
     value = ev.get(key)
     if type(value) is not int:
         raise EventLogError(
-            f"event {where}: {ev['ev']}: {key} must be an integer, got {_show(value)}"
+            f"event {where}: {ev['ev']}: {key} must be an integer, got {show(value)}"
             + (" (missing)" if key not in ev else "")
         )
     if not low <= value <= high:
         raise EventLogError(
-            f"event {where}: {ev['ev']}: {key} must be in [{low}, {high}], got {_show(value)}"
+            f"event {where}: {ev['ev']}: {key} must be in [{low}, {high}], got {show(value)}"
         )
     return value
 
@@ -213,7 +213,7 @@ def flag(ev: dict[str, Any], key: str, where: int, default: bool | None = None) 
     """``ev[key]``, true or false (``default`` when absent, if there is one); else :class:`EventLogError`."""
     value = ev.get(key, default)
     if type(value) is not bool:
-        raise EventLogError(f"event {where}: {ev['ev']}: {key} must be true or false, got {_show(value)}")
+        raise EventLogError(f"event {where}: {ev['ev']}: {key} must be true or false, got {show(value)}")
     return value
 
 
@@ -222,7 +222,7 @@ def name(ev: dict[str, Any], key: str, where: int, default: str | None = None) -
     value = ev.get(key, default)
     if not is_name(value):
         raise EventLogError(
-            f"event {where}: {ev['ev']}: {key} must be a string of 1 to {MAX_NAME} characters, got {_show(value)}"
+            f"event {where}: {ev['ev']}: {key} must be a string of 1 to {MAX_NAME} characters, got {show(value)}"
         )
     assert isinstance(value, str)
     return value
@@ -232,7 +232,7 @@ def is_name(value: object) -> bool:
     return isinstance(value, str) and 0 < len(value) <= MAX_NAME
 
 
-def _show(value: object) -> str:
+def show(value: object) -> str:
     """A value for a message, cut: a 10^30, a long list or a deeply nested one must not flood the terminal
     (reprlib stops at a depth and a length, so it never recurses as deep as the value)."""
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:

@@ -64,16 +64,31 @@ MAX_HELD_TERMS = MAX_TERMS - len(STANDARD_TERMS)
 :data:`~kvledger.contracts.arith.MAX_TERMS` terms)."""
 
 
+LOCK_COUNT_NAMES = {E.STATE_KIND: "mamba_lock_ref"}
+"""The name a tree gives the lock count of what a node holds of a kind, by the kind's owner name in the log
+(the log records one such kind today: the Mamba state); messages use it."""
+
+
 class _Node:
-    __slots__ = ("children", "id", "live", "lock_ref", "mamba_lock_ref", "parent")
+    __slots__ = ("children", "id", "kind_locks", "live", "lock_ref", "parent")
 
     def __init__(self, node_id: int, parent: _Node | None) -> None:
         self.id = node_id
         self.parent = parent
         self.children: set[int] = set()
-        self.lock_ref = 0
-        self.mamba_lock_ref = 0
+        self.lock_ref = 0  # the path lock (the node's KV)
+        self.kind_locks: dict[str, int] = {}  # per owner kind of the node's other holdings: its lock count
         self.live = True
+
+    def locks_of(self, kind: str) -> int:
+        return self.kind_locks.get(kind, 0)
+
+    def locked(self) -> bool:
+        return bool(self.lock_ref or any(self.kind_locks.values()))
+
+    def describe_locks(self) -> str:
+        counts = {**dict.fromkeys(LOCK_COUNT_NAMES, 0), **self.kind_locks}  # the named kinds even at zero
+        return f"lock_ref {self.lock_ref}" + "".join(f", {LOCK_COUNT_NAMES.get(k, k)} {n}" for k, n in counts.items())
 
 
 def _violation(message: str) -> ContractViolation:
@@ -118,7 +133,7 @@ class Auditor:
             raise EventLogError(f"an event's number must be an int >= 1, got {where!r}")
         if not isinstance(ev, dict) or not isinstance(ev.get("ev"), str):
             raise EventLogError(
-                f"event {where}: an event is a JSON object with a str 'ev', got {E._show(ev)}"
+                f"event {where}: an event is a JSON object with a str 'ev', got {E.show(ev)}"
             )
         self.event, self.line = where, line
         kind = ev["ev"]
@@ -132,7 +147,7 @@ class Auditor:
         handler = self._handlers.get(kind)
         if handler is None or kind == "header":
             raise EventLogError(
-                f"event {where}: unknown event {E._show(kind)} (known: {', '.join(E.EVENTS[1:])})"
+                f"event {where}: unknown event {E.show(kind)} (known: {', '.join(E.EVENTS[1:])})"
             )
         for ledger in self.ledgers.values():
             ledger.epoch = where
@@ -164,12 +179,12 @@ class Auditor:
         raw = ev.get("ids")
         # Exactly ints: numpy would read [1, true] as [1, 1] and [1.0] as a float array.
         if not isinstance(raw, list) or not set(map(type, raw)) <= {int}:
-            raise EventLogError(f"event {self.event}: ids must be a list of ints, got {E._show(raw)}")
+            raise EventLogError(f"event {self.event}: ids must be a list of ints, got {E.show(raw)}")
         try:
             a = np.array(raw, dtype=np.int64)
         except OverflowError:
             raise EventLogError(
-                f"event {self.event}: ids must be a list of ints in [0, {E.MAX_NUMBER}], got {E._show(raw)}"
+                f"event {self.event}: ids must be a list of ints in [0, {E.MAX_NUMBER}], got {E.show(raw)}"
             ) from None
         d = ledger.domain
         outside = a[(a < d.start) | (a >= d.stop)]
@@ -187,7 +202,7 @@ class Auditor:
             if not E.is_name(name):
                 raise EventLogError(
                     f"event {self.event}: an owner is named by a string of 1 to {E.MAX_NAME} characters,"
-                    f" got {E._show(name)}"
+                    f" got {E.show(name)}"
                 )
             kind, key = E.split_owner_name(name)
             if kind in ("free_list", "free_group"):
@@ -302,14 +317,15 @@ class Auditor:
         node = self.nodes.get(owner.key) if isinstance(owner.key, int) else None
         if node is None:
             return
-        count = node.lock_ref if owner.kind == E.NODE_KIND else node.mamba_lock_ref
+        count = node.lock_ref if owner.kind == E.NODE_KIND else node.locks_of(owner.kind)
         if count > 0:
             raise _violation(
                 self._describe_ids(
                     ledger,
                     ids.tolist(),
                     f"I-EVICT-LOCKED: {what} of {owner!r} while node {node.id} is locked"
-                    f" ({'lock_ref' if owner.kind == E.NODE_KIND else 'mamba_lock_ref'} {count})",
+                    f" ({'lock_ref' if owner.kind == E.NODE_KIND else LOCK_COUNT_NAMES.get(owner.kind, owner.kind)}"
+                    f" {count})",
                     f"the log frees it from {owner.name}",
                 )
             )
@@ -405,11 +421,8 @@ class Auditor:
         node = self._node(E.number(ev, "node", self.event), "evict", "I-EVICT-LOCKED")
         if node is self.root or node.parent is None:
             raise _violation("I-EVICT-LOCKED: evict of the root")
-        if node.lock_ref or node.mamba_lock_ref:
-            raise _violation(
-                f"I-EVICT-LOCKED: node {node.id} evicted while locked (lock_ref {node.lock_ref},"
-                f" mamba_lock_ref {node.mamba_lock_ref})"
-            )
+        if node.locked():
+            raise _violation(f"I-EVICT-LOCKED: node {node.id} evicted while locked ({node.describe_locks()})")
         if node.children:
             raise _violation(f"I-KEYS: node {node.id} evicted with children {sorted(node.children)[:8]}")
         for kind in (E.NODE_KIND, E.STATE_KIND):
@@ -434,8 +447,8 @@ class Auditor:
             owner = self.owners.get(E.owner_name(E.STATE_KIND, node.id))
             if owner is None or not any(led.held_count(owner) for led in self.ledgers.values()):
                 raise _violation(f"I-MAMBA-LOCK: lock of node {node.id}'s state, but the node holds no state")
-            node.mamba_lock_ref += 1
-            if node.mamba_lock_ref == 1:
+            node.kind_locks[E.STATE_KIND] = node.locks_of(E.STATE_KIND) + 1
+            if node.kind_locks[E.STATE_KIND] == 1:
                 owner.set_account(CACHE_PROTECTED, "lock")
         for n in self._path(node):
             n.lock_ref += 1
@@ -449,14 +462,14 @@ class Auditor:
         under = [n for n in path if n.lock_ref < 1]
         if under:
             raise _violation(self._underflow(node, under[0], path))
-        if state and node.mamba_lock_ref < 1:
+        if state and node.locks_of(E.STATE_KIND) < 1:
             raise _violation(
                 f"I-MAMBA-LOCK: unlock of node {node.id}'s state would take mamba_lock_ref below zero"
                 " (an unlock its lock did not take: I-LOCK-SYMMETRY)"
             )
         if state:
-            node.mamba_lock_ref -= 1
-            if node.mamba_lock_ref == 0:
+            node.kind_locks[E.STATE_KIND] -= 1
+            if node.kind_locks[E.STATE_KIND] == 0:
                 self._owner(E.owner_name(E.STATE_KIND, node.id)).set_account(CACHE_EVICTABLE, "unlock")
         for n in path:
             n.lock_ref -= 1
@@ -506,7 +519,7 @@ class Auditor:
         if not (type(rid) is int and 0 <= rid <= E.MAX_NUMBER) and not E.is_name(rid):
             raise EventLogError(
                 f"event {self.event}: req: rid must be an int in [0, {E.MAX_NUMBER}] or a string of 1 to"
-                f" {E.MAX_NAME} characters, got {E._show(rid)}"
+                f" {E.MAX_NAME} characters, got {E.show(rid)}"
             )
         state = E.name(ev, "state", self.event)
         name = E.owner_name(E.REQ_KIND, rid)
@@ -556,7 +569,7 @@ class Auditor:
         for pool, row in terms.items():
             ledger = self.ledgers.get(pool)
             if ledger is None:
-                raise EventLogError(f"event {where}: step: pool {E._show(pool)} was never declared")
+                raise EventLogError(f"event {where}: step: pool {E.show(pool)} was never declared")
             # set(map(type, ...)), min, max: the checks run at C speed (a step is one event in six)
             if not isinstance(row, dict) or (
                 row
@@ -599,7 +612,7 @@ class Auditor:
         outcome = E.name(ev, "outcome", where)
         if outcome not in E.OUTCOMES:
             raise EventLogError(
-                f"event {where}: end: unknown outcome {E._show(outcome)} (known: {', '.join(E.OUTCOMES)})"
+                f"event {where}: end: unknown outcome {E.show(outcome)} (known: {', '.join(E.OUTCOMES)})"
             )
         self.ended, self.outcome = where, outcome
         if outcome == "completed":  # the engine drained: the log's last word is a quiescent one
@@ -698,13 +711,13 @@ class Auditor:
         locked = [
             n
             for n in self.nodes.values()
-            if n.live and n is not self.root and (n.lock_ref or n.mamba_lock_ref)
+            if n.live and n is not self.root and n.locked()
         ]
         if locked:
             raise _violation(
                 "I-IDLE-IDENTITY: quiescent but nodes are still locked: "
                 + ", ".join(
-                    f"node {n.id} (lock_ref {n.lock_ref}, mamba_lock_ref {n.mamba_lock_ref})"
+                    f"node {n.id} ({n.describe_locks()})"
                     for n in locked[:8]
                 )
             )

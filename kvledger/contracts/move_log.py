@@ -119,10 +119,10 @@ class MoveLog:
             e[11],
         )
 
-    @staticmethod
-    def _move(e: tuple[Any, ...]) -> Move:
-        if MoveLog._is_batch(e):
-            e = MoveLog._one(e, len(e[7]) - 1)
+    @classmethod
+    def _move(cls, e: tuple[Any, ...]) -> Move:
+        if cls._is_batch(e):
+            e = cls._one(e, len(e[7]) - 1)
         step, op, ids, s_serial, s_kind, s_key, s_acct, d_serial, d_kind, d_key, d_acct, epoch = e
         return Move(
             step,

@@ -21,13 +21,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, cast, runtime_checkable
 
 from kvledger.contracts.ledger_by_level import AnyLedger
 from kvledger.contracts.owners import Owner
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
+
+Ids: TypeAlias = "torch.Tensor | Sequence[int] | int"
+"""How every pool method names ids (slots, rows, pages): an integer tensor, a sequence of ints or one int;
+the pool turns it into its own index tensor and refuses anything else with a typed error."""
 
 
 class IdPool(Protocol):
@@ -75,7 +79,7 @@ class KVAllocator(IdPool, Protocol):
         """One slot per request of a decode step (``owners[i]`` gets ``result[i]``), all or none."""
         ...
 
-    def free(self, ids: Any, owner: Owner) -> None: ...
+    def free(self, ids: Ids, owner: Owner) -> None: ...
 
     def _free_unchecked(self, ids: torch.Tensor, owner: Owner, op: str = "free") -> None:
         """The trusted release path (a cache freeing its own ids)."""
@@ -105,7 +109,7 @@ class ReqRowPool(IdPool, Protocol):
 
     def alloc(self, n: int, owner: Owner) -> list[int] | None: ...
 
-    def free(self, rows: Any, owner: Owner) -> None: ...
+    def free(self, rows: Ids, owner: Owner) -> None: ...
 
     def write(self, row: int, start: int, values: torch.Tensor) -> None: ...
 
@@ -130,19 +134,37 @@ class MambaStatePool(IdPool, Protocol):
         """``n`` zeroed slots for ``owner``, or None."""
         ...
 
-    def free(self, slots: Any, owner: Owner) -> None: ...
+    def free(self, slots: Ids, owner: Owner) -> None: ...
 
-    def fork_from(self, src_index: Any, owner: Owner) -> torch.Tensor | None:
+    def fork_from(self, src_index: Ids, owner: Owner) -> torch.Tensor | None:
         """A new slot for ``owner`` holding a copy of ``src_index``'s state, or None (pool empty)."""
         ...
 
-    def copy_from(self, src_index: Any, dst_index: Any) -> None: ...
+    def copy_from(self, src_index: Ids, dst_index: Ids) -> None: ...
 
     def _copy_unchecked(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """The trusted copy (a cache's copy-on-write from its own slot into the caller's)."""
         ...
 
     def _free_unchecked(self, slots: torch.Tensor, owner: Owner, op: str = "free") -> None: ...
+
+
+@runtime_checkable
+class MambaStateTensors(Protocol):
+    """A Mamba pool's data plane: every layer's conv and temporal state, indexed ``[layer, slot]`` (what a
+    PD retraction copies to the host and back; the id protocol above exposes ids, not contents)."""
+
+    @property
+    def num_layers(self) -> int: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def conv_state(self) -> torch.Tensor: ...
+
+    @property
+    def temporal_state(self) -> torch.Tensor: ...
 
 
 class NodeLike(Protocol):
@@ -183,6 +205,11 @@ class LockLike(Protocol):
 
     @property
     def took_mamba(self) -> bool: ...
+
+    @property
+    def released(self) -> bool:
+        """Whether ``dec_lock_ref`` has given it back (a released handle locks nothing)."""
+        ...
 
 
 class InsertLike(Protocol):
@@ -280,6 +307,10 @@ class CacheSizes(Protocol):
         ...
 
     def inc_lock_ref(self, node: Any) -> LockLike: ...
+
+    def live_locks(self) -> Sequence[LockLike]:
+        """The handles ``inc_lock_ref`` returned that are not yet released (no particular order)."""
+        ...
 
     def dec_lock_ref(self, lock: Any) -> None: ...
 

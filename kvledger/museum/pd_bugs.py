@@ -81,7 +81,7 @@ def _release_forgetting_prebuilt(original: Any) -> Callable[..., None]:
         assert isinstance(req, PDReq)
         if req.state is ReqState.ABORTED and req.ended_from is ReqState.PREBUILT:
             return
-        PDScheduler._release_finished_or_aborted(self, req)
+        original(self, req)  # the PD instance's release, which this exhibit wraps
 
     return _release_finished_or_aborted
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal, TypedDict
 
 from kvledger.contracts import switch
 from kvledger.contracts.errors import InvalidArgument
@@ -27,6 +27,7 @@ from kvledger.reference.pools import (
 from kvledger.reference.radix import MambaRadixCache, RadixCache
 from kvledger.reference.scheduler import HashTokenRunner, Scheduler, SchedulerConfig
 from kvledger.reference.scheduler.config import CowReleasePolicy, MambaSchedulerStrategy
+from kvledger.reference.scheduler.runner import ModelRunner
 from kvledger.reference.scheduler.spec_config import SpeculativeConfig
 from kvledger.reference.scheduler.tagging_runner import TaggingHashRunner
 
@@ -147,19 +148,33 @@ def _model_weights(vocab_size: int) -> TinyHybridWeights:
     return TinyHybridWeights(TinyHybridConfig(vocab_size=vocab_size))
 
 
+KVAllocatorClass = TokenToKVPoolAllocator | PagedTokenToKVPoolAllocator
+"""The reference's KV allocators (page size 1, paged)."""
+
+
+class SchedulerParts(TypedDict):
+    """The collaborators a :class:`Scheduler` is built from, as keyword arguments."""
+
+    kv_allocator: KVAllocatorClass
+    req_to_token_pool: ReqToTokenPool
+    mamba_pool: MambaPool | None
+    tree: RadixCache | MambaRadixCache | None
+    runner: ModelRunner
+
+
 @dataclass
 class EngineParts:
     """Everything a scheduler is built from; ``kv_buffer`` is None with the plain hash runner (no KV data)."""
 
     config: SchedulerConfig
-    kv_allocator: Any
+    kv_allocator: KVAllocatorClass
     req_to_token_pool: ReqToTokenPool
     mamba_pool: MambaPool | None
-    tree: Any
-    runner: Any
+    tree: RadixCache | MambaRadixCache | None
+    runner: ModelRunner
     kv_buffer: KVBufferPool | None
 
-    def scheduler_kwargs(self) -> dict[str, Any]:
+    def scheduler_kwargs(self) -> SchedulerParts:
         return {
             "kv_allocator": self.kv_allocator,
             "req_to_token_pool": self.req_to_token_pool,
@@ -209,7 +224,7 @@ def build_parts(spec: EngineSpec) -> EngineParts:
 
 
 def _build_parts(spec: EngineSpec, config: SchedulerConfig) -> EngineParts:
-    kv: Any
+    kv: KVAllocatorClass
     prefix = spec.name_prefix
     if spec.page_size == 1:
         kv = TokenToKVPoolAllocator(spec.kv_tokens, name=f"{prefix}kv", checks=spec.checks)
@@ -236,14 +251,14 @@ def _build_parts(spec: EngineSpec, config: SchedulerConfig) -> EngineParts:
             name=f"{prefix}mamba",
             checks=spec.checks,
         )
-    tree: Any = None
+    tree: RadixCache | MambaRadixCache | None = None
     if spec.tree == "mamba_radix":
         assert mamba is not None  # EngineSpec refuses the Mamba radix cache without a Mamba pool
         chunk = config.mamba_cache_chunk_size if config.extra_buffer else None
         tree = MambaRadixCache(kv, mamba, mamba_cache_chunk_size=chunk)
     elif spec.tree == "radix":
         tree = RadixCache(kv)
-    runner: Any = HashTokenRunner(spec.vocab_size)
+    runner: ModelRunner = HashTokenRunner(spec.vocab_size)
     kv_buffer = None
     if model is not None:
         c = model.config
@@ -251,6 +266,7 @@ def _build_parts(spec: EngineSpec, config: SchedulerConfig) -> EngineParts:
             kv, num_layers=1, num_kv_heads=c.num_heads, head_dim=c.head_dim
         )
         kv.attach_kv_buffer(kv_buffer)  # debug builds: zero on alloc, poison on free
+        assert mamba is not None  # EngineSpec refuses the tiny hybrid model without Mamba layers
         runner_class = TinyHybridRunner if spec.speculative is None else SpeculativeTinyRunner
         runner = runner_class(
             model,

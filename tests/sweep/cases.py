@@ -31,5 +31,13 @@ NOT_ENTRY_POINTS: dict[str, str] = {
     **cases_pd.NOT_ENTRY_POINTS,
     **cases_audit.NOT_ENTRY_POINTS,
     "ReqToTokenPool.attach_kv_owners": "wiring the engine builder calls once (build_parts), not an operation",
+    # Step phases the speculative step shares with the scheduler's own results (issue 36's public seams):
+    # called inside step() on requests of a batch in flight, never by a client.
+    **{
+        f"Scheduler.{m}": "a step phase (the speculative step's seam into the results path), called inside step"
+        for m in ("new_batch", "discards_result", "finishes", "finish", "settle_batch")
+    },
+    "PrefillScheduler.finish": "a step phase (a prompt's last chunk done), called inside step",
+    "SchedulerParts.__init__": "the TypedDict of build_parts' collaborators (a plain dict), not an operation",
 }
 """Members the sweep does not call, each with why (hooks and step phases; PD rows still pending)."""

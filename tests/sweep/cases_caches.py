@@ -488,6 +488,8 @@ QUERIES: list[Query] = [
     ),
     *(Query(f"RadixCache.{n}", "plain_cache", call, "a read-only view") for n, call in _VIEWS.items()),
     *(Query(f"MambaRadixCache.{n}", "mamba_cache", call, "a read-only view") for n, call in _VIEWS.items()),
+    Query("RadixCache.kv_ledger", "plain_cache", lambda s: s.cache.kv_ledger, "a read-only view"),
+    Query("MambaRadixCache.kv_ledger", "mamba_cache", lambda s: s.cache.kv_ledger, "a read-only view"),
     Query("MambaRadixCache.mamba_lru_order", "mamba_cache", lambda s: s.cache.mamba_lru_order(), "a view"),
     Query("MambaRadixCache.mamba_cache_chunk_size", "mamba_cache", lambda s: s.cache.mamba_cache_chunk_size, "grid"),
 ]

@@ -180,6 +180,8 @@ def _check_states(
 def _check_tree_kv(
     runner: TaggingHashRunner, slots: list[int], tags: list[int], positions: list[int], nodes: list[Any]
 ) -> None:
+    if runner.kv_buffer is None:  # no KV data: nothing was collected to check
+        return
     bad = kv_mismatches(runner.kv_buffer, slots, tags, positions)
     if not bad:
         return

@@ -18,8 +18,9 @@ by the ledger cross-check, which names the request.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
+from kvledger.reference.pools.metadata_pool import MetadataBufferPool
 from kvledger.reference.scheduler.accounting import Accounting
 from kvledger.reference.scheduler.state import SchedulerState
 
@@ -28,7 +29,7 @@ class PDSchedulerState(SchedulerState, Protocol):
     """A PD instance as its accounting sees it: a scheduler with a metadata-slot pool."""
 
     @property
-    def metadata_pool(self) -> Any: ...
+    def metadata_pool(self) -> MetadataBufferPool: ...
 
 
 class PDAccounting(Accounting):

@@ -12,10 +12,10 @@ pool raised to cover every row. Both sides share the model (the same weights) an
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from kvledger.contracts.errors import InvalidArgument, SizeOutOfRange
 from kvledger.contracts.mamba_track import ping_pong_size
+from kvledger.contracts.protocols import KVAllocator, MambaStatePool
 from kvledger.contracts.sizing import decode_mamba_slots, decode_rows, default_pre_alloc_size
 from kvledger.reference.config_fields import MAX_SIZE, Count, Size, check_fields
 from kvledger.reference.disagg.channel import ChannelConfig, InstanceData, TransferChannel
@@ -130,7 +130,7 @@ def build_pd(spec: PDSpec) -> PDSystem:
     return PDSystem(prefill, decode, channel)
 
 
-def decode_tree(kv_allocator: Any, mamba_pool: Any) -> RadixCache | MambaRadixCache:
+def decode_tree(kv_allocator: KVAllocator, mamba_pool: MambaStatePool | None) -> RadixCache | MambaRadixCache:
     """The decode instance's radix cache: the plain one, or for a hybrid model the Mamba one without
     tracking (no ``mamba_cache_chunk_size``: the decode captures no state; a finished request's working
     slot is what it caches, as #32732's ``cache_finished_req`` does; page size 1, as V1's)."""

@@ -41,7 +41,8 @@ from __future__ import annotations
 import heapq
 import random
 from collections.abc import Callable, Iterator
-from typing import Any
+from enum import Enum
+from typing import Any, TypeAlias, TypeVar
 
 from kvledger.contracts.errors import ContractViolation, InvalidArgument, InvalidState, UnknownRoom
 from kvledger.contracts.seams import seam
@@ -84,7 +85,7 @@ MAX_ROOM = 2**63 - 1
 """Bootstrap rooms are stored as int64 (the metadata slots); room 0 marks an empty slot."""
 
 
-def check_room(room_id: Any, what: str = "bootstrap room") -> int:
+def check_room(room_id: object, what: str = "bootstrap room") -> int:
     """A bootstrap room id: an int (not a bool) in ``[1, MAX_ROOM]``."""
     if isinstance(room_id, bool) or not isinstance(room_id, int) or not 1 <= room_id <= MAX_ROOM:
         raise InvalidArgument(
@@ -93,13 +94,20 @@ def check_room(room_id: Any, what: str = "bootstrap room") -> int:
     return room_id
 
 
-def check_side(side: Any, op: str) -> str:
+def check_side(side: object, op: str) -> str:
     if not isinstance(side, str) or side not in (PREFILL, DECODE):
         raise InvalidArgument(f"{op}: side must be {PREFILL!r} or {DECODE!r}, got {side!r}")
     return side
 
 
-def _member(enum: Any, value: Any, what: str) -> Any:
+E = TypeVar("E", bound=Enum)
+
+Payload: TypeAlias = "bool | str | DstInfo | Message | tuple[str, Payload] | None"
+"""What a scheduled event carries to its handler (``_on_<kind>``): a handshake's failure, an init's
+destination, an abort's reason, a data message, or a retransmitted control message with its own payload."""
+
+
+def _member(enum: type[E], value: object, what: str) -> E:
     """An enum member, or the value of one (``"kv"``); anything else is refused."""
     if isinstance(value, enum):
         return value
@@ -114,7 +122,7 @@ def _member(enum: Any, value: Any, what: str) -> Any:
     )
 
 
-def _check_ids(values: Any, what: str) -> None:
+def _check_ids(values: object, what: str) -> None:
     """A list of ints >= 0 (ids of a pool)."""
     if not isinstance(values, list):
         raise InvalidArgument(f"{what} must be a list of ints >= 0, got {type(values).__name__}")
@@ -122,7 +130,7 @@ def _check_ids(values: Any, what: str) -> None:
         _check_id(v, what)
 
 
-def _check_id(value: Any, what: str, *, allow_none: bool = False) -> None:
+def _check_id(value: object, what: str, *, allow_none: bool = False) -> None:
     """One id: an int >= 0 (or None where ``allow_none``)."""
     if value is None and allow_none:
         return
@@ -140,7 +148,7 @@ class TransferChannel:
         self.now = 0
         self.rooms: dict[int, Room] = {}
         self.stats = ChannelStats()
-        self._events: list[tuple[int, int, str, int, Any]] = []  # (step, seq, kind, room, payload)
+        self._events: list[tuple[int, int, str, int, Payload]] = []  # (step, seq, kind, room, payload)
         self._seq = 0
         self._rng = random.Random(self.config.seed)
         self._injected: list[list[Any]] = []  # [component, fault, room or None, times left], in order
@@ -159,15 +167,15 @@ class TransferChannel:
                 raise InvalidArgument(f"attach: {what} must be an InstanceData, got {type(data).__name__}")
         self.prefill, self.decode = prefill, decode
 
-    def _known(self, room_id: Any, op: str) -> Room | None:
+    def _known(self, room_id: object, op: str) -> Room | None:
         """The open room, None for a room that has closed; UnknownRoom for one never opened."""
-        check_room(room_id, f"{op}: bootstrap room")
-        room = self.rooms.get(room_id)
-        if room is None and room_id not in self._closed:
+        rid = check_room(room_id, f"{op}: bootstrap room")
+        room = self.rooms.get(rid)
+        if room is None and rid not in self._closed:
             raise UnknownRoom(f"{op}: bootstrap room {room_id} was never opened on this channel")
         return room
 
-    def _open_room(self, room_id: Any, op: str) -> Room:
+    def _open_room(self, room_id: object, op: str) -> Room:
         room = self._known(room_id, op)
         if room is None:
             raise InvalidState(f"{op}: bootstrap room {room_id} has closed")
@@ -209,7 +217,7 @@ class TransferChannel:
         return None
 
     # ------------------------------------------------------------------ events
-    def _control(self, component: Component, kind: str, room_id: int, payload: Any = None) -> None:
+    def _control(self, component: Component, kind: str, room_id: int, payload: Payload = None) -> None:
         """Send a control message (``kind`` is its handler): it draws a fault of ``CONTROL``'s."""
         assert component in CONTROL
         fault = self._draw_fault(component, room_id)
@@ -225,13 +233,13 @@ class TransferChannel:
         if fault is Fault.DUPLICATE:
             self._schedule(self.now + delay + c.delay_steps + 1, kind, room_id, payload)
 
-    def _on_retry(self, room: Room, sent: tuple[str, Any]) -> None:
+    def _on_retry(self, room: Room, sent: tuple[str, Payload]) -> None:
         """The sender's retransmission timer: the lost control message goes again (and arrives)."""
         kind, payload = sent
         self.stats.retransmissions += 1
         self._schedule(self.now + self.config.latency, kind, room.room, payload)
 
-    def _schedule(self, step: int, kind: str, room: int, payload: Any = None) -> None:
+    def _schedule(self, step: int, kind: str, room: int, payload: Payload = None) -> None:
         self._seq += 1
         heapq.heappush(self._events, (step, self._seq, kind, room, payload))
 
@@ -400,13 +408,14 @@ class TransferChannel:
         d = self.decode
         if d is None:
             return
-        limits = [("meta_idx", [dst.meta_idx], d.metadata_pool)]
+        # (what, ids, the pool's size; None: no such pool): a Mamba pool's slot 0 is reserved, so its
+        # slots run to ``size`` inclusive; the KV buffer has a row for every slot, padding included.
+        limits: list[tuple[str, list[int], int | None]] = [("meta_idx", [dst.meta_idx], d.metadata_pool.size)]
         if dst.mamba_slot is not None:
-            limits.append(("mamba_slot", [dst.mamba_slot], d.mamba_pool))
+            limits.append(("mamba_slot", [dst.mamba_slot], None if d.mamba_pool is None else d.mamba_pool.size))
         if d.kv_buffer is not None:
-            limits.append(("kv_slots", dst.kv_slots, d.kv_buffer))
-        for what, ids, pool in limits:
-            size = None if pool is None else getattr(pool, "num_slots", getattr(pool, "size", None))
+            limits.append(("kv_slots", dst.kv_slots, d.kv_buffer.num_slots))
+        for what, ids, size in limits:
             if ids and (size is None or max(ids) >= size + (what == "mamba_slot")):
                 raise InvalidArgument(f"init_receiver: dst.{what} {max(ids)} outside the decode's pool")
 
@@ -494,7 +503,7 @@ class TransferChannel:
             room.ack_sent = True
             self._control(Component.ACK, "ack", room.room)
 
-    def _on_ack(self, room: Room, _: Any) -> None:
+    def _on_ack(self, room: Room, _: None) -> None:
         if room.ack_received:  # a duplicate
             return
         room.ack_received = True
@@ -532,7 +541,18 @@ class TransferChannel:
                 self._dispatch(room, Component.META, [send.meta_src], [dst.meta_idx])
         room.pending.clear()
 
-    def _dispatch(self, room: Room, component: Component, src: list[int], dst: list[int], **span: Any) -> None:
+    def _dispatch(
+        self,
+        room: Room,
+        component: Component,
+        src: list[int],
+        dst: list[int],
+        *,
+        start: int = 0,
+        end: int = 0,
+        tokens: list[int] | None = None,
+    ) -> None:
+        """Send one data message (a KV message names its positions ``[start, end)`` and their tokens)."""
         c = self.config
         fault = self._draw_fault(component, room.room)
         outcome, reason, life = Outcome.LAND, "", c.latency
@@ -545,7 +565,10 @@ class TransferChannel:
         elif fault is Fault.TIMEOUT:
             outcome, reason, life = Outcome.FAIL, f"{component.value} transfer timed out", c.message_timeout
         self._seq += 1
-        msg = Message(self._seq, room.room, component, self.now, self.now + life, outcome, reason, src, dst, **span)
+        span = [] if tokens is None else tokens
+        msg = Message(
+            self._seq, room.room, component, self.now, self.now + life, outcome, reason, src, dst, start, end, span
+        )
         _check_delta(room, msg)  # I-PD-PREFIX-DELTA at dispatch (and again at landing)
         room.unresolved[msg.seq] = msg
         self._schedule(msg.resolve_step, "resolve", room.room, msg)
@@ -575,6 +598,7 @@ class TransferChannel:
             if d.note_kv_written is not None:
                 d.note_kv_written(msg.dst, msg.tokens, list(range(msg.start, msg.end)))
         elif msg.component is Component.MAMBA:
+            assert p.mamba_pool is not None and d.mamba_pool is not None, "a state message needs both pools"
             landing.copy_state(p.mamba_pool, msg.src[0], d.mamba_pool, msg.dst[0])
         else:
             landing.copy_metadata(p.metadata_pool, msg.src[0], d.metadata_pool, msg.dst[0])

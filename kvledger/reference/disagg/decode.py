@@ -33,21 +33,23 @@ from typing import Any
 import torch
 
 from kvledger.contracts.arith import ceil_to_page, remaining_new_tokens_clipped
-from kvledger.contracts.errors import ContractViolation
+from kvledger.contracts.errors import ContractViolation, InvalidState
 from kvledger.contracts.owners import (
     PD_DECODE_LEASE,
     PD_DECODE_RETRACTED,
     PD_DECODE_TRANSFER,
     PD_DECODE_WAITING,
     REQ_RUNNING,
+    Account,
 )
-from kvledger.contracts.protocols import mamba_cache_of
+from kvledger.contracts.protocols import MambaStateTensors, mamba_cache_of
 from kvledger.contracts.seams import seam
 from kvledger.contracts.sizing import check_decode_sizing
 from kvledger.reference.disagg import landing
 from kvledger.reference.disagg.channel import DstInfo, Poll
 from kvledger.reference.disagg.decode_cache import check_decode_prefixes
 from kvledger.reference.disagg.instance import PDScheduler
+from kvledger.reference.disagg.messages import NoteKVWritten
 from kvledger.reference.disagg.request import DECODE, HostCopy, PDReq
 from kvledger.reference.disagg.tracking_slots import DecodeTrackingSlots
 from kvledger.reference.scheduler.cache_paths.base import lock, unlock
@@ -67,7 +69,7 @@ class DecodeScheduler(PDScheduler):
         reserved_decode_tokens: int = 4,
         mamba_slots_per_req: int = 1,
         tracking_slots: int = 0,
-        note_kv_written: Any = None,
+        note_kv_written: NoteKVWritten | None = None,
         **kwargs: Any,
     ) -> None:
         self.prealloc_queue: list[PDReq] = []
@@ -168,7 +170,7 @@ class DecodeScheduler(PDScheduler):
         """Free Mamba slots, plus the unlocked states the decode's tree could evict for them."""
         return self.memory.counters.mamba_available() + self.memory.counters.mamba_evictable()
 
-    def _allocate(self, req: PDReq, length: int, account: Any, cached: int = 0) -> torch.Tensor | None:
+    def _allocate(self, req: PDReq, length: int, account: Account, cached: int = 0) -> torch.Tensor | None:
         """Row, working slot, V2 tracking slots and KV for positions ``[cached, length)`` (all or nothing;
         ``[0, cached)`` is the locked prefix the tree holds, ``req.prefix_indices``), via the scheduler's
         path's coordinator (the tracking slots first, given back last if the rest does not fit)."""
@@ -319,8 +321,8 @@ class DecodeScheduler(PDScheduler):
             if len(self.running) >= self.config.max_running_requests:
                 break
             self.prebuilt_queue.remove(req)
-            if self._finished(req, req.output_ids[-1]):
-                self._finish(req)
+            if self.finishes(req, req.output_ids[-1]):
+                self.finish(req)
                 continue
             self._enter(req, ReqState.RUNNING, REQ_RUNNING, "prebuilt")
             self.running.append(req)
@@ -345,11 +347,17 @@ class DecodeScheduler(PDScheduler):
             k = self.kv_buffer.k_buffer[:, slots].clone().cpu()
             v = self.kv_buffer.v_buffer[:, slots].clone().cpu()
         if self.mamba_pool is not None and req.mamba_pool_idx is not None:
-            # The reference pool's state tensors (the collaborator protocol exposes ids, not contents).
-            states: Any = self.mamba_pool
+            states = self._state_tensors()
             conv = states.conv_state[:, req.mamba_pool_idx].clone().cpu()
             temporal = states.temporal_state[:, req.mamba_pool_idx].clone().cpu()
         return HostCopy(n, k, v, conv, temporal)
+
+    def _state_tensors(self) -> MambaStateTensors:
+        """The Mamba pool's state tensors, which a retraction copies out and back (a pool without them,
+        an adapter exposing only ids, cannot be retracted to the host)."""
+        if not isinstance(self.mamba_pool, MambaStateTensors):
+            raise InvalidState(f"retract to host: the Mamba pool {self.mamba_pool!r} exposes no state tensors")
+        return self.mamba_pool
 
     def resume_retracted(self) -> None:
         """Bring retracted requests back from their host copy (SGLang ``resume_retracted_reqs``), FIFO."""
@@ -369,7 +377,8 @@ class DecodeScheduler(PDScheduler):
             if out is None:
                 self.pd_stats.retries += 1
                 break
-            landing.restore(self.kv_buffer, out, copy, self.mamba_pool, req.mamba_pool_idx)
+            states = None if self.mamba_pool is None or copy.conv is None else self._state_tensors()
+            landing.restore(self.kv_buffer, out, copy, states, req.mamba_pool_idx)
             if self.note_kv_written is not None:
                 self.note_kv_written(out.tolist(), req.context_ids()[: copy.length], list(range(copy.length)))
             req.host_copy = None

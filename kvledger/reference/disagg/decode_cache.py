@@ -17,19 +17,18 @@ waiting to happen). Cost: O(decode requests + their prefix ids) per step, with t
 
 from __future__ import annotations
 
-from typing import Any
-
 from kvledger.contracts.errors import ContractViolation
-from kvledger.contracts.owners import CACHE_PROTECTED
-from kvledger.reference.scheduler.request import ReqState
+from kvledger.contracts.owners import CACHE_PROTECTED, Owner
+from kvledger.reference.scheduler.request import Req, ReqState
+from kvledger.reference.scheduler.state import SchedulerState
 
 _NO_LOCK = frozenset({ReqState.PREALLOC, ReqState.RETRACTED})
 
 
-def check_decode_prefixes(sched: Any) -> int:
+def check_decode_prefixes(sched: SchedulerState) -> int:
     """I-PD-PREFIX-LOCK for a decode instance (``sched``); returns the number of locks checked."""
     tree = sched.tree
-    holders: dict[int, Any] = {}
+    holders: dict[int, Owner] = {}
     for req in list(sched.queued_requests()):  # every request not yet released (parked ones too)
         if req.state in _NO_LOCK or tree is None:
             if req.lock is not None or req.cache_protected_len:
@@ -56,7 +55,7 @@ def check_decode_prefixes(sched: Any) -> int:
     return len(holders)
 
 
-def _check_prefix_owners(sched: Any, req: Any) -> None:
+def _check_prefix_owners(sched: SchedulerState, req: Req) -> None:
     """The row's prefix ids are tree nodes' and protected (never the request's, never free).
 
     Per step only the prefix's first and last positions (O(1) a request: a long prefix times many
@@ -77,5 +76,5 @@ def _check_prefix_owners(sched: Any, req: Any) -> None:
             _fail(req, ledger.describe([i], f"prefix id {i} is owned by {owner!r}, not a protected tree node"))
 
 
-def _fail(req: Any, what: str) -> None:
+def _fail(req: Req, what: str) -> None:
     raise ContractViolation(f"I-PD-PREFIX-LOCK: decode {req.owner!r} ({req.state.value}): {what}")

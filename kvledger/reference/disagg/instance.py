@@ -28,6 +28,8 @@ from kvledger.contracts.seams import seam
 from kvledger.reference.disagg.accounting import PDAccounting
 from kvledger.reference.disagg.channel import TransferChannel, check_room
 from kvledger.reference.disagg.request import PDReq
+from kvledger.reference.pools.kv_buffer import KVBufferPool
+from kvledger.reference.pools.metadata_pool import MetadataBufferPool
 from kvledger.reference.scheduler import Scheduler, SchedulerConfig
 from kvledger.reference.scheduler.request import Req, ReqState
 
@@ -93,9 +95,9 @@ class PDScheduler(Scheduler):
         self,
         config: SchedulerConfig,
         *,
-        metadata_pool: Any,
+        metadata_pool: MetadataBufferPool,
         channel: TransferChannel,
-        kv_buffer: Any = None,
+        kv_buffer: KVBufferPool | None = None,
         **parts: Any,
     ) -> None:
         self.lease_queue: list[PDReq] = []

@@ -10,10 +10,12 @@ import enum
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from kvledger.contracts.errors import InvalidArgument
 from kvledger.reference.config_fields import Count, Size, check_fields
+from kvledger.reference.pools.kv_buffer import KVBufferPool
+from kvledger.reference.pools.mamba_pool import MambaPool
+from kvledger.reference.pools.metadata_pool import MetadataBufferPool
 
 
 class Component(str, enum.Enum):
@@ -189,14 +191,18 @@ class Room:
         return self.sender_closed and self.receiver_closed and not self.unresolved
 
 
+NoteKVWritten = Callable[[list[int], list[int], list[int]], None]
+"""Told before KV lands in a decode's slots: the slots, the tokens they hold, their positions."""
+
+
 @dataclass
 class InstanceData:
     """What the channel reads or writes on one instance: its buffers and pools (by reference)."""
 
-    kv_buffer: Any  # KVBufferPool, or None (the hash runner has no KV data)
-    mamba_pool: Any  # MambaPool, or None (attention-only model)
-    metadata_pool: Any
-    note_kv_written: Callable[[list[int], list[int], list[int]], None] | None = None
+    kv_buffer: KVBufferPool | None  # None: the hash runner has no KV data
+    mamba_pool: MambaPool | None  # None: an attention-only model
+    metadata_pool: MetadataBufferPool
+    note_kv_written: NoteKVWritten | None = None
 
 
 @dataclass

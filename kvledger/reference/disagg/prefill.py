@@ -112,7 +112,7 @@ class PrefillScheduler(PDScheduler):
         assert isinstance(req, PDReq)
         self.send_kv_chunk(req, last=False)
 
-    def _finish(self, req: Req) -> None:
+    def finish(self, req: Req) -> None:
         """The prompt is complete: cache it, hand the last chunk (with state and metadata) to the engine
         and wait in the inflight queue (SGLang ``process_batch_result_disagg_prefill``)."""
         assert isinstance(req, PDReq)

@@ -14,7 +14,8 @@ Extra fields (SGLang's names where they exist):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+
+import torch
 
 from kvledger.contracts.owners import PD_DECODE_PREALLOC, PD_PREFILL_BOOTSTRAP, Owner
 from kvledger.reference.scheduler.request import Req, ReqState
@@ -31,10 +32,10 @@ class HostCopy:
     """
 
     length: int
-    k: Any
-    v: Any
-    conv: Any
-    temporal: Any
+    k: torch.Tensor | None
+    v: torch.Tensor | None
+    conv: torch.Tensor | None
+    temporal: torch.Tensor | None
 
 
 @dataclass(eq=False, repr=False)

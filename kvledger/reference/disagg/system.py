@@ -22,21 +22,23 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from kvledger.contracts.errors import ContractViolation, InvalidArgument, InvalidState
 from kvledger.contracts.leases import check_lease
 from kvledger.contracts.owners import CACHE_PROTECTED, Owner
+from kvledger.contracts.protocols import KVAllocator
 from kvledger.reference.disagg.channel import Component, Message, TransferChannel
 from kvledger.reference.disagg.decode import DecodeScheduler
 from kvledger.reference.disagg.prefill import PrefillScheduler
 from kvledger.reference.disagg.request import DECODE, PREFILL, PDReq
 from kvledger.reference.pools.validate import check_positive
+from kvledger.reference.scheduler.batch import ScheduleBatch
 from kvledger.reference.scheduler.request import ReqState
 from kvledger.reference.scheduler.validate import check_rid
 
 
-def kv_ledger_ids(allocator: Any, token_slots: Sequence[int]) -> list[int]:
+def kv_ledger_ids(allocator: KVAllocator, token_slots: Sequence[int]) -> list[int]:
     """The KV ledger's ids for token slots: the slots themselves, or their distinct pages."""
     page = allocator.page_size
     if page == 1:
@@ -64,7 +66,7 @@ class PDSystem:
         self.drain_sides: dict[int, tuple[str, ...]] = {}  # rid -> the sides that aborted it (I-DRAIN)
         self.drained_aborts = 0
         self.longest_drain = 0
-        self.last_prefill_batch: Any = None
+        self.last_prefill_batch: ScheduleBatch | None = None
         channel.before_land = self._check_landing
 
     @property
@@ -247,15 +249,20 @@ def _locked_in_tree(owner: Owner | None) -> bool:
     return owner is not None and owner.kind.startswith("node") and owner.account is CACHE_PROTECTED
 
 
-def check_wiring(prefill: Any, decode: Any, channel: Any) -> None:
+T = TypeVar("T")
+
+
+def _wired(what: str, value: object, cls: type[T]) -> T:
+    if not isinstance(value, cls):
+        raise InvalidArgument(f"PDSystem: {what} must be a {cls.__name__}, got {type(value).__name__}")
+    return value
+
+
+def check_wiring(prefill: object, decode: object, channel: object) -> None:
     """The system's collaborators: a prefill and a decode instance sharing ``channel`` (bad wiring is an
     operating error, refused before the channel's landing hook is installed)."""
-    for what, value, cls in (
-        ("prefill", prefill, PrefillScheduler),
-        ("decode", decode, DecodeScheduler),
-        ("channel", channel, TransferChannel),
-    ):
-        if not isinstance(value, cls):
-            raise InvalidArgument(f"PDSystem: {what} must be a {cls.__name__}, got {type(value).__name__}")
-    if prefill.channel is not channel or decode.channel is not channel:
+    p = _wired("prefill", prefill, PrefillScheduler)
+    d = _wired("decode", decode, DecodeScheduler)
+    _wired("channel", channel, TransferChannel)
+    if p.channel is not channel or d.channel is not channel:
         raise InvalidArgument("PDSystem: both instances must use the system's channel")

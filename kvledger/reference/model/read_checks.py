@@ -14,7 +14,6 @@ request, position, token, slot, and what the slot holds) is resolved only when a
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
@@ -40,7 +39,7 @@ class KVWriteShadow:
 
 
 def check_no_poison_read(
-    owners: Sequence[Any], what: str, poisoned: torch.Tensor, slots: torch.Tensor, read_by: torch.Tensor
+    owners: Sequence[object], what: str, poisoned: torch.Tensor, slots: torch.Tensor, read_by: torch.Tensor
 ) -> None:
     """I-NO-POISON-READ over the slots a batch reads: ``poisoned[i]`` for ``slots[i]`` read by request
     ``read_by[i]`` (an index into ``owners``)."""
@@ -54,7 +53,7 @@ def check_no_poison_read(
 
 
 def check_row_content(
-    owners: Sequence[Any],
+    owners: Sequence[object],
     shadow: KVWriteShadow,
     slots: torch.Tensor,
     tokens: torch.Tensor,

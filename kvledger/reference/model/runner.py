@@ -28,7 +28,6 @@ chunk-invariant, so the split changes no token and no state.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
@@ -41,6 +40,9 @@ from kvledger.reference.model.tiny_hybrid import (
     extend_after_store,
     project,
 )
+from kvledger.reference.pools.kv_buffer import KVBufferPool
+from kvledger.reference.pools.mamba_pool import MambaPool
+from kvledger.reference.pools.req_to_token import ReqToTokenPool
 from kvledger.reference.scheduler.request import Req, TrackPoint
 
 _LAYER = 0  # the model has one attention layer and one Mamba layer
@@ -53,9 +55,9 @@ class TinyHybridRunner:
         self,
         weights: TinyHybridWeights,
         *,
-        kv_buffer: Any,
-        req_to_token_pool: Any,
-        mamba_pool: Any,
+        kv_buffer: KVBufferPool,
+        req_to_token_pool: ReqToTokenPool,
+        mamba_pool: MambaPool,
         check_integrity: bool = True,
     ) -> None:
         self.weights = weights

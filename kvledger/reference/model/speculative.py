@@ -24,16 +24,17 @@ the committed prefix (:func:`check_state_at_committed`, the data oracle run by t
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
 from kvledger.contracts.errors import ContractViolation
 from kvledger.reference.model.runner import TinyHybridRunner
 from kvledger.reference.model.state_oracle import prefix_state
-from kvledger.reference.model.tiny_hybrid import compute_mode
+from kvledger.reference.model.tiny_hybrid import TinyHybridWeights, compute_mode
+from kvledger.reference.pools.mamba_pool import MambaPool
 from kvledger.reference.scheduler.request import Req
 from kvledger.reference.scheduler.spec_config import kept_tokens
+from kvledger.reference.scheduler.speculative import SpecDecoding, VerifyPlan
 
 _LAYER = 0
 
@@ -42,7 +43,7 @@ class SpeculativeTinyRunner(TinyHybridRunner):
     """The tiny hybrid model with a verify forward for speculative decoding."""
 
     def verify_drafts(
-        self, reqs: Sequence[Req], plan: Any, out_cache_loc: torch.Tensor, spec: Any
+        self, reqs: Sequence[Req], plan: VerifyPlan, out_cache_loc: torch.Tensor, spec: SpecDecoding
     ) -> list[list[int]]:
         n = plan.num_positions
         vocab = self.vocab_size
@@ -99,7 +100,7 @@ class SpeculativeTinyRunner(TinyHybridRunner):
         snaps: list[tuple[torch.Tensor, torch.Tensor]],
         kept: list[int],
         n: int,
-        spec: Any,
+        spec: SpecDecoding,
     ) -> None:
         """Mamba V2: the capture at the length the scheduler records, from the states kept aside."""
         tracking = spec.s.memory.tracking
@@ -119,7 +120,8 @@ class SpeculativeTinyRunner(TinyHybridRunner):
             ssm[_LAYER, slot] = s[i]
 
 
-def check_state_at_committed(req: Req, mamba_pool: Any, weights: Any, length: int | None = None) -> None:
+def check_state_at_committed(
+    req: Req, mamba_pool: MambaPool, weights: TinyHybridWeights, length: int | None = None) -> None:
     """I-SPEC-STATE (the data oracle, test time: O(sequence) model work): the working state of a running
     request is the state of exactly its committed prefix (``length`` tokens: by default
     ``kv_committed_len``; with a batch in flight, the data plane's length), computed alone."""

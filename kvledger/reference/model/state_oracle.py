@@ -13,7 +13,6 @@ Test-time only: O(cached tokens) model work per call.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
@@ -24,6 +23,9 @@ from kvledger.reference.model.tiny_hybrid import (
     extend_after_store,
     project,
 )
+from kvledger.reference.pools.mamba_pool import MambaPool
+from kvledger.reference.radix.mamba_radix_cache import MambaRadixCache
+from kvledger.reference.radix.tree_node import TreeNode
 
 
 def prefix_state(weights: TinyHybridWeights, tokens: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,7 +46,7 @@ def prefix_state(weights: TinyHybridWeights, tokens: Sequence[int]) -> tuple[tor
         return conv[0], ssm[0]
 
 
-def _path_tokens(node: Any) -> list[int]:
+def _path_tokens(node: TreeNode | None) -> list[int]:
     parts: list[tuple[int, ...]] = []
     while node is not None and node.parent is not None:
         parts.append(node.key)
@@ -52,7 +54,7 @@ def _path_tokens(node: Any) -> list[int]:
     return [t for part in reversed(parts) for t in part]
 
 
-def cached_state_mismatches(tree: Any, mamba_pool: Any, weights: TinyHybridWeights) -> list[str]:
+def cached_state_mismatches(tree: MambaRadixCache, mamba_pool: MambaPool, weights: TinyHybridWeights) -> list[str]:
     """Every node whose cached state differs from its prefix's state (empty: all agree)."""
     conv_all, ssm_all = mamba_pool.conv_state, mamba_pool.temporal_state  # applies scheduled writes
     out: list[str] = []

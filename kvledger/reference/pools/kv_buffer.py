@@ -7,12 +7,11 @@ write). Layout ``[L, num_slots, H, D]`` (slot on dim 1), written only through ``
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from kvledger import kernels
 from kvledger.contracts.errors import InvalidArgument
+from kvledger.contracts.protocols import Ids, KVAllocator
 from kvledger.contracts.switch import ensure
 from kvledger.reference.config_fields import allocating, check_fits_memory, check_size
 from kvledger.reference.pools.validate import (
@@ -25,14 +24,14 @@ from kvledger.reference.pools.validate import (
 )
 
 
-def check_float_dtype(dtype: Any, what: str) -> torch.dtype:
+def check_float_dtype(dtype: object, what: str) -> torch.dtype:
     """A floating-point ``torch.dtype`` (state and KV tensors hold NaN poison, which integers cannot)."""
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise InvalidArgument(f"{what} must be a floating-point torch.dtype, got {dtype!r}")
     return dtype
 
 
-def check_kv_buffer(buffer: Any, rows_needed: int, device: torch.device, pool: str) -> KVBufferPool:
+def check_kv_buffer(buffer: object, rows_needed: int, device: torch.device, pool: str) -> KVBufferPool:
     """A :class:`KVBufferPool` on the allocator's device with a row for every slot it can hand out."""
     if not isinstance(buffer, KVBufferPool):
         raise InvalidArgument(f"[{pool}] attach_kv_buffer: expected a KVBufferPool, got {type(buffer).__name__}")
@@ -77,7 +76,16 @@ class KVBufferPool:
             self.v_buffer = torch.zeros(shape, dtype=dtype, device=self.device)
 
     @classmethod
-    def for_allocator(cls, allocator: Any, **kwargs: Any) -> KVBufferPool:
+    def for_allocator(
+        cls,
+        allocator: KVAllocator,
+        *,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ) -> KVBufferPool:
         """A buffer with a row for every slot ``allocator`` can hand out, padding included."""
         page_size = getattr(allocator, "page_size", None)
         size = getattr(allocator, "size", None)
@@ -88,14 +96,16 @@ class KVBufferPool:
         check_positive(page_size, "allocator.page_size")
         check_positive(size, "allocator.size")
         num_slots = (size // page_size + 1) * page_size
-        return cls(num_slots, **kwargs)
+        return cls(
+            num_slots, num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, device=device
+        )
 
     @ensure(
         lambda self, layer, loc, k: bool(
             (self.k_buffer[layer, as_index_tensor(loc, self.device, "kv")] == k).all()
         )
     )
-    def set_kv_buffer(self, layer: int, loc: Any, k: torch.Tensor, v: torch.Tensor) -> None:
+    def set_kv_buffer(self, layer: int, loc: Ids, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store ``k``/``v`` (``[T, H, D]``) of layer ``layer`` at the token slots ``loc``."""
         self._check_layer(layer)
         if not isinstance(k, torch.Tensor) or not isinstance(v, torch.Tensor):
@@ -121,13 +131,13 @@ class KVBufferPool:
             )
         kernels.store_kv(self.k_buffer, self.v_buffer, layer, idx, k, v)
 
-    def _check_layer(self, layer: Any) -> int:
-        check_count(layer, "layer")
-        if layer >= self.num_layers:
+    def _check_layer(self, layer: object) -> int:
+        index = check_count(layer, "layer")
+        if index >= self.num_layers:
             raise InvalidArgument(f"layer {layer} outside [0, {self.num_layers})")
-        return int(layer)
+        return index
 
-    def _slots(self, slots: Any, what: str) -> torch.Tensor:
+    def _slots(self, slots: Ids, what: str) -> torch.Tensor:
         """Slot ids of this buffer (padding rows included: kernels may write them)."""
         idx = as_index_tensor(slots, self.device, f"kv_buffer.{what}")
         check_in_range(idx, 0, self.num_slots - 1, "kv_buffer", "slot")

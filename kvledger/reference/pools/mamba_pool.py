@@ -19,7 +19,6 @@ on every destination, per batch.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 
@@ -27,6 +26,7 @@ from kvledger import kernels
 from kvledger.contracts.errors import ContractViolation, InvalidArgument, KVLedgerError
 from kvledger.contracts.levels import CheckLevel
 from kvledger.contracts.owners import FREE, Owner
+from kvledger.contracts.protocols import Ids
 from kvledger.contracts.seams import seam
 from kvledger.contracts.switch import ensure, invariant, require, snapshot
 from kvledger.reference.config_fields import allocating, check_fits_memory, check_size
@@ -43,7 +43,7 @@ from kvledger.reference.pools.validate import (
 from kvledger.reference.pools.write_schedule import ZERO, WriteSchedule
 
 
-def check_state_shape(shape: Any, what: str) -> tuple[int, ...]:
+def check_state_shape(shape: object, what: str) -> tuple[int, ...]:
     """The per-slot shape of a state tensor: a tuple of ints >= 1 (possibly empty: a scalar per slot)."""
     if not isinstance(shape, tuple) or not all(type(d) is int and d >= 1 for d in shape):
         raise InvalidArgument(f"MambaPool: {what} must be a tuple of ints >= 1, got {shape!r}")
@@ -272,7 +272,7 @@ class MambaPool(IdPool):
             return False
         return bool(self._raw_poisoned(torch.tensor(unwritten, dtype=torch.int64, device=self.device)).any())
 
-    def _held_sources_unpoisoned(self, src_index: Any) -> bool:
+    def _held_sources_unpoisoned(self, src_index: Ids) -> bool:
         """The precondition's view of a ``copy_from`` source: bad input (not an index, out of range, not
         held) is left to the typed errors of the call itself; held slots must not read as poison."""
         try:
@@ -284,7 +284,7 @@ class MambaPool(IdPool):
             torch.tensor(held, dtype=torch.int64, device=self.device)
         )
 
-    def poisoned(self, slots: Any) -> torch.Tensor:
+    def poisoned(self, slots: Ids) -> torch.Tensor:
         """Per slot: does any element of its conv or temporal state hold the poison value?
 
         Any slot of the pool, held or free (a freed slot reads as poisoned in a debug build), named as every
@@ -302,7 +302,7 @@ class MambaPool(IdPool):
             == OLD.reclaimable + as_index_tensor(slots, self.device, "free").numel()
         )
     )
-    def free(self, slots: Any, owner: Owner) -> None:
+    def free(self, slots: Ids, owner: Owner) -> None:
         """Return ``owner``'s slots."""
         t = as_index_tensor(slots, self.device, f"{self.name}.free")
         if type(owner) is not Owner:  # one comparison on the fast path
@@ -329,7 +329,7 @@ class MambaPool(IdPool):
         "I-COPY: after the copy each destination's fingerprint equals its source's (or will, when the"
         " scheduled copy is applied)",
     )
-    def copy_from(self, src_index: Any, dst_index: Any) -> None:
+    def copy_from(self, src_index: Ids, dst_index: Ids) -> None:
         """Copy the states of ``src_index`` into ``dst_index`` (every layer, conv and temporal); scheduled,
         applied with the next batch."""
         src = as_index_tensor(src_index, self.device, f"{self.name}.copy_from")
@@ -365,7 +365,7 @@ class MambaPool(IdPool):
 
     @snapshot(lambda self: self.available_size(), name="available")
     @ensure(lambda self, OLD, result: (result is None) == (OLD.available == 0))
-    def fork_from(self, src_index: Any, owner: Owner) -> torch.Tensor | None:
+    def fork_from(self, src_index: Ids, owner: Owner) -> torch.Tensor | None:
         """A new slot for ``owner`` holding a copy of ``src_index``'s state; None when the pool is empty."""
         src = as_index_tensor(src_index, self.device, f"{self.name}.fork_from")
         if src.numel() != 1:

@@ -13,14 +13,13 @@ a slot is zeroed when handed out (room 0 = "nothing landed") and poisoned when g
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from kvledger import kernels
 from kvledger.contracts.errors import InvalidArgument, SlotOutOfRange
 from kvledger.contracts.levels import CheckLevel
 from kvledger.contracts.owners import FREE, Owner
+from kvledger.contracts.protocols import Ids
 from kvledger.contracts.switch import ensure, invariant, snapshot
 from kvledger.reference.config_fields import allocating, check_fits_memory, check_size
 from kvledger.reference.pools.base import IdPool
@@ -177,12 +176,12 @@ class MetadataBufferPool(IdPool):
             kernels.any_poisoned(self.bootstrap_room, idx)[0] | kernels.any_poisoned(self.output_id, idx)[0]
         )
 
-    def _check_slot(self, slot: Any, op: str) -> None:
+    def _check_slot(self, slot: object, op: str) -> None:
         """A slot number inside the pool: a negative one would wrap around."""
         if check_count(slot, "slot") >= self.size:
             raise SlotOutOfRange(f"[{self.name}] {op}: slot {slot} outside [0, {self.size})")
 
-    def _check_slots(self, slots: Any, op: str, *, held: bool) -> torch.Tensor:
+    def _check_slots(self, slots: Ids, op: str, *, held: bool) -> torch.Tensor:
         idx = as_index_tensor(slots, self.device, f"{self.name}.{op}")
         check_in_range(idx, 0, self.size - 1, self.name, "slot")
         if held:

@@ -9,7 +9,6 @@ launched forward never sees its row reassigned, I-ROW-EXCLUSIVE-WHILE-IN-FLIGHT)
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import torch
@@ -17,6 +16,7 @@ import torch
 from kvledger.contracts.errors import DuplicateIds, InvalidArgument, SlotOutOfRange
 from kvledger.contracts.levels import CheckLevel
 from kvledger.contracts.owners import FREE, Owner
+from kvledger.contracts.protocols import Ids, KVAllocator
 from kvledger.contracts.switch import ensure, invariant, snapshot
 from kvledger.reference.config_fields import allocating, check_fits_memory, check_size
 from kvledger.reference.pools.base import IdPool
@@ -71,7 +71,7 @@ class ReqToTokenPool(IdPool):
         self._free_what = f"{name}.free"
         self.row_writes: RowWriteGuard | None = None  # I-ROW-WRITE, once the KV allocator is attached
 
-    def attach_kv_owners(self, kv_allocator: Any) -> None:
+    def attach_kv_owners(self, kv_allocator: KVAllocator) -> None:
         """Debug builds (both ledgers real, a host table): check every row write against the KV ledger
         (I-ROW-WRITE, ``kvledger.reference.pools.row_writes``)."""
         if self._table is not None and self._rows.ledger.enabled and kv_allocator.ledger.enabled:
@@ -100,7 +100,7 @@ class ReqToTokenPool(IdPool):
             self.available_size() == OLD.available + len(as_index_tensor(rows, self.device, "free"))
         )
     )
-    def free(self, rows: Any, owner: Owner) -> None:
+    def free(self, rows: Ids, owner: Owner) -> None:
         """Return ``owner``'s rows (an int or a sequence). Contents are left as they are."""
         t = as_index_tensor(rows, self.device, self._free_what)
         if type(owner) is not Owner:  # one comparison on the fast path
@@ -139,7 +139,7 @@ class ReqToTokenPool(IdPool):
         lambda self, rows, positions, values: self._holds_each(rows, positions, values),
         "each row holds its value at its position",
     )
-    def write_each(self, rows: Sequence[int], positions: Sequence[int], values: Any) -> None:
+    def write_each(self, rows: Sequence[int], positions: Sequence[int], values: Ids) -> None:
         """``req_to_token[rows[i], positions[i]] = values[i]`` for a batch (a decode step), one call.
 
         Rows must be distinct and held; positions inside the row; values fit int32. All or nothing.
@@ -168,47 +168,46 @@ class ReqToTokenPool(IdPool):
         self._check_cells(rows, positions, "read_each")
         return self._read_each(rows, positions)
 
-    def _check_row(self, row: Any, op: str) -> int:
+    def _check_row(self, row: object, op: str) -> int:
         """A row some request holds: reading or writing any other is a caller's mistake."""
-        check_count(row, "row")
+        held = check_count(row, "row")
         end = self.reserved_rows + self.size
-        if row >= end:
+        if held >= end:
             raise SlotOutOfRange(f"[{self.name}] {op}: row {row} outside [0, {end})")
-        if not self._rows.is_held(row):
+        if not self._rows.is_held(held):
             raise InvalidArgument(f"[{self.name}] {op}: row {row} is not held by any request")
-        held: int = row
         return held
 
-    def _check_span(self, row: Any, start: Any, end: Any, op: str) -> None:
+    def _check_span(self, row: object, start: object, end: object, op: str) -> None:
         """Positions ``[start, end)`` of a held row: ``0 <= start <= end <= max_context_len``."""
-        check_count(start, "start")
-        check_count(end, "end")
-        if start > end or end > self.max_context_len:
+        first = check_count(start, "start")
+        last = check_count(end, "end")
+        if first > last or last > self.max_context_len:
             raise InvalidArgument(
                 f"[{self.name}] {op}: positions [{start}, {end}) outside [0, {self.max_context_len}]"
             )
         self._check_row(row, op)
 
-    def _check_cells(self, rows: Any, positions: Any, op: str) -> int:
+    def _check_cells(self, rows: object, positions: object, op: str) -> int:
         """Equally long lists of held rows and positions inside a row; returns their length. O(n)."""
-        check_int_sequence(rows, f"[{self.name}] {op}: rows")
-        check_int_sequence(positions, f"[{self.name}] {op}: positions")
-        n = len(rows)
-        if len(positions) != n:
-            raise InvalidArgument(f"[{self.name}] {op}: {n} rows, {len(positions)} positions")
+        row_list = check_int_sequence(rows, f"[{self.name}] {op}: rows")
+        pos_list = check_int_sequence(positions, f"[{self.name}] {op}: positions")
+        n = len(row_list)
+        if len(pos_list) != n:
+            raise InvalidArgument(f"[{self.name}] {op}: {n} rows, {len(pos_list)} positions")
         if n:
-            if min(positions) < 0 or max(positions) >= self.max_context_len:
-                bad = [p for p in positions if not 0 <= p < self.max_context_len][:8]
+            if min(pos_list) < 0 or max(pos_list) >= self.max_context_len:
+                bad = [p for p in pos_list if not 0 <= p < self.max_context_len][:8]
                 raise InvalidArgument(
                     f"[{self.name}] {op}: position(s) {bad} outside [0, {self.max_context_len})"
                 )
             end = self.reserved_rows + self.size
-            if min(rows) < 0 or max(rows) >= end:
-                bad = [r for r in rows if not 0 <= r < end][:8]
+            if min(row_list) < 0 or max(row_list) >= end:
+                bad = [r for r in row_list if not 0 <= r < end][:8]
                 raise SlotOutOfRange(f"[{self.name}] {op}: row(s) {bad} outside [0, {end})")
             is_held = self._rows.is_held
-            if not all(map(is_held, rows)):
-                bad = [r for r in rows if not is_held(r)][:8]
+            if not all(map(is_held, row_list)):
+                bad = [r for r in row_list if not is_held(r)][:8]
                 raise InvalidArgument(f"[{self.name}] {op}: row(s) {bad} are not held by any request")
         return n
 
@@ -221,14 +220,14 @@ class ReqToTokenPool(IdPool):
 
     # Postcondition readers: the table's contents compared with what was written, on the host when the
     # table is on the CPU (a numpy compare; no tensors built), else with torch.
-    def _holds(self, row: int, start: int, values: Any) -> bool:
+    def _holds(self, row: int, start: int, values: torch.Tensor) -> bool:
         vals = torch.as_tensor(values)
         if self._table is not None:
             want = vals.numpy() if vals.is_cpu else vals.cpu().numpy()
             return bool(np.array_equal(self._table[row, start : start + len(want)], want))
         return bool((self.req_to_token[row, start : start + len(vals)] == vals.to(self.device)).all())
 
-    def _holds_each(self, rows: Sequence[int], positions: Sequence[int], values: Any) -> bool:
+    def _holds_each(self, rows: Sequence[int], positions: Sequence[int], values: Ids) -> bool:
         vals = as_index_tensor(values, self.device, "write_each")
         if self._table is not None:
             return bool(np.array_equal(self._table[rows, positions], host_ids(vals)))

@@ -21,11 +21,12 @@ which the reference's own writes keep empty but for the re-match.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
 from kvledger.contracts.errors import ContractViolation
+from kvledger.contracts.ledger_by_level import AnyLedger
+from kvledger.contracts.protocols import KVAllocator
 
 CELLS_IN_PYTHON = 64
 """Up to this many cells, :meth:`RowWriteGuard.check_cells` reads and writes the marks as Python ints."""
@@ -34,7 +35,7 @@ CELLS_IN_PYTHON = 64
 class RowWriteGuard:
     """Per row, how far its current owner has written; and the check of a write against the KV ledger."""
 
-    def __init__(self, rows: int, row_ledger: Any, kv_allocator: Any) -> None:
+    def __init__(self, rows: int, row_ledger: AnyLedger, kv_allocator: KVAllocator) -> None:
         self.filled = np.zeros(rows, dtype=np.int64)
         # The same marks as Python ints through a memoryview: a decode step writes one cell per request,
         # and a handful of numpy calls on ten cells cost more than the loop (issue 24, level owners).

@@ -7,7 +7,7 @@ mutation, so a rejected call leaves the pool and its ledger exactly as they were
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TypeGuard
 
 import numpy as np
 import torch
@@ -44,7 +44,7 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return CPU if dev == CPU else dev
 
 
-def check_count(n: Any, what: str = "n") -> int:
+def check_count(n: object, what: str = "n") -> int:
     """A non-negative Python int of at most ``MAX_SIZE`` (bools and floats are rejected, not coerced).
 
     Every count the pools, caches and scheduler take (ids, tokens, positions, requests) is bounded by a
@@ -59,7 +59,7 @@ def check_count(n: Any, what: str = "n") -> int:
     return n
 
 
-def check_positive(n: Any, what: str) -> int:
+def check_positive(n: object, what: str) -> int:
     """A Python int >= 1 (pool sizes, page sizes, lengths)."""
     count = check_count(n, what)
     if count < 1:
@@ -67,54 +67,62 @@ def check_positive(n: Any, what: str) -> int:
     return count
 
 
-def check_int(n: Any, what: str) -> int:
+def check_int(n: object, what: str) -> int:
     """A Python int of any sign (bools and floats are rejected, not coerced)."""
     if isinstance(n, bool) or not isinstance(n, int):
         raise InvalidArgument(f"{what} must be an int, got {type(n).__name__} {n!r}")
     return n
 
 
-def check_name(name: Any, what: str = "name") -> str:
+def check_name(name: object, what: str = "name") -> str:
     """A non-empty str (a pool's or cache's name appears in every message and ledger report)."""
     if not isinstance(name, str) or not name:
         raise InvalidArgument(f"{what} must be a non-empty str, got {type(name).__name__} {name!r}")
     return name
 
 
-def check_owner(owner: Any, what: str = "owner") -> Owner:
+def check_owner(owner: object, what: str = "owner") -> Owner:
     """An :class:`Owner`: whoever takes or gives back ids must be a handle the ledger can record."""
     if not isinstance(owner, Owner):
         raise InvalidArgument(f"{what} must be an Owner, got {type(owner).__name__} {owner!r}")
     return owner
 
 
-def check_sequence(seq: Any, what: str) -> Sequence[Any]:
+def check_sequence(seq: object, what: str) -> Sequence[object]:
     """A list or tuple (sized, indexable, read twice without being consumed: no generator, no str)."""
     if not isinstance(seq, (list, tuple)):
         raise InvalidArgument(f"{what} must be a list or tuple, got {type(seq).__name__}")
     return seq
 
 
-def check_int_sequence(seq: Any, what: str) -> Sequence[int]:
+def _all_ints(items: Sequence[object]) -> TypeGuard[Sequence[int]]:
+    return all(type(x) is int for x in items)
+
+
+def _all_owners(items: Sequence[object]) -> TypeGuard[Sequence[Owner]]:
+    return all(isinstance(x, Owner) for x in items)
+
+
+def check_int_sequence(seq: object, what: str) -> Sequence[int]:
     """A list or tuple of Python ints (no bools, floats or tensors): one C-level pass over the types."""
-    check_sequence(seq, what)
-    if not all(type(x) is int for x in seq):
-        bad = next(x for x in seq if type(x) is not int)
+    items = check_sequence(seq, what)
+    if not _all_ints(items):
+        bad = next(x for x in items if type(x) is not int)
         raise InvalidArgument(f"{what} must hold ints, got {type(bad).__name__} {bad!r}")
-    checked: Sequence[int] = seq
-    return checked
+    return items
 
 
-def check_owners(owners: Any, what: str = "owners") -> Sequence[Owner]:
+def check_owners(owners: object, what: str = "owners") -> Sequence[Owner]:
     """A list or tuple of :class:`Owner` handles."""
-    check_sequence(owners, what)
-    for owner in owners:
-        check_owner(owner, f"each of {what}")
-    checked: Sequence[Owner] = owners
-    return checked
+    items = check_sequence(owners, what)
+    if not _all_owners(items):
+        for owner in items:
+            check_owner(owner, f"each of {what}")
+    assert _all_owners(items)  # every item passed check_owner above
+    return items
 
 
-def as_index_tensor(ids: Any, device: torch.device, what: str) -> torch.Tensor:
+def as_index_tensor(ids: object, device: torch.device, what: str) -> torch.Tensor:
     """Ids as a 1-D int64 tensor on ``device``.
 
     Tensors must already be integer-typed and on the pool's device: a silent copy or cast would hide
@@ -151,15 +159,15 @@ def as_index_tensor(ids: Any, device: torch.device, what: str) -> torch.Tensor:
     )
 
 
-def check_decode_batch(seq_lens: Any, last_loc: Any, owners: Any, pool: str) -> None:
+def check_decode_batch(seq_lens: object, last_loc: object, owners: object, pool: str) -> None:
     """The shape of a decode batch: equally long lists of ints and owners, every ``seq_len`` >= 1."""
-    check_int_sequence(seq_lens, f"[{pool}] alloc_decode: seq_lens")
-    check_int_sequence(last_loc, f"[{pool}] alloc_decode: last_loc")
-    check_owners(owners, f"[{pool}] alloc_decode: owners")
-    if not (len(seq_lens) == len(last_loc) == len(owners)):
+    lens = check_int_sequence(seq_lens, f"[{pool}] alloc_decode: seq_lens")
+    locs = check_int_sequence(last_loc, f"[{pool}] alloc_decode: last_loc")
+    holders = check_owners(owners, f"[{pool}] alloc_decode: owners")
+    if not (len(lens) == len(locs) == len(holders)):
         raise InvalidArgument(f"[{pool}] alloc_decode: argument lengths differ")
-    if seq_lens and min(seq_lens) < 1:
-        raise InvalidArgument(f"[{pool}] alloc_decode: seq_len must be >= 1, got {min(seq_lens)}")
+    if lens and min(lens) < 1:
+        raise InvalidArgument(f"[{pool}] alloc_decode: seq_len must be >= 1, got {min(lens)}")
 
 
 def ids_within(ids: torch.Tensor, low: int, high: int) -> bool:
@@ -194,7 +202,7 @@ def check_unique(ids: torch.Tensor, pool: str, unit: str = "id") -> None:
         raise DuplicateIds(f"[{pool}] {unit}(s) repeated in one call: {uniq[counts > 1][:8].tolist()}")
 
 
-def check_snapshot(state: Any, pool: str) -> FreeListSnapshot:
+def check_snapshot(state: object, pool: str) -> FreeListSnapshot:
     """What ``backup_state`` returned (a :class:`FreeListSnapshot`); whose pool it is, ``restore`` checks."""
     if not isinstance(state, FreeListSnapshot):
         raise InvalidArgument(

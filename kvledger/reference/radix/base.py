@@ -31,6 +31,7 @@ from kvledger.contracts.errors import (
     LockNotHeld,
     PrefixMismatch,
 )
+from kvledger.contracts.ledger_by_level import AnyLedger
 from kvledger.contracts.owners import Owner
 from kvledger.contracts.protocols import CacheCounts, KVAllocator
 from kvledger.contracts.switch import require
@@ -150,6 +151,11 @@ class RadixTreeBase:
     @_protected.setter
     def _protected(self, n: int) -> None:
         self.counts.protected = n
+
+    @property
+    def kv_ledger(self) -> AnyLedger:
+        """The ledger the tree's KV ids are recorded in (the allocator's: tokens, or pages when paged)."""
+        return self._kv.ledger
 
     # ------------------------------------------------------------------ read-only views
     # For tools that record or compare a tree without taking part in it (the audit recorder, the museum's
@@ -315,7 +321,7 @@ class RadixTreeBase:
         return leaf
 
     # ------------------------------------------------------------------ match
-    def _match_key(self, key: Any) -> tuple[tuple[int, ...], list[TreeNode]]:
+    def _match_key(self, key: object) -> tuple[tuple[int, ...], list[TreeNode]]:
         """The page-truncated key and the matched path (split where the match ends inside a node)."""
         k = as_key(key)
         extra = len(k) % self.page_size
@@ -330,10 +336,10 @@ class RadixTreeBase:
         return torch.cat([n.value for n in nodes])
 
     # ------------------------------------------------------------------ insert
-    def _plan_insert(self, key: Any, value: Any, owner: Any, protected_len: Any) -> InsertPlan:
+    def _plan_insert(self, key: object, value: object, owner: object, protected_len: object) -> InsertPlan:
         """Validate an insert completely (typed errors) and compute its path, changing nothing."""
         k = as_key(key)
-        check_owner(owner, f"{self.name}.insert: owner")
+        holder = check_owner(owner, f"{self.name}.insert: owner")
         v = value
         if not (
             isinstance(v, torch.Tensor)
@@ -348,24 +354,24 @@ class RadixTreeBase:
             raise InvalidKey(
                 f"{self.name}.insert: key length {len(k)} is not a multiple of page {self.page_size}"
             )
-        check_count(protected_len, "protected_len")
-        if protected_len > len(k) or protected_len % self.page_size:
+        protected = check_count(protected_len, "protected_len")
+        if protected > len(k) or protected % self.page_size:
             raise InvalidArgument(
                 f"{self.name}.insert: protected_len {protected_len} must be page-aligned"
                 f" and <= len(key) {len(k)}"
             )
         path, prefix_len = self._walk(k)
-        if protected_len > prefix_len:
+        if protected > prefix_len:
             raise PrefixMismatch(
                 f"{self.name}.insert: protected_len {protected_len}"
                 f" but only {prefix_len} tokens of the key are cached"
             )
         pos = 0
-        host = v.numpy() if self._on_cpu and protected_len else None  # CPU: compare bytes, no tensor ops
+        host = v.numpy() if self._on_cpu and protected else None  # CPU: compare bytes, no tensor ops
         for node, m in path:
-            if pos >= protected_len:
+            if pos >= protected:
                 break
-            take = min(m, protected_len - pos)
+            take = min(m, protected - pos)
             if (
                 host[pos : pos + take].tobytes() != node.value.numpy()[:take].tobytes()
                 if host is not None
@@ -376,9 +382,9 @@ class RadixTreeBase:
                     " (the protected prefix must be the ids match_prefix returned)"
                 )
             pos += take
-        if protected_len < len(k):  # the caller's ids: pages, range, repeats, free-list state (the owner: ledger)
-            self._kv.check_caller_ids(v[protected_len:], owner, f"{self.name}.insert")
-        return InsertPlan(k, v, owner, protected_len, path, prefix_len)
+        if protected < len(k):  # the caller's ids: pages, range, repeats, free-list state (the owner: ledger)
+            self._kv.check_caller_ids(v[protected:], holder, f"{self.name}.insert")
+        return InsertPlan(k, v, holder, protected, path, prefix_len)
 
     def _apply_insert(self, plan: InsertPlan) -> tuple[TreeNode, bool]:
         """Carry out a validated plan; returns the node ending at ``len(key)`` and whether it is new."""
@@ -400,7 +406,7 @@ class RadixTreeBase:
         return self._new_leaf(end, plan.key[plan.prefix_len :], rest, plan.owner), True
 
     # ------------------------------------------------------------------ locks
-    def _check_node(self, node: Any, op: str) -> TreeNode:
+    def _check_node(self, node: object, op: str) -> TreeNode:
         if not isinstance(node, TreeNode):
             raise InvalidArgument(f"{self.name}.{op}: expected a TreeNode, got {type(node).__name__}")
         if node.tree_id != self._tree_id:
@@ -409,7 +415,7 @@ class RadixTreeBase:
             raise ForeignNode(f"{self.name}.{op}: {node!r} is no longer in the tree")
         return node
 
-    def _check_lock(self, lock: Any, op: str) -> LockRef:
+    def _check_lock(self, lock: object, op: str) -> LockRef:
         """A release must name a live lock of this tree whose counts can all go down by one."""
         if not isinstance(lock, LockRef):
             raise InvalidArgument(

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import functools
 import struct
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -13,7 +12,7 @@ import torch
 from kvledger.contracts.errors import InvalidKey
 
 
-def as_key(key: Any) -> tuple[int, ...]:
+def as_key(key: object) -> tuple[int, ...]:
     """A key as a tuple of ints (tuples hash and compare slices in C, which the walk relies on).
 
     A key is a list or tuple of ints ``>= 0``, or a 1-D integer tensor or array. Anything else (a nested
@@ -36,7 +35,7 @@ def as_key(key: Any) -> tuple[int, ...]:
     return k
 
 
-def check_tokens(k: tuple[Any, ...]) -> None:
+def check_tokens(k: tuple[object, ...]) -> None:
     """Every token an int in ``[0, 2**64)``: one C-level pass (``struct`` packs each through
     ``__index__``, so a float, a string, None or a nested sequence fails, and so does a negative id)."""
     try:
@@ -47,7 +46,7 @@ def check_tokens(k: tuple[Any, ...]) -> None:
 
 
 @functools.lru_cache(maxsize=256)
-def _packer(n: int) -> Any:
+def _packer(n: int) -> Callable[..., bytes]:
     return struct.Struct(f"{n}Q").pack
 
 

@@ -34,7 +34,7 @@ I-TOMBSTONE holds in both modes.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
@@ -68,7 +68,7 @@ def mamba_counters_agree(cache: MambaRadixCache) -> bool:
     )
 
 
-def _attr_of_node(lock_or_node: Any, attr: str) -> int | None:
+def _attr_of_node(lock_or_node: object, attr: str) -> int | None:
     node = getattr(lock_or_node, "node", lock_or_node)
     return getattr(node, attr) if isinstance(node, TreeNode) else None
 
@@ -233,7 +233,7 @@ class MambaRadixCache(RadixTreeBase):
         """How many nodes of the matched path to keep: up to the deepest one with a state."""
         return self.mamba.match_len(nodes)
 
-    def _check_cow_args(self, cow_owner: Any, cow_slot: Any) -> torch.Tensor | None:
+    def _check_cow_args(self, cow_owner: object, cow_slot: object) -> torch.Tensor | None:
         if cow_owner is None:
             if cow_slot is not None:
                 raise InvalidArgument(f"{self.name}.match_prefix: cow_slot given without cow_owner")
@@ -244,7 +244,7 @@ class MambaRadixCache(RadixTreeBase):
             return None
         return self._check_slot(cow_slot, cow_owner, "match_prefix(cow_slot)")
 
-    def _check_slot(self, slot: Any, owner: Owner, op: str) -> torch.Tensor:
+    def _check_slot(self, slot: object, owner: Owner, op: str) -> torch.Tensor:
         return self.mamba.check_slot(slot, owner, op)
 
     def _copy_on_write(self, src: TreeNode, owner: Owner, dst: torch.Tensor | None) -> torch.Tensor | None:
@@ -336,7 +336,7 @@ class MambaRadixCache(RadixTreeBase):
         self._full_lru.move_to_mru(end)
         return InsertResult(plan.prefix_len, True, end)
 
-    def _check_insert_slot(self, mamba_slot: Any, owner: Owner, plan: InsertPlan) -> torch.Tensor | None:
+    def _check_insert_slot(self, mamba_slot: object, owner: Owner, plan: InsertPlan) -> torch.Tensor | None:
         if mamba_slot is None:
             if plan.creates_leaf:
                 raise InvalidArgument(

@@ -41,12 +41,12 @@ def kv_counters_agree(cache: RadixTreeBase) -> bool:
     Only cache nodes ever hold ids in CACHE_EVICTABLE/CACHE_PROTECTED, so the ledger's account sizes are
     an independent count of the tree's KV.
     """
-    led = cache._kv.ledger
+    led = cache.kv_ledger
     if not led.enabled:
         return True
     return bool(
-        led.count(CACHE_EVICTABLE) * led.unit == cache._evictable
-        and led.count(CACHE_PROTECTED) * led.unit == cache._protected
+        led.count(CACHE_EVICTABLE) * led.unit == cache.counts.evictable
+        and led.count(CACHE_PROTECTED) * led.unit == cache.counts.protected
     )
 
 

@@ -119,6 +119,8 @@ class ReqMemory:
         """
         req.fill_ids = req.all_ids()
         matched = self.path.match(req, req.fill_ids[:-1], cow=cow)
+        if matched.cow_slot is not None:
+            self.holdings_of.mamba.set_cow(req, matched.cow_slot)
         if matched.stale_cow:
             self.release_cow_slot(req)
         self.holdings_of.kv.set_matched(req, matched.prefix, matched.last_node)

@@ -466,7 +466,7 @@ class Scheduler:
                 req.prefix_hit_tokens = req.cache_protected_len
             req.state = ReqState.CHUNKED if req is new_chunked else ReqState.RUNNING
         self.chunked_req = new_chunked
-        return self._new_batch(
+        return self.new_batch(
             adder.can_run_list, is_decode=False, out_cache_loc=out_cache_loc, chunked_req=new_chunked
         )
 
@@ -522,7 +522,7 @@ class Scheduler:
         out = self.memory.prepare_decode(decode_reqs)
         if out is None:
             return None
-        return self._new_batch(decode_reqs, is_decode=True, out_cache_loc=out)
+        return self.new_batch(decode_reqs, is_decode=True, out_cache_loc=out)
 
     def _decode_fits(self) -> bool:
         counters = self.memory.counters
@@ -618,14 +618,13 @@ class Scheduler:
             self.new_token_ratio = self.config.init_new_token_ratio
 
     # ------------------------------------------------------------------ launch and results
-    def _new_batch(
+    def new_batch(
         self, reqs: list[Req], *, is_decode: bool, out_cache_loc: Any, chunked_req: Req | None = None
     ) -> ScheduleBatch:
+        """The next numbered batch of ``reqs``, not yet in flight; their ids checked owned (I-HANDLE-OWNED)."""
         self._next_batch_id += 1
         extend_lens = [1] * len(reqs) if is_decode else [r.extend_input_len for r in reqs]
-        batch = ScheduleBatch(
-            self._next_batch_id, list(reqs), is_decode, extend_lens, out_cache_loc, chunked_req
-        )
+        batch = ScheduleBatch(self._next_batch_id, list(reqs), is_decode, extend_lens, out_cache_loc, chunked_req)
         self.accounting.check_not_in_flight(batch)
         if self.accounting.enabled:  # a forward never runs on an id its request does not own
             unverified = self.accounting.take_unverified_handles(batch.reqs)
@@ -659,9 +658,7 @@ class Scheduler:
         the in-flight queue here. Another batch (already processed, not yet due, another scheduler's) is
         refused before anything changes."""
         if not isinstance(batch, ScheduleBatch):
-            raise InvalidArgument(
-                f"process_batch_result: expected a ScheduleBatch, got {type(batch).__name__}"
-            )
+            raise InvalidArgument(f"process_batch_result: expected a ScheduleBatch, got {type(batch).__name__}")
         if not self.inflight or self.inflight[0] is not batch:
             why = (
                 "is not in flight (already processed, or launched by another scheduler)"
@@ -690,10 +687,14 @@ class Scheduler:
             self.stats.generated_tokens += 1
             if req.first_token_step is None:
                 req.first_token_step = self.step_no
-            if self._finished(req, tok):
-                self._finish(req)
+            if self.finishes(req, tok):
+                self.finish(req)
             elif not batch.is_decode:
                 self.memory.cache_unfinished(req)
+        self.settle_batch(batch)
+
+    def settle_batch(self, batch: ScheduleBatch) -> None:
+        """After a batch's results: abort what the client asked to abort, release what ended while it ran."""
         for req in batch.reqs:
             if req.abort_requested and not req.state.is_done:
                 self._abort_now(req, "aborted by client")
@@ -701,12 +702,17 @@ class Scheduler:
             self._release_finished_or_aborted(req)
         batch.deferred_release.clear()
 
+    def discards_result(self, req: Req) -> bool:
+        """Whether ``req`` gets no output from a batch that launched before it ended (the museum's seam)."""
+        return self._discards_result(req)
+
     @seam
     def _discards_result(self, req: Req) -> bool:
         """A request that ended, or is to be aborted, after the batch launched gets no output from it."""
         return req.state.is_done or req.abort_requested
 
-    def _finished(self, req: Req, tok: int) -> bool:
+    def finishes(self, req: Req, tok: int) -> bool:
+        """Whether ``tok``, just appended, ends ``req`` (its ``finish_reason`` set: length or stop)."""
         if len(req.output_ids) >= req.max_new_tokens:
             req.finish_reason = "length"
             return True
@@ -715,7 +721,8 @@ class Scheduler:
             return True
         return False
 
-    def _finish(self, req: Req) -> None:
+    def finish(self, req: Req) -> None:
+        """``req`` ended normally: out of the queues, FINISHED, released (or deferred behind a batch)."""
         self.stats.finished += 1
         self._leave_queues(req)
         self._finish_state(req, ReqState.FINISHED, req.finish_reason or "length")

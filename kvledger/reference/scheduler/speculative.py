@@ -198,7 +198,7 @@ class SpecDecoding:
 
     # ------------------------------------------------------------------ the batch
     def new_batch(self, reqs: list[Req], out_cache_loc: torch.Tensor) -> ScheduleBatch:
-        batch: ScheduleBatch = self.s._new_batch(reqs, is_decode=True, out_cache_loc=out_cache_loc)
+        batch: ScheduleBatch = self.s.new_batch(reqs, is_decode=True, out_cache_loc=out_cache_loc)
         batch.extend_lens = [self.num_positions] * len(reqs)
         batch.spec = VerifyPlan(
             self.num_positions,
@@ -253,7 +253,7 @@ class SpecDecoding:
         plan: VerifyPlan = batch.spec
         for req, toks, drawn in zip(batch.reqs, plan.tokens, plan.drawn, strict=True):
             del req.pending_output_ids[: len(toks)]
-            if s._discards_result(req):
+            if s.discards_result(req):
                 s.stats.discarded_tokens += len(toks)
                 continue
             committed = req.kv_committed_len
@@ -262,7 +262,7 @@ class SpecDecoding:
                 req.output_ids.append(tok)
                 kept += 1
                 s.stats.generated_tokens += 1
-                if s._finished(req, tok):
+                if s.finishes(req, tok):
                     finished = True
                     break
             if req.first_token_step is None:
@@ -271,13 +271,8 @@ class SpecDecoding:
             self._count(kept, drawn)
             self._after_verify(req, committed, committed + self.num_positions)
             if finished:
-                s._finish(req)
-        for req in batch.reqs:
-            if req.abort_requested and not req.state.is_done:
-                s._abort_now(req, "aborted by client")
-        for req in batch.deferred_release:
-            s._release_finished_or_aborted(req)
-        batch.deferred_release.clear()
+                s.finish(req)
+        s.settle_batch(batch)
 
     def _count(self, kept: int, drawn: int) -> None:
         st = self.stats

@@ -30,7 +30,7 @@ each request's new tokens; it is a checking runner (the hunt's), not the default
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -38,9 +38,15 @@ import torch
 from kvledger import kernels
 from kvledger.contracts.data_tags import HALF_BITS, HALF_MASK, PrefixTags, decode
 from kvledger.contracts.errors import ContractViolation, InvalidArgument
+from kvledger.reference.pools.kv_buffer import KVBufferPool
+from kvledger.reference.pools.mamba_pool import MambaPool
+from kvledger.reference.pools.req_to_token import ReqToTokenPool
 from kvledger.reference.scheduler.request import Req
 from kvledger.reference.scheduler.runner import HashTokenRunner, hash_next_token
 from kvledger.reference.scheduler.spec_config import kept_tokens
+
+if TYPE_CHECKING:  # pragma: no cover  (the speculative step hands itself to the verify)
+    from kvledger.reference.scheduler.speculative import SpecDecoding, VerifyPlan
 
 
 def _component(leads: np.ndarray, lengths: np.ndarray, width: int) -> np.ndarray:
@@ -60,7 +66,7 @@ def state_rows(
     return _component(t & HALF_MASK, n, widths[0]), _component((t >> HALF_BITS) & HALF_MASK, n, widths[1])
 
 
-def flat_states(pool: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def flat_states(pool: MambaPool) -> tuple[torch.Tensor, torch.Tensor]:
     """The pool's conv and temporal state as ``[L, S, 1, F]`` views (every scheduled write applied): the
     layout ``kernels.store_kv`` writes, one slot-indexed pair of buffers, as the PD landing does."""
     conv, temporal = pool.states
@@ -70,7 +76,7 @@ def flat_states(pool: Any) -> tuple[torch.Tensor, torch.Tensor]:
     )
 
 
-def write_states(pool: Any, slots: Sequence[int], tags: Sequence[int], lengths: Sequence[int]) -> None:
+def write_states(pool: MambaPool, slots: Sequence[int], tags: Sequence[int], lengths: Sequence[int]) -> None:
     """Write the tagged states of ``tags``/``lengths`` into ``slots`` (distinct), every layer, via the kernels."""
     if not slots:
         return
@@ -100,7 +106,7 @@ def pair_mismatches(
 
 
 def state_mismatches(
-    pool: Any, slots: Sequence[int], tags: Sequence[int], lengths: Sequence[int]
+    pool: MambaPool, slots: Sequence[int], tags: Sequence[int], lengths: Sequence[int]
 ) -> list[int]:
     """Indices ``i`` whose slot ``slots[i]`` does not hold the state of ``tags[i]`` after ``lengths[i]``
     tokens, in every layer and both components (empty: all hold theirs)."""
@@ -112,7 +118,7 @@ def state_mismatches(
 
 
 def kv_mismatches(
-    kv_buffer: Any, slots: Sequence[int], tags: Sequence[int], positions: Sequence[int]
+    kv_buffer: KVBufferPool, slots: Sequence[int], tags: Sequence[int], positions: Sequence[int]
 ) -> list[int]:
     """Indices ``i`` whose KV slot ``slots[i]`` does not hold the tag of the prefix up to ``positions[i]``."""
     if not slots:
@@ -121,7 +127,7 @@ def kv_mismatches(
     return pair_mismatches(kv_buffer.k_buffer, kv_buffer.v_buffer, slots, want_k, want_v)
 
 
-def describe_state(pool: Any, slot: int, tags: Sequence[int]) -> str:
+def describe_state(pool: MambaPool, slot: int, tags: Sequence[int]) -> str:
     """What a slot holds, in the tags' terms: the length its elements claim and whether that length's tag
     of the owner's prefix (``tags``, as :meth:`PrefixTags.tags` returns) is what it carries."""
     conv, temporal = flat_states(pool)
@@ -151,9 +157,9 @@ class TaggingHashRunner(HashTokenRunner):
         self,
         vocab_size: int = 32000,
         *,
-        mamba_pool: Any = None,
-        kv_buffer: Any = None,
-        req_to_token_pool: Any = None,
+        mamba_pool: MambaPool | None = None,
+        kv_buffer: KVBufferPool | None = None,
+        req_to_token_pool: ReqToTokenPool | None = None,
     ) -> None:
         super().__init__(vocab_size)
         self.mamba_pool = mamba_pool
@@ -181,9 +187,22 @@ class TaggingHashRunner(HashTokenRunner):
             self._advance_states(reqs, starts, ends, tags)
         return out
 
+    # The data paths below run only with their pool (``forward`` and the verify test for it first).
+    def _state_pool(self) -> MambaPool:
+        assert self.mamba_pool is not None, "a state path without a Mamba pool"
+        return self.mamba_pool
+
+    def _kv(self) -> KVBufferPool:
+        assert self.kv_buffer is not None, "a KV path without a KV buffer"
+        return self.kv_buffer
+
+    def _row_table(self) -> torch.Tensor:
+        assert self.req_to_token_pool is not None, "a KV path without a request-row pool"
+        return self.req_to_token_pool.req_to_token
+
     # ------------------------------------------------------------------ the speculative verify
     def verify_drafts(
-        self, reqs: Sequence[Req], plan: Any, out_cache_loc: torch.Tensor, spec: Any
+        self, reqs: Sequence[Req], plan: VerifyPlan, out_cache_loc: torch.Tensor, spec: SpecDecoding
     ) -> list[list[int]]:
         """The verify forward over ``plan.num_positions`` positions per request from ``plan.starts`` (the
         last token, then the drafts): returns the kept tokens (the accepted drafts and the bonus token, as
@@ -222,7 +241,7 @@ class TaggingHashRunner(HashTokenRunner):
         return drafted, targets
 
     def _verify_states(
-        self, reqs: Sequence[Req], starts: list[int], tags: list[list[int]], kept: list[int], spec: Any
+        self, reqs: Sequence[Req], starts: list[int], tags: list[list[int]], kept: list[int], spec: SpecDecoding
     ) -> None:
         """Check the working states at the verify's start, then write each the accepted prefix's state
         (start + kept tokens) and carry out the V2 capture the scheduler will record."""
@@ -246,7 +265,7 @@ class TaggingHashRunner(HashTokenRunner):
             slots.append(int(pp[req.mamba_next_track_idx]))
             write_tags.append(tags[i][at])
             lengths.append(at)
-        write_states(self.mamba_pool, slots, write_tags, lengths)
+        write_states(self._state_pool(), slots, write_tags, lengths)
 
     # ------------------------------------------------------------------ Mamba states
     def _check_working_states(self, reqs: Sequence[Req], starts: list[int], tags: list[list[int]]) -> list[int]:
@@ -255,13 +274,13 @@ class TaggingHashRunner(HashTokenRunner):
         slots = [int(r.mamba_pool_idx.reshape(-1)[0]) for r in reqs if r.mamba_pool_idx is not None]
         having = [i for i, r in enumerate(reqs) if r.mamba_pool_idx is not None]
         begun = [starts[i] for i in having]
-        bad = state_mismatches(self.mamba_pool, slots, [tags[i][starts[i]] for i in having], begun)
+        bad = state_mismatches(self._state_pool(), slots, [tags[i][starts[i]] for i in having], begun)
         if bad:
             i = having[bad[0]]
             raise ContractViolation(
                 f"I-DATA-STATE: {reqs[i].owner!r} starts a forward at {starts[i]} tokens, but its working"
                 f" Mamba state is not the state of its first {starts[i]} tokens: "
-                + describe_state(self.mamba_pool, slots[bad[0]], tags[i])
+                + describe_state(self._state_pool(), slots[bad[0]], tags[i])
             )
         return having
 
@@ -286,12 +305,12 @@ class TaggingHashRunner(HashTokenRunner):
             write_slots.append(slot)
             write_tags.append(tags[i][track.seqlen])
             write_lengths.append(track.seqlen)
-        write_states(self.mamba_pool, write_slots, write_tags, write_lengths)
+        write_states(self._state_pool(), write_slots, write_tags, write_lengths)
 
     # ------------------------------------------------------------------ KV
     def _check_kv_reads(self, reqs: Sequence[Req], starts: list[int], tags: list[list[int]]) -> None:
         """I-DATA-KV: every position a request attends to (before this forward's) holds its prefix's tag."""
-        table = _host(self.req_to_token_pool.req_to_token)
+        table = _host(self._row_table())
         slots: list[int] = []
         want_tags: list[int] = []
         positions: list[int] = []
@@ -303,12 +322,12 @@ class TaggingHashRunner(HashTokenRunner):
             want_tags.extend(t[1 : start + 1])
             positions.extend(range(start))
             readers.extend([i] * start)
-        bad = kv_mismatches(self.kv_buffer, slots, want_tags, positions)
+        bad = kv_mismatches(self._kv(), slots, want_tags, positions)
         if not bad:
             return
         j = bad[0]
         req, p, slot = reqs[readers[j]], positions[j], slots[j]
-        kb, vb = self.kv_buffer.k_buffer[0], self.kv_buffer.v_buffer[0]
+        kb, vb = self._kv().k_buffer[0], self._kv().v_buffer[0]
         raise ContractViolation(
             f"I-DATA-KV: {req.owner!r} reads position {p} from KV slot {slot} (row {req.req_pool_idx}), which"
             f" holds K {kb[slot].tolist()} V {vb[slot].tolist()}, not the tag of its first {p + 1} tokens"
@@ -323,7 +342,7 @@ class TaggingHashRunner(HashTokenRunner):
         if not positions:
             return
         k, v = kv_rows(want_tags, positions)
-        buf = self.kv_buffer
+        buf = self._kv()
         idx = loc.to(device=buf.device, dtype=torch.int64)
         kt = k.to(dtype=buf.k_buffer.dtype, device=buf.device)
         vt = v.to(dtype=buf.v_buffer.dtype, device=buf.device)

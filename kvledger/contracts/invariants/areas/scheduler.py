@@ -176,7 +176,7 @@ AREA = Area(
             checks=(
                 contract("kvledger/contracts/handles.py:check_handles_owned"),
                 contract(f"{SCHED}:Scheduler.check_handles_owned", "claims from `Req.handles()`"),
-                contract(f"{SCHED}:Scheduler._new_batch", "a forward never runs on an id its request does not own"),
+                contract(f"{SCHED}:Scheduler.new_batch", "a forward never runs on an id its request does not own"),
             ),
             exercised_by=(MACHINE, "kvledger/museum/machines/pd.py:PDMachine"),
         ),

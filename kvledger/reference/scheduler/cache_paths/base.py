@@ -39,11 +39,14 @@ class MemoryPools(NamedTuple):
 
 class Matched(NamedTuple):
     """A match for one request: the tree-owned KV ids of its prefix and the node they end at (None without
-    a cache); ``stale_cow``: the request's waiting copy-on-write slot is no longer backed by the match."""
+    a cache); ``stale_cow``: the request's waiting copy-on-write slot is no longer backed by the match;
+    ``cow_slot``: the slot the match copied the cached state into, which the request side records (the one
+    place a request's holdings are written: ``holdings.MambaSlotHoldings.set_cow``)."""
 
     prefix: torch.Tensor
     last_node: NodeLike | None
     stale_cow: bool = False
+    cow_slot: torch.Tensor | None = None
 
 
 class CachePath(Protocol):

@@ -39,14 +39,10 @@ class MambaV1Path(NoTracking):
         )
         if res.mamba_branching_seqlen is not None:  # kept until a later match reports another (SGLang)
             req.mamba_branching_seqlen = res.mamba_branching_seqlen
-        stale = False
-        if res.cow_slot is not None:
-            req.mamba_pool_idx = res.cow_slot
-        elif req.mamba_pool_idx is not None and req.req_pool_idx is None:
-            # The slot holds a state copied in an earlier round that the new match no longer backs (the
-            # node lost its state): the caller gives it back; admission allocates a zeroed one.
-            stale = True
-        return Matched(res.device_indices, res.last_node, stale)
+        # The slot holds a state copied in an earlier round that the new match no longer backs (the node
+        # lost its state): the caller gives it back; admission allocates a zeroed one.
+        stale = res.cow_slot is None and req.mamba_pool_idx is not None and req.req_pool_idx is None
+        return Matched(res.device_indices, res.last_node, stale, res.cow_slot)
 
     def evict_kv(self, tokens: int) -> None:
         self.tree.evict(tokens)
