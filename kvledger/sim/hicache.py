@@ -251,5 +251,11 @@ class HostTierSpec:
             delay=self.delay,
             fails=(lambda load: rng.random() < self.fail_rate) if self.fail_rate else None,
         )
-        kwargs = {**parts.scheduler_kwargs(), "tree": tree}
-        return HiCacheScheduler(parts.config, **kwargs)
+        return HiCacheScheduler(
+            parts.config,
+            kv_allocator=parts.kv_allocator,
+            req_to_token_pool=parts.req_to_token_pool,
+            mamba_pool=parts.mamba_pool,
+            tree=tree,
+            runner=parts.runner,
+        )
