@@ -110,6 +110,10 @@ class TokenToKVPoolAllocator(IdPool):
     )
     def free(self, ids: Any, owner: Owner) -> None:
         """Return ``owner``'s slots. Inside a free group they are buffered until ``free_group_end``."""
+        # Release's free of a tensor alloc handed out, as it left: straight to the free list's own check and
+        # push (issue 38: the page-1 free against SGLang's torch.cat). A bad owner takes the path below.
+        if type(ids) is torch.Tensor and type(owner) is Owner and self._ids.free_handed(ids, "free", "slot"):
+            return
         # A 1-D int64 CPU tensor (what alloc returns) skips as_index_tensor's call (issue 38: release's free).
         if type(ids) is torch.Tensor and ids.dtype is torch.int64 and ids.is_cpu and self._on_cpu and ids.dim() == 1:
             t = ids
