@@ -392,33 +392,6 @@ class IdFreeList:
             self._plain_keys[n] = keys
         return keys
 
-    def free_handed(self, ids: torch.Tensor, op: str, unit: str) -> bool:
-        """Release's free of a tensor :meth:`alloc` handed out, as it left it; False (nothing done, the
-        caller's general path follows) for any other tensor or where a ledger, an open free group or a
-        poisoning hook needs the general path.
-
-        The tensor's content is the remembered array's (see :meth:`_host_view`) when it starts at that
-        array's address and is a contiguous 1-D int64 CPU tensor of as many elements.
-        """
-        if self._ledger_on or self.pending is not None or self.on_release is not None:
-            return False
-        entry = self._handed.pop(ids.data_ptr(), None)
-        if entry is None:
-            return False
-        a, sent = entry
-        n = a.size
-        if ids.dtype is not torch.int64 or ids.numel() != n or ids.dim() != 1 or not ids.is_contiguous():
-            return False
-        if not ids.is_cpu:
-            return False
-        # Unchanged since alloc: ids the free list handed out, so in range and distinct; what is left to
-        # test is that each is still held (a view or copy of this tensor may have freed some already).
-        if a.tobytes() == sent and self._state[a].tobytes() == bytes(n):
-            self._push_plain(a, n)
-            return True
-        self._free_plain(a, n, op, unit)  # changed since alloc, or a double free: the full tests
-        return True
-
     def _refuse_release(self, a: np.ndarray, op: str, unit: str) -> None:
         """The precise typed error for a release the fast path refused (range, repeats, then state)."""
         bad = (a < self.first) | (a > self.last)
@@ -449,12 +422,23 @@ class IdFreeList:
         if n == 0:
             return
         if n > SMALL:
-            a = self._host_view(ids, n)
             # Release's own path (no ledger, no open free group, no poisoning hook): validate, then straight
             # onto the free list, without the general path's calls (issue 24: free at SGLang's speed).
             if not self._ledger_on and self.pending is None and self.on_release is None:
+                entry = self._handed.pop(ids.data_ptr(), None) if self._on_cpu else None
+                if entry is not None and entry[0].size == n and ids.is_contiguous():
+                    a, sent = entry
+                    # Unchanged since alloc (issue 38): ids the free list handed out, so in range and
+                    # distinct; what is left to test is that each is still held (a view or a copy of this
+                    # tensor may have freed some already). Otherwise the full tests below.
+                    if a.tobytes() == sent and self._state[a].tobytes() == bytes(n):
+                        self._push_plain(a, n)
+                        return
+                else:
+                    a = ids.numpy() if ids.is_cpu else ids.cpu().numpy()
                 self._free_plain(a, n, op, unit)
                 return
+            a = self._host_view(ids, n)
             self.check_release(a, owner, op, unit)
             self._release(a, ids, owner, op, held=self._ledger_on)
             return

@@ -16,7 +16,7 @@ from kvledger.contracts.levels import CheckLevel
 from kvledger.contracts.owners import FREE, Owner
 from kvledger.contracts.switch import ensure, invariant, snapshot
 from kvledger.reference.pools.base import IdPool
-from kvledger.reference.pools.id_free_list import SMALL, FreeListSnapshot, IdFreeList
+from kvledger.reference.pools.id_free_list import FreeListSnapshot, IdFreeList
 from kvledger.reference.pools.kv_buffer import check_kv_buffer
 from kvledger.reference.pools.validate import (
     as_index_tensor,
@@ -110,12 +110,6 @@ class TokenToKVPoolAllocator(IdPool):
     )
     def free(self, ids: Any, owner: Owner) -> None:
         """Return ``owner``'s slots. Inside a free group they are buffered until ``free_group_end``."""
-        # Release's free of a tensor alloc handed out (more than SMALL ids), as it left: straight to the free
-        # list's own check and push (issue 38: the page-1 free against SGLang's torch.cat). A bad owner, and
-        # a decode token's one id, take the path below.
-        fast = type(ids) is torch.Tensor and type(owner) is Owner and ids.numel() > SMALL
-        if fast and self._ids.free_handed(ids, "free", "slot"):
-            return
         # A 1-D int64 CPU tensor (what alloc returns) skips as_index_tensor's call (issue 38: release's free).
         if type(ids) is torch.Tensor and ids.dtype is torch.int64 and ids.is_cpu and self._on_cpu and ids.dim() == 1:
             t = ids
