@@ -636,7 +636,7 @@ class Ledger:
     def _settle(self, src: Owner, src_code: int, n: int) -> None:
         """The source gives up ``n`` ids; an owner left with none leaves the registry."""
         self._held[src_code] -= n
-        self._count[src.account] -= n
+        self._count[src._account] -= n
         if not self._held[src_code] and src_code > PENDING_CODE:
             self._release_code(src_code)
         if src.giver is not None:

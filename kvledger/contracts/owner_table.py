@@ -137,9 +137,19 @@ class OwnerTable(Ledger):
         if src_code is None or type(i) is not int or not 0 <= i < len(mv) or mv[i] != src_code:
             return False
         if dst is not src:
+            # _moved, inline: a page-1 alloc/free pair at ``owners`` is two of these (issue 38: per path)
             dst_code = codes.get(dst) or self._register(dst)
             mv[i] = dst_code
-            self._moved(src, src_code, dst, dst_code, 1)
+            held = self._held
+            held[dst_code] += 1
+            held[src_code] -= 1
+            count = self._count
+            count[dst._account] += 1
+            count[src._account] -= 1
+            if not held[src_code] and src_code > PENDING_CODE:
+                self._release_code(src_code)
+            if src.giver is not None:
+                src.giver(src)
         if self.observer is not None:
             self.observer.moved(self, np.array((i,), dtype=np.int64), src, dst, op)
         return True
@@ -174,8 +184,8 @@ class OwnerTable(Ledger):
         held[dst_code] += n
         held[src_code] -= n
         count = self._count
-        count[dst.account] += n
-        count[src.account] -= n
+        count[dst._account] += n  # the attribute behind Owner.account: no property call per move
+        count[src._account] -= n
         if not held[src_code] and src_code > PENDING_CODE:
             self._release_code(src_code)
         if src.giver is not None:

@@ -197,3 +197,49 @@ def test_the_remembered_arrays_stay_bounded_and_a_forgotten_one_still_frees() ->
         pool.free(ids, A)
     assert pool.available_size() == pool.size and not pool.free_list._handed
     pool.audit()
+
+
+@pytest.mark.parametrize("bad", [-1, -64, -(2**62), 2**60, 65, 66, 0])
+def test_a_handed_out_tensor_written_with_a_bad_id_is_refused_whole(bad: int) -> None:
+    """Issue 38: the free of a tensor alloc handed out tests range, sign and state in one clipped gather
+    once its bytes differ from what alloc handed out; a negative id reads reserved id 0, one past the
+    end reads the guard byte, so each is out of range and nothing changes."""
+    pool, ids = _token_pool()
+    ids[7] = bad
+    expect_rejected(pool, SlotOutOfRange, lambda: pool.free(ids, A))
+
+
+def test_an_unchanged_handed_out_tensor_partly_freed_through_a_view_is_a_double_free() -> None:
+    """The tensor's bytes are as alloc handed them out (in range, distinct), but a view freed some of its
+    ids already: the held test alone still refuses it whole."""
+    pool, ids = _token_pool()
+    pool.free(ids[4:6], A)
+    expect_rejected(pool, DoubleFree, lambda: pool.free(ids, A))
+
+
+def test_a_handed_out_tensor_reshaped_in_place_takes_the_general_path() -> None:
+    """Same address, same ids, but 2-D after ``unsqueeze_``: refused as any 2-D index tensor is."""
+    from kvledger.contracts.errors import InvalidArgument
+
+    pool, ids = _token_pool()
+    ids.unsqueeze_(0)
+    expect_rejected(pool, InvalidArgument, lambda: pool.free(ids, A))
+
+
+@pytest.mark.parametrize(("bad", "error"), [(-1, SlotOutOfRange), (64, SlotOutOfRange), (3, DuplicateIds)])
+def test_a_long_free_where_id_zero_is_usable_tests_the_sign_first(bad: int, error: type) -> None:
+    """A free list whose ids start at 0 (a request pool without a padding row) has no reserved id for a
+    clipped negative to land on: release's free tests the high bytes first there."""
+    from kvledger.contracts.levels import CheckLevel
+    from kvledger.reference.pools.id_free_list import IdFreeList
+
+    ids = IdFreeList("rows", 0, 64, torch.device("cpu"), checks=CheckLevel.RELEASE)
+    got = ids.alloc(20, A)
+    assert got is not None and got.tolist() == list(range(20))
+    call = torch.cat((got[:12], torch.tensor([bad], dtype=torch.int64)))
+    before = ids.free_ids().tolist()
+    with pytest.raises(error):
+        ids.free_checked(call, A)
+    assert ids.free_ids().tolist() == before and ids.all_held(got)
+    ids.free_checked(got, A)
+    ids.audit()

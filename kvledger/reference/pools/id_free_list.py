@@ -44,6 +44,7 @@ from kvledger.contracts.owners import FREE_LIST, Owner
 from kvledger.contracts.switch import building_level
 
 HELD, FREE, PENDING, RESERVED = 0, 1, 2, 3
+_INT64 = np.dtype(np.int64)
 
 SMALL = 8
 HANDED_KEPT = 256
@@ -109,8 +110,12 @@ class IdFreeList:
         self._on_cpu = device.type == "cpu"
         # The state of every id, three views of one buffer: bytes (scalar access), numpy (vectors),
         # and a CPU tensor for readers that index with tensors.
-        self._state_bytes = bytearray([FREE]) * (first + count)
-        self._state = np.frombuffer(self._state_bytes, dtype=np.uint8)
+        # One RESERVED guard byte past the last id: release's free gathers with ``take(mode="clip")``, which
+        # sends an id past the end to the guard and a negative one to id 0 (reserved where ``first`` >= 1),
+        # so one gather tests range, sign and state together (:meth:`_free_plain`).
+        self._state_bytes = bytearray([FREE]) * (first + count) + bytearray([RESERVED])
+        self._guarded = np.frombuffer(self._state_bytes, dtype=np.uint8)
+        self._state = self._guarded[: first + count]
         self._state[:first] = RESERVED
         self.state = torch.from_numpy(self._state)
         # The free list: ``_len`` ids from ``_head`` on, wrapping around a ring of ``count`` entries.
@@ -121,8 +126,10 @@ class IdFreeList:
         # and half the bytes of int64 keep a large pool's scratch in cache).
         self._positions = np.arange(first + count, dtype=np.int32)
         self._scratch = np.zeros(first + count, dtype=np.int32)
+        # Per release size n (up to BYTE_TESTS): the positions 0..n-1, their bytes and n zero bytes.
+        self._plain_keys: dict[int, tuple[np.ndarray, bytes, bytes]] = {}
         # The host arrays behind the tensors alloc handed out, by address, until freed (_host_view).
-        self._handed: dict[int, np.ndarray] = {}
+        self._handed: dict[int, tuple[np.ndarray, bytes]] = {}
         self.pending: list[np.ndarray] | None = None
         self._pending_n = 0
         self.ledger: AnyLedger = make_ledger(
@@ -214,7 +221,7 @@ class IdFreeList:
             handed = self._handed
             if len(handed) >= HANDED_KEPT:
                 handed.clear()  # ids freed through other tensors never come back here: stay bounded
-            handed[t.data_ptr()] = a
+            handed[t.data_ptr()] = (a, a.tobytes())  # the bytes: to tell, at the free, that they are unchanged
         return t
 
     def _host_view(self, ids: torch.Tensor, n: int) -> np.ndarray:
@@ -224,10 +231,10 @@ class IdFreeList:
         Why this is the tensor's content: ``_handed`` keeps each array alive, so no other memory can sit at
         its address; a tensor starting there, contiguous, with as many int64 elements, reads those bytes.
         """
-        a = self._handed.pop(ids.data_ptr(), None) if self._on_cpu else None
-        if a is None or a.size != n or not ids.is_contiguous():
+        entry = self._handed.pop(ids.data_ptr(), None) if self._on_cpu else None
+        if entry is None or entry[0].size != n or not ids.is_contiguous():
             return ids.numpy() if ids.is_cpu else ids.cpu().numpy()
-        return a
+        return entry[0]
 
     def alloc_host(self, n: int, owner: Owner, op: str = "alloc") -> np.ndarray | None:
         """:meth:`alloc`, returning the ids as a host array (the caller's to keep)."""
@@ -319,32 +326,40 @@ class IdFreeList:
         return bool(scratch[a].tobytes() == pos.tobytes())
 
     def _free_plain(self, a: np.ndarray, n: int, op: str, unit: str) -> None:
-        """Validate and release ``n`` (> SMALL) int64 host ids at the release level: :meth:`_held_distinct`'s
-        byte comparisons (sign, held, repeats), then :meth:`_push_free`'s ring write. A refusal changes nothing.
+        """Validate and release ``n`` (> SMALL) int64 host ids at the release level: range, sign and held in
+        one gather, repeats by a scatter of positions read back, then the ring write. A refusal changes nothing.
 
         Release's free path (issue 38: the page-1 free of a small pool against SGLang's ``torch.cat``), so
-        the two are written out here in one frame: each numpy call costs a fixed ~0.2 us, and the calls
-        between them were a quarter of the time. The same tests as :meth:`_held_distinct`, in its order.
+        it is written out in one frame: each numpy call costs a fixed ~0.2 us. Where ``first`` >= 1 the
+        gather is ``take(mode="clip")`` on the guarded state (a negative id reads id 0, one past the end
+        reads the guard: both RESERVED, so refused); where id 0 is usable, the high bytes test the sign first
+        and a plain gather raises IndexError past the end. The tests are :meth:`_held_distinct`'s.
         """
-        if a.dtype != np.int64:
+        if a.dtype is not _INT64:
             a = a.astype(np.int64)
-        state = self._state
+        keys = self._plain_keys.get(n)
+        if keys is None:
+            keys = self._plain_key(n)
+        pos, pos_bytes, zeros = keys
         try:
-            if n <= BYTE_TESTS:
-                ok = a.tobytes()[HIGH_BYTES] == bytes(n) and state[a].tobytes() == bytes(n)
+            if self.first:
+                ok = self._guarded.take(a, mode="clip").tobytes() == zeros
             else:
-                ok = int(a.view(np.uint64).max()) <= self.last and state[a].tobytes() == bytes(n)
+                ok = a.tobytes()[HIGH_BYTES] == zeros and self._state[a].tobytes() == zeros
         except IndexError:
             ok = False
         if ok and n <= self._positions.size:
-            pos = self._positions[:n]
             scratch = self._scratch
             scratch[a] = pos
-            ok = scratch[a].tobytes() == pos.tobytes()
+            ok = scratch[a].tobytes() == pos_bytes
         else:
             ok = False
         if not ok:
             self._refuse_release(a, op, unit)
+        self._push_plain(a, n)
+
+    def _push_plain(self, a: np.ndarray, n: int) -> None:
+        """:meth:`_push_free` for ``n`` validated int64 host ids (> SMALL), without its list branch."""
         ring = self._ring
         cap = ring.size
         if self._len + n > cap:  # not reachable: every id was held, so the ring has room for them
@@ -367,7 +382,15 @@ class IdFreeList:
             ring[start:] = a[:split]
             ring[: end - cap] = a[split:]
         self._len += n
-        state[a] = FREE
+        self._state[a] = FREE
+
+    def _plain_key(self, n: int) -> tuple[np.ndarray, bytes, bytes]:
+        """:meth:`_free_plain`'s constants for ``n`` ids (kept for sizes up to BYTE_TESTS)."""
+        pos = self._positions[:n]
+        keys = (pos, pos.tobytes(), bytes(n))
+        if n <= BYTE_TESTS:
+            self._plain_keys[n] = keys
+        return keys
 
     def _refuse_release(self, a: np.ndarray, op: str, unit: str) -> None:
         """The precise typed error for a release the fast path refused (range, repeats, then state)."""
@@ -399,12 +422,23 @@ class IdFreeList:
         if n == 0:
             return
         if n > SMALL:
-            a = self._host_view(ids, n)
             # Release's own path (no ledger, no open free group, no poisoning hook): validate, then straight
             # onto the free list, without the general path's calls (issue 24: free at SGLang's speed).
             if not self._ledger_on and self.pending is None and self.on_release is None:
+                entry = self._handed.pop(ids.data_ptr(), None) if self._on_cpu else None
+                if entry is not None and entry[0].size == n and ids.is_contiguous():
+                    a, sent = entry
+                    # Unchanged since alloc (issue 38): ids the free list handed out, so in range and
+                    # distinct; what is left to test is that each is still held (a view or a copy of this
+                    # tensor may have freed some already). Otherwise the full tests below.
+                    if a.tobytes() == sent and self._state[a].tobytes() == bytes(n):
+                        self._push_plain(a, n)
+                        return
+                else:
+                    a = ids.numpy() if ids.is_cpu else ids.cpu().numpy()
                 self._free_plain(a, n, op, unit)
                 return
+            a = self._host_view(ids, n)
             self.check_release(a, owner, op, unit)
             self._release(a, ids, owner, op, held=self._ledger_on)
             return

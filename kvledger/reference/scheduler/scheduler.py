@@ -35,6 +35,7 @@ from kvledger.reference.scheduler.ended import EndedRequests
 from kvledger.reference.scheduler.faults import FAULT_KINDS as FAULT_KINDS
 from kvledger.reference.scheduler.faults import FaultInjector as FaultInjector
 from kvledger.reference.scheduler.memory import ReqMemory
+from kvledger.reference.scheduler.queues import WaitingQueue
 from kvledger.reference.scheduler.request import Req, ReqState
 from kvledger.reference.scheduler.runner import HashTokenRunner, ModelRunner
 from kvledger.reference.scheduler.speculative import SpecDecoding
@@ -128,7 +129,7 @@ class Scheduler:
         # Speculative decoding (None: one token per decode step): verify batches, spec/speculative.md.
         self.speculative = None if config.speculative is None else SpecDecoding(self, config.speculative)
         self.on_step = on_step
-        self.waiting: list[Req] = []
+        self.waiting: list[Req] = WaitingQueue()  # O(1) ``req in self.waiting`` (_leave_queues)
         self.running: list[Req] = []
         self.chunked_req: Req | None = None
         self.last_prefill: ScheduleBatch | None = None
@@ -496,7 +497,7 @@ class Scheduler:
             if self.config.cow_release_policy != "keep":
                 self.memory.release_cow_slot(req)
             requeue.append(req)
-        self.waiting = requeue + self.waiting
+        self.waiting = WaitingQueue(requeue + self.waiting)
 
     # ------------------------------------------------------------------ decode
     def update_running_batch(self) -> ScheduleBatch | None:
@@ -729,6 +730,8 @@ class Scheduler:
         self._release_or_defer(req)
 
     def _leave_queues(self, req: Req) -> None:
+        # O(1) for the waiting list (a WaitingQueue counts its entries): a finished request is almost never
+        # there, and a scan to say so grew with the queue (issue 38). The running batch is bounded.
         if req in self.running:
             self.running.remove(req)
         if req in self.waiting:
