@@ -439,11 +439,11 @@ class Ledger:
                 for i in lst:
                     mv[i] = dst_code
             self._held[dst_code] += n
-            self._count[dst._account] += n
+            self._count[dst.account] += n
             self._settle(src, src_code, n)  # type: ignore[arg-type]  # _check_move proved it registered
         self._append(
             (self.step, op, tuple(lst) if lst is not None else a.astype(np.int32), src.serial, src.kind,
-             src.key, src._account.name, dst.serial, dst.kind, dst.key, dst._account.name, self.epoch)
+             src.key, src.account.name, dst.serial, dst.kind, dst.key, dst.account.name, self.epoch)
         )  # fmt: skip
         self.step += 1
         if self.observer is not None:
@@ -487,15 +487,15 @@ class Ledger:
             held[dst_code] += 1
             held[src_code] -= 1
             count = self._count
-            count[dst._account] += 1
-            count[src._account] -= 1
+            count[dst.account] += 1
+            count[src.account] -= 1
             if not held[src_code] and src_code > PENDING_CODE:
                 self._release_code(src_code)
             if src.giver is not None:
                 src.giver(src)
         self._append(
-            (self.step, op, (i,), src.serial, src.kind, src.key, src._account.name,
-             dst.serial, dst.kind, dst.key, dst._account.name, self.epoch)
+            (self.step, op, (i,), src.serial, src.kind, src.key, src.account.name,
+             dst.serial, dst.kind, dst.key, dst.account.name, self.epoch)
         )  # fmt: skip
         self.step += 1
         if self.observer is not None:
@@ -538,15 +538,15 @@ class Ledger:
             held[dst_code] += n
             held[src_code] -= n
             count = self._count
-            count[dst._account] += n
-            count[src._account] -= n
+            count[dst.account] += n
+            count[src.account] -= n
             if not held[src_code] and src_code > PENDING_CODE:
                 self._release_code(src_code)
             if src.giver is not None:
                 src.giver(src)
         self._append(
-            (self.step, op, tuple(lst), src.serial, src.kind, src.key, src._account.name,
-             dst.serial, dst.kind, dst.key, dst._account.name, self.epoch)
+            (self.step, op, tuple(lst), src.serial, src.kind, src.key, src.account.name,
+             dst.serial, dst.kind, dst.key, dst.account.name, self.epoch)
         )  # fmt: skip
         self.step += 1
         if self.observer is not None:
@@ -636,7 +636,7 @@ class Ledger:
     def _settle(self, src: Owner, src_code: int, n: int) -> None:
         """The source gives up ``n`` ids; an owner left with none leaves the registry."""
         self._held[src_code] -= n
-        self._count[src._account] -= n
+        self._count[src.account] -= n
         if not self._held[src_code] and src_code > PENDING_CODE:
             self._release_code(src_code)
         if src.giver is not None:

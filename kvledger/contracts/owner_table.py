@@ -144,8 +144,8 @@ class OwnerTable(Ledger):
             held[dst_code] += 1
             held[src_code] -= 1
             count = self._count
-            count[dst._account] += 1
-            count[src._account] -= 1
+            count[dst.account] += 1
+            count[src.account] -= 1
             if not held[src_code] and src_code > PENDING_CODE:
                 self._release_code(src_code)
             if src.giver is not None:
@@ -184,8 +184,8 @@ class OwnerTable(Ledger):
         held[dst_code] += n
         held[src_code] -= n
         count = self._count
-        count[dst._account] += n  # the attribute behind Owner.account: no property call per move
-        count[src._account] -= n
+        count[dst.account] += n  # a plain slot: no call per move
+        count[src.account] -= n
         if not held[src_code] and src_code > PENDING_CODE:
             self._release_code(src_code)
         if src.giver is not None:
@@ -218,7 +218,7 @@ class OwnerTable(Ledger):
             held[c] += 1
         count = self._count
         for d in dsts:
-            count[d._account] += 1
+            count[d.account] += 1
         self._settle(src, src_code, n)  # type: ignore[arg-type]
         if self.observer is not None:
             self.observer.moved(self, a, src, list(dsts), op)
@@ -235,13 +235,13 @@ class OwnerTable(Ledger):
         for i, c in zip(a.tolist(), codes, strict=True):
             mv[i] = c
             held[c] += 1
-        account = dsts[0]._account
+        account = dsts[0].account
         n = len(dsts)
-        if all(d._account is account for d in dsts):  # a decode batch: every request running
+        if all(d.account is account for d in dsts):  # a decode batch: every request running
             count[account] += n
         else:
             for d in dsts:
-                count[d._account] += 1
+                count[d.account] += 1
         held[FREE_CODE] -= n
         count[FREE] -= n
 

@@ -120,12 +120,15 @@ class Owner:
     reference, so a finished request's owner is not kept alive by the history of its moves.
     """
 
-    __slots__ = ("_account", "_ledgers", "giver", "key", "kind", "serial", "watcher")
+    __slots__ = ("_ledgers", "account", "giver", "key", "kind", "serial", "watcher")
 
     def __init__(self, kind: str, key: Hashable, account: Account) -> None:
         self.kind = kind
         self.key = key
-        self._account = account
+        # Read on every move (a plain slot, no property call); written only by :meth:`set_account`, which
+        # moves the owner's ids between accounts in every ledger first: a direct write would leave the
+        # ledgers' account counts behind (the ledger's audit recount reports it).
+        self.account = account
         self.serial = next(_serials)
         # Ledgers in which this owner holds ids right now: a ledger attaches an owner when it receives
         # its first id there and detaches it when it holds none, so retags reach exactly those.
@@ -136,18 +139,14 @@ class Owner:
         # per-step I-HANDLE-OWNED check then looks again at this holder's handles (issue 24).
         self.giver: Callable[[Owner], None] | None = None
 
-    @property
-    def account(self) -> Account:
-        return self._account
-
     def set_account(self, account: Account, op: str = "retag") -> None:
         """Move this owner (and every slot it holds, in every pool) to another account."""
-        old = self._account
+        old = self.account
         if old == account:
             return
         for ledger in self._ledgers:
             ledger._on_retag(self, old, account, op)
-        self._account = account
+        self.account = account
         if self.watcher is not None:
             self.watcher(self)
 
@@ -165,7 +164,7 @@ class Owner:
         return self.kind if self.key is None else f"{self.kind}#{self.key}"
 
     def __repr__(self) -> str:
-        return f"{self.name}[{self._account.name}]"
+        return f"{self.name}[{self.account.name}]"
 
 
 FREE_LIST = Owner("free_list", None, FREE)

@@ -56,7 +56,7 @@ def test_protected_def_owner_account_fires_in_audit() -> None:
     cache = _two_leaves(_no_ledger(make_plain))
     node = cache.match_prefix([1, 2, 3, 4]).last_node
     cache.inc_lock_ref(node)
-    node.kv_owner._account = tree_checks.CACHE_EVICTABLE  # the lock's retag was lost
+    node.kv_owner.account = tree_checks.CACHE_EVICTABLE  # the lock's retag was lost
     with pytest.raises(ContractViolation, match="I-PROTECTED-DEF"):
         cache.audit()
 

@@ -16,19 +16,20 @@ change no count. Membership is the list's own answer: identity or ``==``. The co
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, SupportsIndex
+from typing import SupportsIndex, TypeVar, cast, overload
 
 _IDENTITY_EQ = object.__eq__
+_T = TypeVar("_T")
 
 
 def _identity_eq(x: object) -> bool:
     return type(x).__eq__ is _IDENTITY_EQ
 
 
-class WaitingQueue(list[Any]):
+class WaitingQueue(list[_T]):
     """A list of queued requests with O(1) ``in``; otherwise a plain list (order, slicing, iteration)."""
 
-    def __init__(self, items: Iterable[Any] = ()) -> None:
+    def __init__(self, items: Iterable[_T] = ()) -> None:
         super().__init__(items)
         self._count: dict[int, int] = {}
         self._identity = True  # every entry ever added compares by identity (else: the list's scan)
@@ -61,35 +62,35 @@ class WaitingQueue(list[Any]):
         return list.__contains__(self, x)
 
     # ------------------------------------------------------------------ what adds or removes entries
-    def append(self, x: Any) -> None:
+    def append(self, x: _T) -> None:
         list.append(self, x)
         self._add(x)
 
-    def extend(self, items: Iterable[Any]) -> None:
+    def extend(self, items: Iterable[_T]) -> None:
         items = list(items)
         list.extend(self, items)
         for x in items:
             self._add(x)
 
-    def __iadd__(self, items: Iterable[Any]) -> WaitingQueue:  # type: ignore[misc]
+    def __iadd__(self, items: Iterable[_T]) -> WaitingQueue[_T]:  # type: ignore[override,misc]
         self.extend(items)
         return self
 
-    def __imul__(self, n: SupportsIndex) -> WaitingQueue:
+    def __imul__(self, n: SupportsIndex) -> WaitingQueue[_T]:
         list.__imul__(self, n)
         self._recount()
         return self
 
-    def insert(self, i: SupportsIndex, x: Any) -> None:
+    def insert(self, i: SupportsIndex, x: _T) -> None:
         list.insert(self, i, x)
         self._add(x)
 
-    def remove(self, x: Any) -> None:
+    def remove(self, x: _T) -> None:
         i = list.index(self, x)  # ValueError when absent, as list.remove
         self._drop(list.__getitem__(self, i))
         list.__delitem__(self, i)
 
-    def pop(self, i: SupportsIndex = -1) -> Any:
+    def pop(self, i: SupportsIndex = -1) -> _T:
         x = list.pop(self, i)
         self._drop(x)
         return x
@@ -98,27 +99,39 @@ class WaitingQueue(list[Any]):
         list.clear(self)
         self._count.clear()
 
-    def __setitem__(self, key: Any, value: Any) -> None:
+    @overload
+    def __setitem__(self, key: SupportsIndex, value: _T) -> None: ...
+    @overload
+    def __setitem__(self, key: slice, value: Iterable[_T]) -> None: ...
+    def __setitem__(self, key: SupportsIndex | slice, value: _T | Iterable[_T]) -> None:
         if isinstance(key, slice):
-            value = list(value)
+            values = list(cast("Iterable[_T]", value))
             old = list.__getitem__(self, key)
-            list.__setitem__(self, key, value)  # raises before any count changes (an extended slice's length)
+            list.__setitem__(
+                self, key, values
+            )  # raises before any count changes (an extended slice's length)
             for x in old:
                 self._drop(x)
-            for x in value:
+            for x in values:
                 self._add(x)
             return
+        one = cast("_T", value)
         old_one = list.__getitem__(self, key)
-        list.__setitem__(self, key, value)
+        list.__setitem__(self, key, one)
         self._drop(old_one)
-        self._add(value)
+        self._add(one)
 
-    def __delitem__(self, key: Any) -> None:
-        old = list.__getitem__(self, key)
+    def __delitem__(self, key: SupportsIndex | slice) -> None:
+        if isinstance(key, slice):
+            old = list.__getitem__(self, key)
+            list.__delitem__(self, key)
+            for x in old:
+                self._drop(x)
+            return
+        old_one = list.__getitem__(self, key)
         list.__delitem__(self, key)
-        for x in old if isinstance(key, slice) else (old,):
-            self._drop(x)
+        self._drop(old_one)
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[type[WaitingQueue[_T]], tuple[list[_T]]]:
         """Copies and pickles rebuild the count from the entries (the ids of the originals mean nothing)."""
-        return (WaitingQueue, (list(self),))
+        return (type(self), (list(self),))

@@ -126,10 +126,9 @@ class Scheduler:
             tracking=tracking,
         )
         self.accounting = Accounting(self)
-        # Speculative decoding (None: one token per decode step): verify batches, spec/speculative.md.
-        self.speculative = None if config.speculative is None else SpecDecoding(self, config.speculative)
+        self.speculative = SpecDecoding(self, config.speculative) if config.speculative is not None else None
         self.on_step = on_step
-        self.waiting: list[Req] = WaitingQueue()  # O(1) ``req in self.waiting`` (_leave_queues)
+        self.waiting: list[Req] = WaitingQueue[Req]()  # O(1) ``req in self.waiting`` (_leave_queues)
         self.running: list[Req] = []
         self.chunked_req: Req | None = None
         self.last_prefill: ScheduleBatch | None = None
@@ -730,8 +729,7 @@ class Scheduler:
         self._release_or_defer(req)
 
     def _leave_queues(self, req: Req) -> None:
-        # O(1) for the waiting list (a WaitingQueue counts its entries): a finished request is almost never
-        # there, and a scan to say so grew with the queue (issue 38). The running batch is bounded.
+        # O(1) for the waiting list (a WaitingQueue counts its entries); the running batch is bounded
         if req in self.running:
             self.running.remove(req)
         if req in self.waiting:
