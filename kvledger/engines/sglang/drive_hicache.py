@@ -50,7 +50,7 @@ from kvledger.engines.sglang import build, build_host
 from kvledger.engines.sglang.attach import Watch, watch
 from kvledger.engines.sglang.attach_host import HostWatch, watch_host
 from kvledger.engines.sglang.attach_pools import page_ids
-from kvledger.engines.sglang.hunting import hunt_machine
+from kvledger.engines.sglang.hunting import driver_main, hunt_machine
 from kvledger.engines.sglang.loader import load
 
 DEVICE_TOKENS = 32
@@ -350,16 +350,7 @@ def hunt(examples: int, steps: int = 30, *, shrink: bool = True) -> dict[str, An
 
 
 def main(argv: list[str] | None = None) -> int:
-    import json
-
-    args = sys.argv[1:] if argv is None else argv
-    examples = int(args[0]) if args else 100
-    steps = int(args[1]) if len(args) > 1 else 30
-    STATS.clear()
-    result = hunt(examples, steps)
-    out = {"version": load().version, "examples": examples, "steps_per_example": steps, **result}
-    print(json.dumps({**out, "drove": dict(sorted(STATS.items()))}))
-    return 0
+    return driver_main(hunt, STATS, load().version, 100, argv)
 
 
 if __name__ == "__main__":

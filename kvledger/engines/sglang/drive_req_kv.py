@@ -47,7 +47,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 from kvledger.engines.sglang import build
 from kvledger.engines.sglang.attach import Watch, watch
 from kvledger.engines.sglang.drive_requests import new_request
-from kvledger.engines.sglang.hunting import hunt_machine
+from kvledger.engines.sglang.hunting import driver_main, hunt_machine
 from kvledger.engines.sglang.loader import load
 
 PAGE_SIZES = (1, 2, 4)
@@ -306,25 +306,7 @@ def hunt(examples: int, steps: int = 30) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import json
-
-    args = sys.argv[1:] if argv is None else argv
-    examples = int(args[0]) if args else 200
-    steps = int(args[1]) if len(args) > 1 else 30
-    STATS.clear()
-    result = hunt(examples, steps)
-    print(
-        json.dumps(
-            {
-                "version": load().version,
-                "examples": examples,
-                "steps_per_example": steps,
-                **result,
-                "drove": dict(sorted(STATS.items())),
-            }
-        )
-    )
-    return 0
+    return driver_main(hunt, STATS, load().version, 200, argv)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,10 @@ example, so a finding can be replayed call by call against an unmodified release
 from __future__ import annotations
 
 import io
+import json
+import sys
+from collections import Counter
+from collections.abc import Callable
 from contextlib import redirect_stdout
 from typing import Any
 
@@ -49,3 +53,22 @@ def _rule_calls(printed: str, exc: BaseException) -> list[str]:
     """The ``state.rule(...)`` lines Hypothesis printed for the shrunk example (its teardown left out)."""
     lines = (line.strip() for line in printed.splitlines() + list(getattr(exc, "__notes__", [])))
     return [line for line in lines if line.startswith("state.") and not line.startswith("state.teardown(")]
+
+
+def driver_main(
+    hunt: Callable[[int, int], dict[str, Any]],
+    stats: Counter[str],
+    version: str,
+    default_examples: int,
+    argv: list[str] | None = None,
+) -> int:
+    """A driver's ``python -m ... [EXAMPLES [STEPS]]``: one JSON line, the release, the budget, the hunt's
+    result and what the driver reached (its ``stats``, cleared first)."""
+    args = sys.argv[1:] if argv is None else argv
+    examples = int(args[0]) if args else default_examples
+    steps = int(args[1]) if len(args) > 1 else 30
+    stats.clear()
+    result = hunt(examples, steps)
+    out = {"version": version, "examples": examples, "steps_per_example": steps, **result}
+    print(json.dumps({**out, "drove": dict(sorted(stats.items()))}))
+    return 0
