@@ -55,21 +55,15 @@ def _simulate(counting: bool, quick: bool) -> tuple[int, float]:
     import kvledger.sim.simulate as simulate
     from kvledger.sim.workload import GSPWorkload
 
-    real = simulate.build_engine
-
     def build(spec: Any) -> Any:
-        sched = real(spec)
+        sched = simulate.build_engine(spec)
         sched.accounting.counting = counting
         return sched
 
     wl = GSPWorkload(num_groups=2, prompts_per_group=4, output_len=16) if quick else GSPWorkload()
-    simulate.build_engine = build
-    try:
-        cpu = time.process_time()
-        result = simulate.run_simulation(simulate.SimOptions(workload=wl))
-        cpu = time.process_time() - cpu
-    finally:
-        simulate.build_engine = real
+    cpu = time.process_time()
+    result = simulate.run_simulation(simulate.SimOptions(workload=wl), build=build)
+    cpu = time.process_time() - cpu
     assert (result.count_checks > 0) == counting
     return result.steps, cpu
 

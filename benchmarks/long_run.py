@@ -76,13 +76,11 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
         arrivals_per_step=4,
     )
     engines: list[Any] = []
-    build = sim.build_engine
 
-    def keep(spec: Any) -> Any:
-        engines.append(build(spec))
+    def keep(spec: Any) -> Any:  # the engine kept, to read the scheduler's bookkeeping sizes at the end
+        engines.append(sim.build_engine(spec))
         return engines[-1]
 
-    sim.build_engine = keep  # to read the scheduler's bookkeeping sizes at the end
     samples: list[tuple[int, int]] = []
     steady_from: list[int] = []  # the first sample at which every ledger's move log is full
     nxt = [0]
@@ -103,7 +101,7 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
 
     opts = sim.SimOptions(workload=workload, max_waiting=32, max_steps=50 * workload.total)
     start, cpu = time.perf_counter(), time.process_time()
-    result = sim.run_simulation(opts, progress=progress)
+    result = sim.run_simulation(opts, progress=progress, build=keep)
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     # Samples are taken while requests are served (the end of the run releases memory: not a sample).
     # Warm-up: the first half, and until every move log is full (their fixed size is reached then).
