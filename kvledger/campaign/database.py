@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import datetime
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
@@ -71,5 +71,5 @@ def describe(spec: str) -> str:
     parts = urlsplit(spec)
     if parts.password:
         netloc = f"{parts.username or ''}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-        return parts._replace(netloc=netloc).geturl()
+        return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
     return spec

@@ -44,12 +44,15 @@ def _tracking(base: type[argparse.Action]) -> type[argparse.Action]:
     return Tracked
 
 
+def _action_class(action: str) -> type[argparse.Action]:
+    """The class argparse registers for ``action``, read from the action object ``add_argument`` returns
+    (argparse's public interface) rather than from argparse's private class names."""
+    probe = argparse.ArgumentParser(add_help=False)
+    return type(probe.add_argument("--probe", action=action))
+
+
 _TRACKED = {
-    None: _tracking(argparse._StoreAction),
-    "store": _tracking(argparse._StoreAction),
-    "store_true": _tracking(argparse._StoreTrueAction),
-    "store_false": _tracking(argparse._StoreFalseAction),
-    "append": _tracking(argparse._AppendAction),
+    kind: _tracking(_action_class(kind or "store")) for kind in (None, "store", "store_true", "store_false", "append")
 }
 
 

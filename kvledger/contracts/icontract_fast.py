@@ -39,6 +39,9 @@ CHECKED_VERSIONS = ("2.7.1", "2.7.2", "2.7.3")
 _PLAN = "_kvledger_args"  # attribute stored on a Contract / Snapshot: its argument names, or None
 
 _original: dict[str, Callable[..., Any]] = {}
+# icontract's recursion guard (a ContextVar made once at its import): the functions being checked and the
+# instances whose invariants are being checked, per context; shared with icontract's own wrappers.
+_IN_PROGRESS = _checkers._IN_PROGRESS
 
 
 _Plan = tuple[int, Callable[[Mapping[str, Any]], Any]]  # (argument count, their getter from the call's arguments)
@@ -79,6 +82,12 @@ def _truth(check: Any) -> bool | None:
     return None
 
 
+def _violation(contract: Any, resolved_kwargs: Mapping[str, Any]) -> BaseException:
+    """The error icontract raises for ``contract`` violated by this call (its message, its error type)."""
+    error: BaseException = _checkers._create_violation_error(contract=contract, resolved_kwargs=resolved_kwargs)
+    return error
+
+
 def _fallback(
     name: str, contracts: list[Any], resolved_kwargs: Mapping[str, Any], func: Callable[..., Any]
 ) -> BaseException | None:
@@ -100,7 +109,7 @@ def _assert_preconditions(
                 continue
             if truth is None:
                 return _fallback("_assert_preconditions", preconditions, resolved_kwargs, func)
-            exception = _checkers._create_violation_error(contract=contract, resolved_kwargs=resolved_kwargs)
+            exception = _violation(contract, resolved_kwargs)
             break
         if exception is None:
             return None
@@ -117,7 +126,7 @@ def _assert_postconditions(
             continue
         if truth is None:
             return _fallback("_assert_postconditions", postconditions, resolved_kwargs, func)
-        return _checkers._create_violation_error(contract=contract, resolved_kwargs=resolved_kwargs)
+        return _violation(contract, resolved_kwargs)
     return None
 
 
@@ -186,7 +195,7 @@ def decorate_with_checker(func: Callable[..., Any]) -> Callable[..., Any]:
     if param_names is None or inspect.iscoroutinefunction(func):
         return checker
     kwdefaults = _checkers.resolve_kwdefaults(inspect.signature(func))
-    n_params, id_func, progress = len(param_names), id(func), _checkers._IN_PROGRESS
+    n_params, id_func, progress = len(param_names), id(func), _IN_PROGRESS
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if kwargs:
@@ -255,7 +264,7 @@ def _decorate_with_invariants(func: Callable[..., Any], cls: type, is_init: bool
         return icontracts
     self_at = param_names.index("self")
     on_setattr = func.__name__ == "__setattr__"
-    progress = _checkers._IN_PROGRESS
+    progress = _IN_PROGRESS
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         instance = args[self_at] if self_at < len(args) else kwargs["self"]

@@ -145,9 +145,7 @@ class Ledger:
             self._owners.append(owner)
             self._held.append(0)
         self._codes[owner] = code
-        ledgers = owner._ledgers  # Owner._attach, inline
-        if self not in ledgers:
-            ledgers.append(self)
+        owner.attach_ledger(self)
         return code
 
     def _release_code(self, code: int) -> None:
@@ -157,9 +155,7 @@ class Ledger:
         self._owners[code] = None
         del self._codes[owner]
         self._spare.append(code)
-        ledgers = owner._ledgers  # Owner._detach, inline
-        if self in ledgers:
-            ledgers.remove(self)
+        owner.detach_ledger(self)
 
     def logged_moves(self) -> int:
         """Entries in the bounded move log (at most its size, ``history``): what a long run must bound."""
@@ -263,23 +259,8 @@ class Ledger:
         Walks the log backwards from the present, tracking the holder at each point in time: before a
         transfer of ``slot`` the holder was that transfer's source.
         """
-        found: list[tuple[Any, ...]] = []
         owner = self.owner_of(slot)
-        holder = None if owner is None else owner.serial
-        for e in self._log.raw_reversed():
-            ids = e[2]
-            if ids is None:
-                if e[3] == holder:
-                    found.append(e)
-            elif slot in ids:
-                if MoveLog._is_batch(e):
-                    e = MoveLog._one(e, int(np.flatnonzero(ids == slot)[0]))
-                found.append(e)
-                holder = e[3]
-            if len(found) >= limit:
-                break
-        found.reverse()
-        return [MoveLog._move(e) for e in found]
+        return self._log.history_of(slot, None if owner is None else owner.serial, limit)
 
     def describe(self, slots: Iterable[int], headline: str, claims: Mapping[int, str] | None = None) -> str:
         """A violation report: the headline, then each slot's current owner and last moves.
@@ -642,7 +623,7 @@ class Ledger:
         if src.giver is not None:
             src.giver(src)
 
-    def _on_retag(self, owner: Owner, old: Account, new: Account, op: str) -> None:
+    def on_retag(self, owner: Owner, old: Account, new: Account, op: str) -> None:
         """Called by :meth:`Owner.set_account`: the owner's ids change account, not owner."""
         code = self._codes.get(owner)
         n = 0 if code is None else self._held[code]

@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from kvledger.contracts.owners import Account
 
 
@@ -143,9 +145,29 @@ class MoveLog:
     def __iter__(self) -> Iterator[Move]:
         return (self._move(e) for e in self._entries)
 
-    def raw_reversed(self) -> Iterator[tuple[Any, ...]]:
-        out: Iterator[tuple[Any, ...]] = reversed(self._entries)
-        return out
+    def history_of(self, slot: int, holder: int | None, limit: int) -> list[Move]:
+        """The last ``limit`` moves that touched ``slot``, oldest first: its transfers, and the retags of
+        whoever held it (``holder``: the serial of its owner now, None when free of owners).
+
+        Walks the ring backwards from the present, tracking the holder at each point in time: before a
+        transfer of ``slot`` the holder was that transfer's source. A batched hand-out that included
+        ``slot`` is read as its one move of ``slot``.
+        """
+        found: list[tuple[Any, ...]] = []
+        for e in reversed(self._entries):
+            ids = e[2]
+            if ids is None:
+                if e[3] == holder:
+                    found.append(e)
+            elif slot in ids:
+                if self._is_batch(e):
+                    e = self._one(e, int(np.flatnonzero(ids == slot)[0]))
+                found.append(e)
+                holder = e[3]
+            if len(found) >= limit:
+                break
+        found.reverse()
+        return [self._move(e) for e in found]
 
 
 def _name(kind: str, key: Any) -> str:

@@ -254,7 +254,7 @@ class OwnerTable(Ledger):
                 return
         super().require_held_by(ids, owner, op, distinct=distinct)
 
-    def _on_retag(self, owner: Owner, old: Account, new: Account, op: str) -> None:
+    def on_retag(self, owner: Owner, old: Account, new: Account, op: str) -> None:
         code = self._codes.get(owner)
         n = 0 if code is None else self._held[code]
         if n:

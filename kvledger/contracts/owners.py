@@ -106,7 +106,10 @@ class RetagListener(Protocol):
     imports it): owners and accounts come first, the ledger builds on them.
     """
 
-    def _on_retag(self, owner: Owner, old: Account, new: Account, op: str) -> None: ...
+    def on_retag(self, owner: Owner, old: Account, new: Account, op: str) -> None:
+        """``owner``'s ids here move from account ``old`` to ``new`` (``op`` names the move in the log);
+        called by :meth:`Owner.set_account` before the owner's own account changes."""
+        ...
 
 
 class Owner:
@@ -145,16 +148,18 @@ class Owner:
         if old == account:
             return
         for ledger in self._ledgers:
-            ledger._on_retag(self, old, account, op)
+            ledger.on_retag(self, old, account, op)
         self.account = account
         if self.watcher is not None:
             self.watcher(self)
 
-    def _attach(self, ledger: RetagListener) -> None:
+    def attach_ledger(self, ledger: RetagListener) -> None:
+        """``ledger`` now holds ids of this owner: it hears every later account change (idempotent)."""
         if ledger not in self._ledgers:
             self._ledgers.append(ledger)
 
-    def _detach(self, ledger: RetagListener) -> None:
+    def detach_ledger(self, ledger: RetagListener) -> None:
+        """``ledger`` holds none of this owner's ids any more: it stops hearing account changes."""
         if ledger in self._ledgers:
             self._ledgers.remove(ledger)
 

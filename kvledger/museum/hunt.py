@@ -24,6 +24,7 @@ from collections.abc import Callable, Collection, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from hypothesis import HealthCheck, Phase, reject, settings
 from hypothesis.errors import HypothesisException, Unsatisfiable, UnsatisfiedAssumption
@@ -418,13 +419,11 @@ def _without_local_constants() -> Iterator[None]:
     except ImportError:  # pragma: no cover - an older Hypothesis draws no local constants
         yield
         return
-    saved = providers._get_local_constants
     providers.CONSTANTS_CACHE.cache.clear()  # filtered pools cached from the local constants so far
-    providers._get_local_constants = Constants  # every call: a fresh, empty pool
     try:
-        yield
+        with mock.patch.object(providers, "_get_local_constants", Constants):  # every call: a fresh, empty pool
+            yield
     finally:
-        providers._get_local_constants = saved
         providers.CONSTANTS_CACHE.cache.clear()
 
 

@@ -50,6 +50,22 @@ from kvledger.engines.sglang.attach_pools import PoolWatch, page_ids
 class Watch(PoolWatch):
     """Ledgers attached to live SGLang components. Build with :func:`watch`."""
 
+    def attach_components(
+        self, *, allocator: Any = None, req_pool: Any = None, mamba_pool: Any = None, tree: Any = None
+    ) -> None:
+        """Watch the given SGLang components (any subset; see :func:`watch`): the pools first, so the tree's
+        frees are attributed to pools already mirrored."""
+        if allocator is not None:
+            self._attach_allocator(allocator)
+        if req_pool is not None:
+            self._attach_req_pool(req_pool)
+        if mamba_pool is not None:
+            states = getattr(mamba_pool, "mamba_pool", None)
+            # before 0.5.13 the MambaPool hands out its own slots (no MambaSlotAllocator)
+            self._attach_mamba(getattr(mamba_pool, "mamba_allocator", None) or states, states)
+        if tree is not None:
+            self._attach_tree(tree)
+
     # ------------------------------------------------------------------ radix tree
     def _attach_tree(self, tree: Any) -> None:
         self.tree = tree
@@ -386,14 +402,5 @@ def watch(
     """
     shapes.check_arguments(allocator, req_pool, mamba_pool, tree, audit_each)
     w = Watch(audit_each=audit_each)
-    if allocator is not None:
-        w._attach_allocator(allocator)
-    if req_pool is not None:
-        w._attach_req_pool(req_pool)
-    if mamba_pool is not None:
-        states = getattr(mamba_pool, "mamba_pool", None)
-        # before 0.5.13 the MambaPool hands out its own slots (no MambaSlotAllocator)
-        w._attach_mamba(getattr(mamba_pool, "mamba_allocator", None) or states, states)
-    if tree is not None:
-        w._attach_tree(tree)
+    w.attach_components(allocator=allocator, req_pool=req_pool, mamba_pool=mamba_pool, tree=tree)
     return w

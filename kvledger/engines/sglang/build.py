@@ -78,8 +78,15 @@ def ensure_server_args(page_size: int = 1, modules: SGLangModules | None = None)
     if published is not None:
         return
     args = ServerArgs(model_path="dummy", device="cpu", page_size=page_size)
-    args._mamba_cache_chunk_size = max(MAMBA_CACHE_CHUNK_SIZE, page_size)
+    preseed_mamba_cache_chunk_size(args, max(MAMBA_CACHE_CHUNK_SIZE, page_size))
     set_global_server_args_for_scheduler(args)
+
+
+def preseed_mamba_cache_chunk_size(args: Any, size: int) -> None:
+    """Give ``ServerArgs`` its Mamba checkpoint grid without a model config: SGLang's accessor honours a
+    pre-seeded ``_mamba_cache_chunk_size`` as-is (its own test fixtures seed it the same way; no public
+    argument sets it). The one place kvledger writes that private field."""
+    args._mamba_cache_chunk_size = size
 
 
 def mamba_cache_params(modules: SGLangModules | None = None) -> Any:

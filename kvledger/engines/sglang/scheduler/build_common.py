@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+from kvledger.engines.sglang.build import preseed_mamba_cache_chunk_size
+
 
 @dataclass(frozen=True)
 class SchedulerShape:
@@ -69,7 +71,7 @@ def server_args(
         random_seed=shape.seed,
         **extra,  # e.g. the PD mode: ServerArgs' own post-init derives the PD fields from it
     )
-    args._mamba_cache_chunk_size = 64
+    preseed_mamba_cache_chunk_size(args, 64)
     if pp_default and getattr(args, "pp_max_micro_batch_size", None) is None:
         args.pp_max_micro_batch_size = shape.rows  # init_model_worker derives it on a launched server
     (publish or set_global_server_args_for_scheduler)(args)
