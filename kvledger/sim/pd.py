@@ -22,7 +22,7 @@ from kvledger.audit.pd_record import PDRecorder
 from kvledger.contracts import switch
 from kvledger.contracts.errors import ContractViolation
 from kvledger.reference.disagg import DECODE, PREFILL, ChannelConfig, PDScheduler, PDSpec, PDSystem, build_pd
-from kvledger.sim.simulate import SimOptions, Timeline, _options_dict, _update_peak, recordable
+from kvledger.sim.simulate import SimOptions, Timeline, options_dict, recordable, update_peak
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,7 @@ def run_pd_simulation(
     else:
         spec = opts.spec()
         system = build_pd(replace(spec, prefill=recordable(spec.prefill), decode=recordable(spec.decode)))
-        recorder = PDRecorder(system, record, source=f"kvledger simulate --pd {_options_dict(opts.base)}")
+        recorder = PDRecorder(system, record, source=f"kvledger simulate --pd {options_dict(opts.base)}")
     arrivals = opts.base.workload.stream()
     total = opts.base.workload.total
     rng = random.Random(opts.base.workload.seed + 1)
@@ -161,7 +161,7 @@ def run_pd_simulation(
                 faults.before_step([system.prefill, system.decode])
             system.step()
             for side, inst in ((PREFILL, system.prefill), (DECODE, system.decode)):
-                _update_peak(peaks[side], inst.accounting.free_terms())
+                update_peak(peaks[side], inst.accounting.free_terms())
                 if timelines[side].wants(system.step_no):
                     timelines[side].add(system.step_no, inst.accounting.snapshot())
             if progress is not None:
@@ -196,7 +196,7 @@ def _pd_result(
     p_stats = system.prefill.stats
     ch = system.channel.stats
     return PDSimResult(
-        options={**_options_dict(opts.base), **{k: v for k, v in asdict(opts).items() if k != "base"}},
+        options={**options_dict(opts.base), **{k: v for k, v in asdict(opts).items() if k != "base"}},
         contracts=switch.ENABLED,
         checks=(switch.LEVEL if opts.base.checks is None else opts.base.checks).label,
         faults={

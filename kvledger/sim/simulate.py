@@ -221,7 +221,7 @@ def run_simulation(
         recorder = None
     else:
         sched = build(recordable(opts.engine_spec()))
-        recorder = Recorder(sched, record, source=f"kvledger simulate {_options_dict(opts)}")
+        recorder = Recorder(sched, record, source=f"kvledger simulate {options_dict(opts)}")
     arrivals = opts.workload.stream()  # built lazily: a long run does not hold every prompt
     total = opts.workload.total
     timeline = Timeline()
@@ -243,7 +243,7 @@ def run_simulation(
             if faults.active:
                 faults.before_step([sched], abort_in=sched)
             sched.step()
-            _update_peak(peak, sched.accounting.free_terms())
+            update_peak(peak, sched.accounting.free_terms())
             if timeline.wants(sched.step_no):
                 timeline.add(sched.step_no, sched.accounting.snapshot())
             if progress is not None:
@@ -287,7 +287,7 @@ def _sim_result(
     st = sched.stats
     level = switch.LEVEL if opts.checks is None else opts.checks
     return SimResult(
-        options=_options_dict(opts),
+        options=options_dict(opts),
         contracts=switch.ENABLED,
         checks=level.label,
         steps=sched.step_no,
@@ -370,7 +370,9 @@ def _last_snapshot(timeline: Timeline, sched: Any) -> None:
     timeline.snapshots.append(snap)
 
 
-def _options_dict(opts: SimOptions) -> dict[str, Any]:
+def options_dict(opts: SimOptions) -> dict[str, Any]:
+    """The run's options as its JSON summary and event-log header name them (the workload's fields
+    inline; the checking level reported on its own). The PD simulation reports its base run's the same way."""
     d = asdict(opts)
     d.update(d.pop("workload"))
     del d["checks"]  # reported on its own (SimResult.checks)
@@ -379,7 +381,7 @@ def _options_dict(opts: SimOptions) -> dict[str, Any]:
     return d
 
 
-def _update_peak(peak: dict[str, float], free_terms: dict[str, tuple[int, int]]) -> None:
+def update_peak(peak: dict[str, float], free_terms: dict[str, tuple[int, int]]) -> None:
     """Per pool, the largest fraction of the pool that was not free at a step boundary (running max)."""
     for pool, (size, free) in free_terms.items():
         peak[pool] = max(peak.get(pool, 0.0), round((size - free) / size, 4))

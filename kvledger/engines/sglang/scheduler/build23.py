@@ -199,7 +199,7 @@ _GROUPS_BUILT = False
 
 
 @contextlib.contextmanager
-def _stand_ins(module: Any) -> Iterator[None]:
+def stand_ins(module: Any) -> Iterator[None]:
     """``bootstrap.init_parallel_runtime`` and ``create_scheduler_watchdog`` as the scheduler module sees
     them, only while ``__init__`` runs."""
     real = module.bootstrap
@@ -300,7 +300,7 @@ def build_scheduler_23(
         extra["disable_radix_cache"] = True
     args = server_args_23(shape, **extra)
     cls.kv_shape = shape
-    with _stand_ins(module):
+    with stand_ins(module):
         scheduler = cls(args, SimpleNamespace(nccl_port=0))
     _event_loop_preamble(scheduler)
     if pd == "decode" and deliver:  # deliver=False: the control run where transfers bring no data

@@ -50,7 +50,7 @@ def stand_in() -> None:
 
 
 def cpu_scheduler_class() -> Any:
-    from kvledger.engines.sglang.scheduler.build23 import _stand_ins, scheduler_class_23
+    from kvledger.engines.sglang.scheduler.build23 import scheduler_class_23, stand_ins
 
     base = scheduler_class_23()
     real = base.__mro__[1]  # SGLang's own Scheduler
@@ -64,7 +64,7 @@ def cpu_scheduler_class() -> Any:
         maybe_init_rust_server = real.maybe_init_rust_server
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
-            with _stand_ins(module):
+            with stand_ins(module):
                 super().__init__(*args, **kwargs)
 
     return ServedCPUScheduler
