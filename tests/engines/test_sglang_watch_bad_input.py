@@ -58,6 +58,24 @@ def test_a_second_watch_on_a_watched_object_is_refused_until_the_first_detaches(
     watch(allocator=c["allocator"]).detach()
 
 
+def test_attach_components_refuses_bad_arguments_and_a_kind_already_watched(sgl: Any) -> None:
+    """The public step behind ``watch()``: the same checks, plus one component of each kind per watch (a
+    second allocator would replace the first one's ledger while its wrappers still report to it)."""
+    c = components(sgl)
+    w = watch(allocator=c["allocator"])
+    other = build.token_allocator(32, 4)
+    wrapped = instance_attrs(c["allocator"], other, c["tree"])
+    for bad in ({}, {"allocator": other}, {"tree": c["allocator"]}, {"allocator": other, "tree": c["tree"]}):
+        with pytest.raises(InvalidArgument, match=r"^watch: "):
+            w.attach_components(**bad)
+    assert instance_attrs(c["allocator"], other, c["tree"]) == wrapped  # nothing wrapped by a refused call
+    assert w.allocator is c["allocator"] and w.tree is None
+    w.attach_components(tree=c["tree"])  # a kind not yet watched
+    with pytest.raises(InvalidArgument, match="already watches a tree"):
+        w.attach_components(tree=build.radix_cache(other, build.req_pool(4)))
+    w.detach()
+
+
 def test_a_bad_holder_key_is_refused(sgl: Any) -> None:
     c = components(sgl)
     w = watch(allocator=c["allocator"])

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from kvledger.contracts.errors import ContractViolation
+from kvledger.contracts.errors import ContractViolation, InvalidArgument
 from kvledger.contracts.ledger import as_id_array
 from kvledger.engines.sglang import shapes
 from kvledger.engines.sglang.attach_pools import CALLER as CALLER
@@ -54,7 +54,19 @@ class Watch(PoolWatch):
         self, *, allocator: Any = None, req_pool: Any = None, mamba_pool: Any = None, tree: Any = None
     ) -> None:
         """Watch the given SGLang components (any subset; see :func:`watch`): the pools first, so the tree's
-        frees are attributed to pools already mirrored."""
+        frees are attributed to pools already mirrored. Bad arguments, or a kind of component this watch
+        already watches, raise InvalidArgument before anything is wrapped."""
+        shapes.check_arguments(allocator, req_pool, mamba_pool, tree, self.audit_each)
+        held = {
+            "allocator": self.allocator,
+            "req_pool": self.req_pool,
+            "mamba_pool": self.mamba_allocator,
+            "tree": self.tree,
+        }
+        given = {"allocator": allocator, "req_pool": req_pool, "mamba_pool": mamba_pool, "tree": tree}
+        again = [name for name, obj in given.items() if obj is not None and held[name] is not None]
+        if again:
+            raise InvalidArgument(f"watch: this watch already watches a {again[0]}; use a second watch for another")
         if allocator is not None:
             self._attach_allocator(allocator)
         if req_pool is not None:
@@ -400,7 +412,6 @@ def watch(
     pass it as ``req_pool`` too to watch its rows). ``tree``: a ``RadixCache``, ``UnifiedRadixCache``
     or ``MambaRadixCache``; give its allocator (and Mamba pool) too, so its frees are attributed.
     """
-    shapes.check_arguments(allocator, req_pool, mamba_pool, tree, audit_each)
     w = Watch(audit_each=audit_each)
     w.attach_components(allocator=allocator, req_pool=req_pool, mamba_pool=mamba_pool, tree=tree)
     return w
