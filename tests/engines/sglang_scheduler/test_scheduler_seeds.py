@@ -27,6 +27,12 @@ def _release_or_skip(release: str) -> None:
 
 
 def _run(*args: str) -> dict[str, Any]:
+    return _run_with_log(*args)[0]
+
+
+def _run_with_log(*args: str) -> tuple[dict[str, Any], str]:
+    """``python -m kvledger.engines.sglang.scheduler ARGS`` in a subprocess: its ``KVLEDGER-JSON`` document
+    and its standard error (the scheduler processes' log lines)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run(
         [sys.executable, "-m", "kvledger.engines.sglang.scheduler", *args],
@@ -38,7 +44,7 @@ def _run(*args: str) -> dict[str, Any]:
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("KVLEDGER-JSON ")]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    return json.loads(lines[-1].split(" ", 1)[1])
+    return json.loads(lines[-1].split(" ", 1)[1]), proc.stderr
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import subprocess
 import sys
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -26,42 +25,14 @@ from kvledger.cli import main as cli_main
 from kvledger.cli import sglang_serve
 from kvledger.contracts.errors import ContractViolation, InvalidArgument
 from kvledger.engines.sglang.scheduler import serve, serve_plugin
+from tests.engines.sglang_scheduler.test_scheduler_23 import _installed_or_skip
+from tests.engines.sglang_scheduler.test_scheduler_seeds import _run_with_log
 
-ROOT = Path(__file__).resolve().parents[3]
 PLANT = "kvledger_plant=tests.engines.sglang_scheduler.serve_plant:leak_one_kv_slot"
 
 
-def _installed_or_skip() -> None:
-    import importlib.util
-
-    if importlib.util.find_spec("sglang") is None:
-        reason = "SGLang 0.5.23 is not installed in the venv (bash scripts/setup_sglang.sh)"
-        if os.environ.get("CI"):
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
-
-
 def _serve_cpu(*args: str) -> tuple[dict[str, Any], str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kvledger.engines.sglang.scheduler",
-            "serve-cpu",
-            "--release",
-            "0.5.23",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=600,
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("KVLEDGER-JSON ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    return json.loads(lines[-1].split(" ", 1)[1]), proc.stderr
+    return _run_with_log("serve-cpu", "--release", "0.5.23", *args)
 
 
 @pytest.fixture(scope="module")
